@@ -1,0 +1,20 @@
+# coms-hermes-bridge recipes. `scripts/dev <recipe>` runs them on a fresh machine.
+
+set positional-arguments
+
+# Launch the daemon (the user-remote coms peer); flags go to coms-hermes-bridge.
+run *args: venv
+    exec .venv/bin/coms-hermes-bridge "$@"
+
+# Run the whole test suite.
+test *args: venv
+    .venv/bin/python -m pytest -q "$@"
+
+# Lint and type-check what ships.
+check: venv
+    .venv/bin/ruff check actors messages scripts tests
+    .venv/bin/mypy --strict actors messages scripts
+
+# Make or refresh the project's virtual environment.
+venv:
+    scripts/ensure-venv

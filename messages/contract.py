@@ -1,0 +1,363 @@
+"""The bridge contract's rules as pure functions (C3-C20).
+
+Nothing here touches sockets, files, clocks or threads: every input is a value
+and every output is a value, so each rule is tested on its own with tables of
+cases and the actors around it stay thin. Requirement ids are in the docstrings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from messages.model import (
+    AnswerFile,
+    Event,
+    FreeformAnswer,
+    LogRecord,
+    MappedAnswer,
+    ParsedPrompt,
+    QuestionOption,
+    RejectReason,
+    SelectionAnswer,
+    State,
+    is_valid_qid,
+)
+from messages.wire import PromptEnvelope
+
+TELEGRAM_TEXT_LIMIT = 4096
+DEFAULT_TIMEOUT_MS = 1_800_000
+ANSWER_SUFFIX = ".answer.json"
+ELLIPSIS = "…"
+INVALID_QID_ERROR = "prompt msg_id must be a 26-character Crockford ULID qid"
+
+# JavaScript's String.prototype.trim() set, so that "trimmed" means what it
+# meant to the daemon we replace (Python's str.strip() differs at the edges).
+_JS_WHITESPACE = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def js_trim(text: str) -> str:
+    """Trim as JavaScript does (C11's "trimmed answer")."""
+    return text.strip(_JS_WHITESPACE)
+
+
+# -- time ---------------------------------------------------------------------
+
+
+def iso(moment: datetime) -> str:
+    """An instant as JavaScript's toISOString() writes it: UTC, milliseconds, Z."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def format_ms(ms: float) -> str:
+    """A millisecond count as JavaScript prints it: 250, not 250.0."""
+    return str(int(ms)) if float(ms).is_integer() else repr(float(ms))
+
+
+# -- timeouts (C16) -------------------------------------------------------------
+
+
+def parse_positive_ms(raw: str | None) -> float | None:
+    """A positive, finite number of milliseconds, or None when `raw` is not one."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return int(value) if value.is_integer() else value
+
+
+def resolve_timeout_ms(flag: float | None, env: Mapping[str, str] = os.environ) -> float:
+    """C16: the --timeout flag, else PI_COMS_TIMEOUT_MS when positive, else 30 min."""
+    if flag is not None:
+        return flag
+    from_env = parse_positive_ms(env.get("PI_COMS_TIMEOUT_MS"))
+    return from_env if from_env is not None else DEFAULT_TIMEOUT_MS
+
+
+# -- prompts (C3, C6) ---------------------------------------------------------
+
+
+def qid_of(prompt: PromptEnvelope) -> str | None:
+    """C3: the qid is the prompt's msg_id, when that is a valid ULID."""
+    return prompt.msg_id if is_valid_qid(prompt.msg_id) else None
+
+
+def _option(entry: Any) -> QuestionOption | None:
+    if isinstance(entry, str):
+        return QuestionOption(title=entry)
+    if isinstance(entry, dict) and isinstance(entry.get("title"), str):
+        description = entry.get("description")
+        return QuestionOption(
+            title=entry["title"],
+            description=description if isinstance(description, str) else None,
+        )
+    return None
+
+
+def parse_prompt(prompt: PromptEnvelope) -> ParsedPrompt:
+    """C6: a JSON object with a string `question` is structured; anything else is plain."""
+    try:
+        body = json.loads(prompt.prompt)
+    except (ValueError, RecursionError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("question"), str):
+        raw_options = body.get("options")
+        entries = raw_options if isinstance(raw_options, list) else []
+        options = tuple(o for o in map(_option, entries) if o is not None)
+        context = body.get("context")
+        has_context = isinstance(context, str) and js_trim(context) != ""
+        return ParsedPrompt(
+            question=body["question"],
+            context=context if has_context else None,
+            options=options,
+        )
+    return ParsedPrompt(
+        question=prompt.prompt,
+        context=f"From {prompt.sender_name} @ {prompt.sender_cwd}",
+    )
+
+
+# -- question text (C4, C5) ---------------------------------------------------
+
+
+def scrub(text: str) -> str:
+    """Replace lone surrogates with U+FFFD: they cannot reach Telegram or argv."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units, as Telegram and JavaScript count (C5)."""
+    return sum(2 if ord(ch) > 0xFFFF else 1 for ch in text)
+
+
+def truncate_utf16(text: str, limit: int) -> str:
+    """Cut `text` to at most `limit` UTF-16 units, ending in an ellipsis when cut.
+
+    The cut falls between code points, so a surrogate pair is never split.
+    """
+    if utf16_len(text) <= limit:
+        return text
+    if limit <= 0:
+        return ""
+    budget = limit - utf16_len(ELLIPSIS)
+    used = 0
+    end = 0
+    for end, ch in enumerate(text):  # noqa: B007
+        width = 2 if ord(ch) > 0xFFFF else 1
+        if used + width > budget:
+            break
+        used += width
+    return text[:end] + ELLIPSIS
+
+
+def hub_tag(qid: str) -> str:
+    return f"[HUB-Q:{qid}]"
+
+
+def format_question(qid: str, parsed: ParsedPrompt, limit: int = TELEGRAM_TEXT_LIMIT) -> str:
+    """C4, C5: the Telegram text for a question, at most `limit` UTF-16 units.
+
+    The context takes what the header, options and reply instruction leave.
+    If those alone do not fit, the context is dropped and the header and
+    options are cut so that the qid at the start and the reply instruction at
+    the end (which the gateway and the human need) both survive.
+    """
+    header = f"❓ {hub_tag(qid)} {scrub(parsed.question)}"
+    lines = [
+        f"{i}. {scrub(o.title)}" + (f" — {scrub(o.description)}" if o.description else "")
+        for i, o in enumerate(parsed.options, start=1)
+    ]
+    options = "\n\nOptions:\n" + "\n".join(lines) if lines else ""
+    instruction = f"\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
+    fixed = utf16_len(header) + utf16_len(options) + utf16_len(instruction)
+    context = scrub(parsed.context) if parsed.context else ""
+    prefix = "\n\nContext: "
+    if context and fixed + utf16_len(prefix) < limit:
+        budget = limit - fixed - utf16_len(prefix)
+        return header + prefix + truncate_utf16(context, budget) + options + instruction
+    if fixed <= limit:
+        return header + options + instruction
+    return truncate_utf16(header + options, limit - utf16_len(instruction)) + instruction
+
+
+# -- notes and errors (C13, C15, C17, C18) ------------------------------------
+
+
+def cancel_note(qid: str) -> str:
+    """C13: told to the human when the console answered first."""
+    return f"✖ {hub_tag(qid)} The question was cancelled — it was answered from the console."
+
+
+def late_note(qid: str) -> str:
+    """C15: told to the human when an answer came for a closed question."""
+    return f"ℹ {hub_tag(qid)} This question is already closed; the late answer was ignored."
+
+
+def timeout_note(qid: str, timeout_ms: float) -> str:
+    """C17: told to the human when nobody answered in time."""
+    return f"⌛ {hub_tag(qid)} The question timed out after {format_ms(timeout_ms)}ms."
+
+
+def timeout_error(timeout_ms: float) -> str:
+    """C17: the error the asker gets on timeout."""
+    return f"no remote answer within {format_ms(timeout_ms)}ms"
+
+
+def delivery_error(exit_code: int | None, stderr: str, stdout: str = "") -> str:
+    """C18: why `hermes send` failed, in the upstream daemon's words.
+
+    hermes' stderr is preferred; its stdout stands in when stderr is empty.
+    An exit code of None means the process never ran to an exit (killed).
+    """
+    detail = (stderr.strip() or stdout.strip())
+    code = "" if exit_code is None else f" ({exit_code})"
+    return f"hermes send failed{code}" + (f": {detail}" if detail else "")
+
+
+# -- answer files (C7-C10, C15) -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The file is a valid answer to an open question."""
+
+    qid: str
+    answer: AnswerFile
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The file fails C9; `qid` is the name's qid when it has a valid one."""
+
+    reason: RejectReason
+    qid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    """C15: the file answers a question that is already closed."""
+
+    qid: str
+    state: State
+
+
+Verdict = Accepted | Rejected | Late
+
+
+def qid_of_name(name: str) -> str | Rejected:
+    """The qid an answer file's name carries, or why the name is refused (C9)."""
+    base = os.path.basename(name)
+    if not base.endswith(ANSWER_SUFFIX):
+        return Rejected("invalid_path")
+    qid = base[: -len(ANSWER_SUFFIX)]
+    return qid if is_valid_qid(qid) else Rejected("invalid_qid")
+
+
+def validate_answer(name: str, content: bytes, pending: Container[str]) -> Accepted | Rejected:
+    """C9: accept the file, or name the first rule it breaks, in C9's order."""
+    qid = qid_of_name(name)
+    if isinstance(qid, Rejected):
+        return qid
+    if qid not in pending:
+        return Rejected("foreign_qid", qid)
+    try:
+        body = json.loads(content.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return Rejected("invalid_json", qid)
+    try:
+        answer = AnswerFile.model_validate(body)
+    except ValidationError:
+        return Rejected("invalid_schema", qid)
+    if answer.qid != qid:
+        return Rejected("qid_mismatch", qid)
+    return Accepted(qid, answer)
+
+
+def classify_answer(
+    name: str,
+    content: bytes,
+    pending: Container[str],
+    closed: Mapping[str, State],
+) -> Verdict:
+    """C15 then C9: a file for a closed qid is late whatever it holds."""
+    qid = qid_of_name(name)
+    if isinstance(qid, str) and qid in closed:
+        return Late(qid, closed[qid])
+    return validate_answer(name, content, pending)
+
+
+def grace_ms(poll_ms: float) -> float:
+    """C10: how long a file that is not JSON yet may stay, from its first sighting."""
+    return max(2 * poll_ms, 1000)
+
+
+# -- answers (C11) ------------------------------------------------------------
+
+
+def map_answer(answer: str, options: tuple[QuestionOption, ...]) -> MappedAnswer:
+    """C11: a number or a title picks an option; anything else is freeform."""
+    text = js_trim(answer)
+    if options:
+        if _DIGITS.fullmatch(text):
+            index = int(text) - 1
+            if 0 <= index < len(options):
+                return SelectionAnswer(selections=(options[index].title,))
+        wanted = text.lower()
+        for option in options:
+            if option.title.lower() == wanted:
+                return SelectionAnswer(selections=(option.title,))
+    return FreeformAnswer(text=text)
+
+
+# -- states (C19) -------------------------------------------------------------
+
+
+class ForbiddenTransition(ValueError):
+    """An event arrived that C19 does not allow in the current state."""
+
+
+_OPEN: tuple[State | None, ...] = ("pending", "delivered")
+_TERMINAL: tuple[State | None, ...] = ("answered", "cancelled", "timeout")
+
+
+def transition(state: State | None, event: Event) -> State | None:
+    """C19: the next state, or ForbiddenTransition. None is "no question"."""
+    if state is None and event == "question_received":
+        return "pending"
+    if state == "pending" and event == "delivered":
+        return "delivered"
+    if state == "pending" and event == "delivery_error":
+        return None
+    if state in _OPEN and event in ("answered", "cancelled", "timeout"):
+        terminal: State = event  # type: ignore[assignment]
+        return terminal
+    if state in _TERMINAL and event == "late_answer":
+        return state
+    raise ForbiddenTransition(f"{event} is not allowed in state {state}")
+
+
+# -- log (C20) ----------------------------------------------------------------
+
+NO_QID = "0" * 26
+
+
+def log_record(at: datetime, qid: str | None, event: Event, detail: Any = None) -> LogRecord:
+    """C20: one log record; a rejected file without a valid qid logs qid 000…0."""
+    return LogRecord(at=iso(at), qid=qid if qid is not None else NO_QID, event=event, detail=detail)

@@ -1,0 +1,156 @@
+"""The coms wire: envelopes, replies, the agent card and the registry entry.
+
+Field names and order are the pool's, so that serialising a model gives the
+bytes another peer expects. Inbound models ignore unknown fields (W18) and are
+strict about the few fields the pool itself checks (W14, W16), so that a
+malformed envelope is refused rather than coerced.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt, StrictStr
+
+NonEmpty = Annotated[StrictStr, Field(min_length=1)]
+Number = StrictInt | StrictFloat
+
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def dumps(value: Any, *, indent: int | None = None) -> str:
+    """JSON text as JavaScript's JSON.stringify writes it.
+
+    Compact separators, non-ASCII left as is, and lone surrogates escaped
+    (a Python str can hold them; UTF-8 cannot), so that every line we write
+    is valid UTF-8 and byte-identical to what a node peer would send.
+    """
+    text = json.dumps(
+        value,
+        ensure_ascii=False,
+        indent=indent,
+        separators=(",", ": ") if indent is not None else (",", ":"),
+        allow_nan=False,
+    )
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class WireModel(BaseModel):
+    """Base for everything that crosses a socket or a file boundary."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_json(self) -> str:
+        """The model as one compact JSON text, without the newline."""
+        return dumps(self.model_dump(mode="json"))
+
+    def to_line(self) -> bytes:
+        """The model as one ndjson line, ready for a socket."""
+        return (self.to_json() + "\n").encode("utf-8")
+
+
+class PromptEnvelope(WireModel):
+    """A question from another peer (W14). Its msg_id becomes the qid (C3)."""
+
+    type: Literal["prompt"] = "prompt"
+    msg_id: StrictStr
+    sender_session: StrictStr = ""
+    sender_endpoint: StrictStr
+    hops: Number
+    timestamp: StrictStr = ""
+    prompt: StrictStr
+    sender_name: StrictStr = ""
+    sender_cwd: StrictStr = ""
+    conversation_id: StrictStr | None = None
+    response_schema: dict[str, JsonValue] | None = None
+    reply_timeout_ms: Number | None = None
+
+
+class ResponseEnvelope(WireModel):
+    """Our reply to an asker, sent to its sender_endpoint (W15)."""
+
+    type: Literal["response"] = "response"
+    msg_id: StrictStr
+    sender_session: StrictStr
+    sender_endpoint: StrictStr
+    hops: Number = 0
+    timestamp: StrictStr
+    response: JsonValue
+    error: StrictStr | None = None
+
+
+class CancelEnvelope(WireModel):
+    """The asker withdrawing a question it answered elsewhere (C12, W16)."""
+
+    type: Literal["cancel"] = "cancel"
+    msg_id: NonEmpty
+    from_: NonEmpty = Field(alias="from")
+    to: NonEmpty
+    created_at: NonEmpty
+    ref_msg_id: NonEmpty
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    def to_json(self) -> str:
+        return dumps(self.model_dump(mode="json", by_alias=True))
+
+
+class PingEnvelope(WireModel):
+    """A liveness probe (W17); a missing msg_id is answered with ""."""
+
+    type: Literal["ping"] = "ping"
+    msg_id: StrictStr = ""
+
+
+class Ack(WireModel):
+    type: Literal["ack"] = "ack"
+    msg_id: str
+
+
+class Nack(WireModel):
+    type: Literal["nack"] = "nack"
+    msg_id: str
+    error: str
+
+
+class AgentCard(WireModel):
+    name: str
+    purpose: str
+    model: str
+    color: str
+    context_used_pct: Number
+    queue_depth: int
+
+
+class Pong(WireModel):
+    type: Literal["pong"] = "pong"
+    msg_id: str
+    agent_card: AgentCard
+
+
+class RegistryEntry(WireModel):
+    """One live peer's registry file (W5); read back leniently, written exactly."""
+
+    session_id: StrictStr
+    name: StrictStr
+    purpose: StrictStr = ""
+    model: StrictStr = ""
+    color: StrictStr = ""
+    pid: StrictInt = 0
+    endpoint: StrictStr
+    cwd: StrictStr = ""
+    started_at: StrictStr = ""
+    explicit: bool = False
+    version: StrictInt = 1
+    context_used_pct: Number = 0
+    queue_depth: StrictInt = 0
+    heartbeat_at: StrictStr | None = None
+
+    def to_file_text(self) -> str:
+        """The entry as the pool writes it: two-space indented JSON."""
+        return dumps(self.model_dump(mode="json"), indent=2)
+
+
+Inbound = PromptEnvelope | CancelEnvelope | PingEnvelope

@@ -1,0 +1,210 @@
+"""Wire and file models: parse what the pool sends, write what it expects (W5, W12-W18, C8)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from messages.model import AnswerFile, LogRecord
+from messages.wire import (
+    Ack,
+    AgentCard,
+    CancelEnvelope,
+    Nack,
+    PingEnvelope,
+    Pong,
+    PromptEnvelope,
+    RegistryEntry,
+    ResponseEnvelope,
+    dumps,
+)
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+
+PROMPT = {
+    "type": "prompt",
+    "msg_id": QID,
+    "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+    "sender_endpoint": "/home/u/.pi/coms/sockets/01J9Z8Y7X6W5V4T3S2R1Q0P9NM.sock",
+    "hops": 0,
+    "timestamp": "2026-11-30T12:00:00.000Z",
+    "prompt": '{"question":"Ship?"}',
+    "sender_name": "builder",
+    "sender_cwd": "/work/app",
+    "conversation_id": None,
+    "response_schema": None,
+    "reply_timeout_ms": 600000,
+    "trace": {"span": "x"},
+    "future_field": [1, 2],
+}
+
+
+def test_prompt_parses_with_extra_fields_and_serialises_with_wire_keys() -> None:
+    # W14, W18
+    env = PromptEnvelope.model_validate(PROMPT)
+    assert env.msg_id == QID and env.hops == 0 and env.reply_timeout_ms == 600000
+    out = json.loads(env.to_json())
+    expected = {k: v for k, v in PROMPT.items() if k not in ("trace", "future_field")}
+    assert out == expected
+    assert list(out) == list(expected)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"msg_id": None},
+        {"msg_id": 5},
+        {"prompt": None},
+        {"prompt": {"question": "x"}},
+        {"sender_endpoint": None},
+        {"hops": None},
+        {"hops": "0"},
+        {"hops": True},
+        {"type": "response"},
+    ],
+)
+def test_prompt_lacking_a_required_field_is_not_a_prompt(change: dict[str, object]) -> None:
+    # W14: msg_id, prompt, sender_endpoint strings and hops a number
+    data = {**PROMPT, **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    with pytest.raises(ValidationError):
+        PromptEnvelope.model_validate(data)
+
+
+def test_minimal_prompt_is_a_prompt() -> None:
+    # W14: only the four fields the pool checks are required
+    env = PromptEnvelope.model_validate(
+        {"type": "prompt", "msg_id": "x", "prompt": "hi", "sender_endpoint": "/s", "hops": 1.5}
+    )
+    assert env.hops == 1.5 and env.sender_name == ""
+
+
+def test_response_serialises_exactly() -> None:
+    # W15: null where the wire has null, keys in the pool's order
+    env = ResponseEnvelope(
+        msg_id=QID,
+        sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+        sender_endpoint="/s/me.sock",
+        timestamp="2026-11-30T12:00:00.000Z",
+        response=None,
+        error="no remote answer within 250ms",
+    )
+    assert env.to_line() == (
+        '{"type":"response","msg_id":"' + QID + '","sender_session":"01J9Z8Y7X6W5V4T3S2R1Q0P9NM",'
+        '"sender_endpoint":"/s/me.sock","hops":0,"timestamp":"2026-11-30T12:00:00.000Z",'
+        '"response":null,"error":"no remote answer within 250ms"}\n'
+    ).encode()
+    ok = env.model_copy(update={"response": {"kind": "freeform", "text": "é"}, "error": None})
+    assert '"response":{"kind":"freeform","text":"é"},"error":null}' in ok.to_json()
+    parsed = ResponseEnvelope.model_validate({**json.loads(ok.to_json()), "extra": 1})
+    assert parsed == ok
+
+
+CANCEL = {
+    "type": "cancel",
+    "msg_id": "01J9Z8Y7X6W5V4T3S2R1Q0P9NN",
+    "from": "builder",
+    "to": "user-remote",
+    "created_at": "2026-11-30T12:00:05.000Z",
+    "ref_msg_id": QID,
+    "reason": "console answered",
+}
+
+
+def test_cancel_parses_with_extra_fields_and_serialises_with_from() -> None:
+    # C12, W16, W18
+    env = CancelEnvelope.model_validate(CANCEL)
+    assert env.from_ == "builder" and env.ref_msg_id == QID
+    assert json.loads(env.to_json()) == {k: v for k, v in CANCEL.items() if k != "reason"}
+
+
+@pytest.mark.parametrize("field", ["msg_id", "from", "to", "created_at", "ref_msg_id"])
+@pytest.mark.parametrize("bad", ["", None, 3])
+def test_cancel_needs_every_field_non_empty(field: str, bad: object) -> None:
+    # W16: all non-empty strings
+    data = {**CANCEL, field: bad}
+    if bad is None:
+        del data[field]
+    with pytest.raises(ValidationError):
+        CancelEnvelope.model_validate(data)
+
+
+def test_ping_and_replies() -> None:
+    # W12, W17
+    assert PingEnvelope.model_validate({"type": "ping", "msg_id": "p1", "x": 1}).msg_id == "p1"
+    assert PingEnvelope.model_validate({"type": "ping"}).msg_id == ""
+    assert Ack(msg_id="m").to_line() == b'{"type":"ack","msg_id":"m"}\n'
+    assert Nack(msg_id="", error="invalid json").to_line() == (
+        b'{"type":"nack","msg_id":"","error":"invalid json"}\n'
+    )
+    card = AgentCard(
+        name="user-remote",
+        purpose="Remote human via Hermes/Telegram",
+        model="hermes-bridge",
+        color="#38BDF8",
+        context_used_pct=0,
+        queue_depth=5,
+    )
+    assert Pong(msg_id="p1", agent_card=card).to_json() == (
+        '{"type":"pong","msg_id":"p1","agent_card":{"name":"user-remote",'
+        '"purpose":"Remote human via Hermes/Telegram","model":"hermes-bridge",'
+        '"color":"#38BDF8","context_used_pct":0,"queue_depth":5}}'
+    )
+
+
+def test_registry_entry_is_written_like_the_pool_writes_it() -> None:
+    # W5: every field, in order, two-space JSON
+    entry = RegistryEntry(
+        session_id="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+        name="user-remote",
+        purpose="Remote human via Hermes/Telegram",
+        model="hermes-bridge",
+        color="#38BDF8",
+        pid=4242,
+        endpoint="/r/sockets/01J9Z8Y7X6W5V4T3S2R1Q0P9NM.sock",
+        cwd="/work",
+        started_at="2026-11-30T12:00:00.000Z",
+        explicit=False,
+        version=1,
+        context_used_pct=0,
+        queue_depth=0,
+        heartbeat_at="2026-11-30T12:00:30.000Z",
+    )
+    text = entry.to_file_text()
+    assert text.startswith('{\n  "session_id": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",\n  "name": "user-remote",')
+    assert list(json.loads(text)) == [
+        "session_id", "name", "purpose", "model", "color", "pid", "endpoint", "cwd",
+        "started_at", "explicit", "version", "context_used_pct", "queue_depth", "heartbeat_at",
+    ]  # fmt: skip
+    assert RegistryEntry.model_validate_json(text) == entry
+
+
+def test_registry_entry_of_another_peer_reads_leniently() -> None:
+    # W9, W18: an older peer's entry without heartbeat or queue depth
+    entry = RegistryEntry.model_validate(
+        {"session_id": "s", "name": "builder", "endpoint": "/e", "pid": 1, "extra": True}
+    )
+    assert entry.heartbeat_at is None
+
+
+def test_answer_file_model() -> None:
+    # C8
+    data = {"qid": QID, "answer": "2", "answered_by": "telegram:alice", "at": "2026-11-30T12:01:00Z"}
+    assert AnswerFile.model_validate({**data, "message_id": 99}).answer == "2"
+    for bad in ({"answered_by": ""}, {"at": "soon"}, {"qid": "x"}, {"answer": None}):
+        with pytest.raises(ValidationError):
+            AnswerFile.model_validate({**data, **bad})
+
+
+def test_dumps_escapes_lone_surrogates_and_keeps_unicode() -> None:
+    # W12: every line is valid UTF-8
+    assert dumps({"t": "é😀\ud800"}) == '{"t":"é😀\\ud800"}'
+    assert dumps({"t": "é😀\ud800"}).encode("utf-8")
+
+
+def test_log_record_omits_absent_detail() -> None:
+    # C20
+    rec = LogRecord(at="2026-11-30T12:00:00.000Z", qid=QID, event="timeout", detail={"timeout_ms": 5})
+    assert rec.to_line().endswith('"event":"timeout","detail":{"timeout_ms":5}}\n')
