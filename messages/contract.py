@@ -346,8 +346,7 @@ def transition(state: State | None, event: Event) -> State | None:
     if state == "pending" and event == "delivery_error":
         return None
     if state in _OPEN and event in ("answered", "cancelled", "timeout"):
-        terminal: State = event  # type: ignore[assignment]
-        return terminal
+        return event
     if state in _TERMINAL and event == "late_answer":
         return state
     raise ForbiddenTransition(f"{event} is not allowed in state {state}")
