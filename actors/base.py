@@ -1,0 +1,112 @@
+"""Supervision plumbing shared by every actor.
+
+`Slot` is a child's stable address: collaborators hold the slot, never the
+actor ref, so a restarted child is reachable at once and nothing told to it
+while it was down is lost. `Child` is the base of every supervised actor: when
+it dies of an exception it hands what was still in its mailbox to its
+supervisor, which restarts it and replays those messages in order.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import TracebackType
+from typing import Any
+
+import pykka
+
+from messages.commands import Address, ChildFailed
+
+
+class Slot:
+    """A stable, thread-safe address for one supervised child."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._ref: pykka.ActorRef[Any] | None = None
+        self._held: list[Any] = []
+
+    def tell(self, message: Any) -> None:
+        """Deliver now, or hold until the child is (re)bound."""
+        with self._lock:
+            if self._ref is not None:
+                try:
+                    self._ref.tell(message)
+                    return
+                except pykka.ActorDeadError:
+                    pass
+            self._held.append(message)
+
+    def bind(self, ref: pykka.ActorRef[Any], unread: tuple[Any, ...] = ()) -> None:
+        """Point the slot at a (new) actor: replay `unread`, then what was held."""
+        with self._lock:
+            self._ref = ref
+            for message in (*unread, *self._held):
+                ref.tell(message)
+            self._held.clear()
+
+    @property
+    def ref(self) -> pykka.ActorRef[Any] | None:
+        with self._lock:
+            return self._ref
+
+    def ask(self, message: Any, timeout: float) -> Any:
+        """Ask the current actor, from a non-actor thread only (DESIGN: never actor to actor)."""
+        ref = self.ref
+        if ref is None:
+            raise pykka.ActorDeadError(f"{self.name} is not running")
+        return ref.ask(message, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"Slot({self.name})"
+
+
+def report(message: str) -> None:
+    """One operator-facing line on stderr; never raises."""
+    try:
+        print(f"coms-hermes-bridge: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+class Child(pykka.ThreadingActor):
+    """A supervised actor: on a crash it tells its supervisor and hands over its mailbox."""
+
+    def __init__(self, name: str, supervisor: Address) -> None:
+        super().__init__()
+        self.child_name = name
+        self.supervisor = supervisor
+
+    def release(self) -> None:
+        """Free what this actor owns (threads, sockets, processes).
+
+        Called on orderly stop and after a crash, so a restarted successor can
+        take the same resources over. Subclasses extend it; it must not raise.
+        """
+
+    def on_stop(self) -> None:
+        self.release()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        finally:
+            unread: list[Any] = []
+            while not self.actor_inbox.empty():
+                envelope = self.actor_inbox.get()
+                if envelope.reply_to is None:
+                    unread.append(envelope.message)
+                else:  # an ask: its caller must not wait for an answer that won't come
+                    envelope.reply_to.set_exception(
+                        exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(self.child_name), None)
+                    )
+            self.supervisor.tell(
+                ChildFailed(self.child_name, repr(exception_value), tuple(unread))
+            )

@@ -1,0 +1,239 @@
+"""What the actors tell each other.
+
+Each command is a frozen dataclass: cheap to build on every hop, typed, and
+matched by class in an actor's `on_receive`. Wire and file values inside them
+are the pydantic models of `messages.wire` and `messages.model`.
+
+Who sends what (see docs/architecture.md for the picture):
+
+    Peer      -> Supervisor : NewQuestion, CancelQuestion
+    non-actor -> Supervisor : QueueDepthQuery (ask, with a timeout)
+    Supervisor-> Question   : AnswerArrived, CancelRequested
+    Question  -> Supervisor : StateReported, QuestionClosed
+    Question  -> Delivery   : SendText          Delivery -> Question : Delivered, DeliveryFailed
+    Question  -> Peer       : SendResponse
+    Question  -> Watcher    : RemoveAnswerFile
+    Watcher   -> Supervisor : AnswerFileSeen    Supervisor -> Watcher : DisposeAnswerFile
+    anyone    -> Logger     : LogEvent
+    child     -> Supervisor : ChildFailed
+    helper threads -> their own actor: FilesChanged, Rescan, TimedOut, Heartbeat
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import JsonValue
+
+from messages.contract import Late, Rejected
+from messages.model import AnswerFile, LogRecord, ParsedPrompt, State
+from messages.wire import CancelEnvelope, PromptEnvelope
+
+
+class Address(Protocol):
+    """Anything a message can be told to: an actor ref, a supervised slot, a test fake."""
+
+    def tell(self, message: Any) -> None: ...
+
+
+class UnknownMessage(TypeError):
+    """An actor was told something it does not take: a bug, so it fails loudly."""
+
+    def __init__(self, actor: str, message: object) -> None:
+        super().__init__(f"{actor} does not take {type(message).__name__}: {message!r}")
+
+
+# -- from the coms socket ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewQuestion:
+    """A well-formed prompt arrived (already acked). Its qid may still be invalid (C3)."""
+
+    envelope: PromptEnvelope
+
+
+@dataclass(frozen=True, slots=True)
+class CancelQuestion:
+    """A well-formed cancel arrived (already acked, C12)."""
+
+    envelope: CancelEnvelope
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepthQuery:
+    """Asked by the socket and heartbeat threads: how many questions are open (C21, W6)."""
+
+
+# -- the question's life -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerArrived:
+    """A valid answer file for this question (C9 passed)."""
+
+    answer: AnswerFile
+    name: str
+    signature: FileSignature
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """The asker cancelled this question (C13)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The question's timer fired (C17)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateReported:
+    """A question's durable facts, so the Supervisor can restart it where it was."""
+
+    qid: str
+    state: State
+    deadline: float  # seconds since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionClosed:
+    """The question ended; `state` is None when delivery failed (C18, C19)."""
+
+    qid: str
+    state: State | None
+
+
+# -- delivery through hermes --------------------------------------------------
+
+TextPurpose = Literal["question", "cancel_note", "late_note", "timeout_note"]
+
+
+@dataclass(frozen=True, slots=True)
+class SendText:
+    """Run `hermes send` with this text; the result goes to `reply_to` if given.
+
+    Notes are sent without `reply_to`: their failure is logged by the Delivery
+    actor itself as `delivery_error` with the note's purpose as its phase.
+    """
+
+    qid: str
+    text: str
+    purpose: TextPurpose
+    reply_to: Address | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    qid: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFailed:
+    qid: str
+    error: str
+
+
+# -- coms responses -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendResponse:
+    """Send the asker of `prompt` a response envelope (W15), in the background."""
+
+    prompt: PromptEnvelope
+    response: JsonValue
+    error: str | None = None
+
+
+# -- answer files -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FileSignature:
+    """Which version of a file was read, so that only that version is removed."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerFileSeen:
+    """An answer file whose name carries a valid qid, and what it held when read."""
+
+    name: str
+    content: bytes
+    signature: FileSignature
+
+
+@dataclass(frozen=True, slots=True)
+class DisposeAnswerFile:
+    """The Supervisor's verdict on a file that is not a valid answer to an open question."""
+
+    name: str
+    signature: FileSignature
+    verdict: Rejected | Late
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAnswerFile:
+    """The question used this answer; remove the file (C2)."""
+
+    name: str
+    signature: FileSignature
+
+
+@dataclass(frozen=True, slots=True)
+class FilesChanged:
+    """inotify saw these names change in the questions directory."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rescan:
+    """Time for the safety-net scan of the whole questions directory."""
+
+
+# -- log ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    record: LogRecord
+
+
+# -- peer ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Rewrite the registry entry with a fresh heartbeat (W6)."""
+
+    queue_depth: int
+
+
+# -- supervision --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFailed:
+    """A child died of an exception; `unread` is what was still in its mailbox."""
+
+    child: str
+    error: str
+    unread: tuple[Any, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionSpec:
+    """Everything needed to (re)start a QuestionActor."""
+
+    qid: str
+    prompt: PromptEnvelope
+    parsed: ParsedPrompt
+    timeout_ms: float
+    deadline: float  # seconds since the epoch
+    state: State | None = None
