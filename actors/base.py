@@ -27,10 +27,13 @@ class Slot:
         self._lock = threading.Lock()
         self._ref: pykka.ActorRef[Any] | None = None
         self._held: list[Any] = []
+        self._retired = False
 
     def tell(self, message: Any) -> None:
         """Deliver now, or hold until the child is (re)bound."""
         with self._lock:
+            if self._retired:
+                return
             if self._ref is not None:
                 try:
                     self._ref.tell(message)
@@ -45,6 +48,13 @@ class Slot:
             self._ref = ref
             for message in (*unread, *self._held):
                 ref.tell(message)
+            self._held.clear()
+
+    def retire(self) -> None:
+        """The child is gone for good: drop whatever is told to it from now on."""
+        with self._lock:
+            self._retired = True
+            self._ref = None
             self._held.clear()
 
     @property
@@ -74,10 +84,26 @@ def report(message: str) -> None:
 class Child(pykka.ThreadingActor):
     """A supervised actor: on a crash it tells its supervisor and hands over its mailbox."""
 
+    # The daemon must be able to exit even if an actor thread is wedged.
+    use_daemon_thread = True
+
     def __init__(self, name: str, supervisor: Address) -> None:
         super().__init__()
         self.child_name = name
         self.supervisor = supervisor
+
+    def begin(self) -> None:
+        """Take over this actor's resources; runs in the actor's thread before any message."""
+
+    def on_start(self) -> None:
+        # pykka stops an actor whose on_start raises without calling
+        # on_failure; report it here so the supervisor can retry or give up.
+        try:
+            self.begin()
+        except Exception as exc:
+            self.release()
+            self.supervisor.tell(ChildFailed(self.child_name, f"{type(exc).__name__}: {exc}"))
+            raise
 
     def release(self) -> None:
         """Free what this actor owns (threads, sockets, processes).
@@ -107,6 +133,5 @@ class Child(pykka.ThreadingActor):
                     envelope.reply_to.set_exception(
                         exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(self.child_name), None)
                     )
-            self.supervisor.tell(
-                ChildFailed(self.child_name, repr(exception_value), tuple(unread))
-            )
+            error = f"{exception_type.__name__ if exception_type else 'Error'}: {exception_value}"
+            self.supervisor.tell(ChildFailed(self.child_name, error, tuple(unread)))

@@ -1,14 +1,90 @@
-"""The `coms-hermes-bridge` command."""
+"""The `coms-hermes-bridge` command: flags in, a supervised actor tree up, a clean exit out.
+
+The main thread does three things only: validate the command line, install
+the shutdown handlers (before anything is published, W7), and wait. The
+Supervisor does the rest; a fatal supervision verdict or SIGTERM/SIGINT wakes
+the main thread, which stops the tree (the Peer first, so the registry entry
+and socket go away, W8) and exits 0, or 1 when the daemon gave up.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
+import threading
+from datetime import UTC, datetime
+from types import FrameType
+
+import pykka
+
+from actors.base import report
+from actors.config import BridgeConfig, UsageError, parse_config
+from actors.peer import IdentityError, resolve_identity
+from actors.supervisor import Supervisor
+
+SHUTDOWN_BUDGET_S = 1.5
+
+
+def _quiet_pykka() -> None:
+    """Crashes are reported in one line by the Supervisor; tracebacks only on request."""
+    if os.environ.get("COMS_HERMES_BRIDGE_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG)
+    else:
+        logging.getLogger("pykka").setLevel(logging.CRITICAL)
+
+
+def run(config: BridgeConfig) -> int:
+    """Run the daemon until a signal or a fatal failure; return the exit code."""
+    stop = threading.Event()
+    exit_code = [0]
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    def on_fatal(reason: str) -> None:
+        exit_code[0] = 1
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        identity = resolve_identity(
+            config.coms_dir,
+            config.project,
+            config.name,
+            cwd=os.getcwd(),
+            pid=os.getpid(),
+            now=datetime.now(UTC),
+        )
+    except IdentityError as exc:
+        report(str(exc))
+        return 1
+    except OSError as exc:
+        report(f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}")
+        return 1
+    supervisor = Supervisor.start(config=config, identity=identity, on_fatal=on_fatal)
+    report(f"{identity.name}@{config.project} starting (hermes target {config.target})")
+    while not stop.wait(0.2):
+        pass
+    try:
+        supervisor.stop(block=True, timeout=SHUTDOWN_BUDGET_S)
+    except pykka.Timeout:
+        report("shutdown took too long; exiting anyway")
+    except pykka.ActorDeadError:
+        pass
+    return exit_code[0]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Placeholder until the daemon lands: say so and exit 2."""
-    print("coms-hermes-bridge: the daemon is not built yet", file=sys.stderr)
-    return 2
+    _quiet_pykka()
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except UsageError as exc:
+        report(str(exc))
+        return 1
+    return run(config)
 
 
 if __name__ == "__main__":

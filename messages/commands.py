@@ -90,11 +90,15 @@ class TimedOut:
 
 @dataclass(frozen=True, slots=True)
 class StateReported:
-    """A question's durable facts, so the Supervisor can restart it where it was."""
+    """A question's new state, so the Supervisor can restart it where it was.
+
+    `child` names the reporting actor: a question replaced by a repeated qid
+    may still report, and must not be mistaken for its successor.
+    """
 
     qid: str
     state: State
-    deadline: float  # seconds since the epoch
+    child: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,7 @@ class QuestionClosed:
 
     qid: str
     state: State | None
+    child: str
 
 
 # -- delivery through hermes --------------------------------------------------

@@ -1,0 +1,119 @@
+"""The daemon's settings and the command line that makes them.
+
+The flags are the TypeScript daemon's, so a service file written for it keeps
+working; `--send-timeout` is ours. Every bad value becomes one operator-facing
+line and exit 1, before anything is registered in the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from messages.contract import parse_positive_ms, resolve_timeout_ms
+
+VERSION = "0.1.0"
+DEFAULT_NAME = "user-remote"
+DEFAULT_PROJECT = "default"
+DEFAULT_TARGET = "telegram"
+DEFAULT_POLL_MS = 1000
+DEFAULT_SEND_TIMEOUT_MS = 60_000
+SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class UsageError(Exception):
+    """A bad command line or environment: the message is the whole story."""
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    name: str
+    project: str
+    target: str
+    hermes_profile: str | None
+    timeout_ms: float
+    poll_ms: float
+    send_timeout_ms: float
+    questions_dir: Path
+    log_path: Path
+    state_path: Path
+    coms_dir: Path
+    hermes: str = "hermes"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> _Parser:
+    p = _Parser(
+        prog="coms-hermes-bridge",
+        description="Join the coms pool as the remote human: ask via `hermes send`, "
+        "answer from the Hermes gateway's answer files.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--name", default=DEFAULT_NAME, help="peer name (default: user-remote)")
+    p.add_argument("--project", default=DEFAULT_PROJECT, help="coms project (default: default)")
+    p.add_argument(
+        "--to", action="append", metavar="TARGET", help="hermes target (default: telegram)"
+    )
+    p.add_argument("--hermes-profile", metavar="PROFILE", help="hermes profile to send with")
+    p.add_argument("--timeout", metavar="MS", help="per-question timeout in ms (C16)")
+    p.add_argument("--poll-ms", metavar="MS", help="rescan interval in ms (default: 1000)")
+    p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
+    p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
+    p.add_argument("--version", action="version", version=f"coms-hermes-bridge {VERSION}")
+    return p
+
+
+def _positive(flag: str, raw: str | None, default: float | None) -> float | None:
+    if raw is None:
+        return default
+    value = parse_positive_ms(raw)
+    if value is None:
+        raise UsageError(f"{flag} must be a positive number")
+    return value
+
+
+def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
+    """Flags and environment to settings, or UsageError naming what is wrong."""
+    args = _parser().parse_args(list(argv))
+    if args.to is not None and len(args.to) > 1:
+        raise UsageError("--to may only be specified once")
+    target = args.to[0] if args.to else DEFAULT_TARGET
+    if not target.strip():
+        raise UsageError("--to must not be empty")
+    profile = args.hermes_profile
+    if profile is not None and not SAFE_PROFILE.fullmatch(profile):
+        raise UsageError(f"--hermes-profile must be a safe profile name: {profile!r}")
+    timeout = _positive("--timeout", args.timeout, None)
+    poll = _positive("--poll-ms", args.poll_ms, DEFAULT_POLL_MS)
+    send_timeout = _positive("--send-timeout", args.send_timeout, DEFAULT_SEND_TIMEOUT_MS)
+    assert poll is not None and send_timeout is not None
+    home = env.get("HOME") or os.path.expanduser("~")
+    if not home or home == "~":
+        raise UsageError("HOME is not set")
+    bridge_dir = Path(home) / ".pi" / "coms" / "hermes-bridge"
+    questions = (
+        Path(args.questions_dir).expanduser() if args.questions_dir else bridge_dir / "questions"
+    ).absolute()
+    coms_dir = Path(env.get("PI_COMS_DIR") or Path(home) / ".pi" / "coms").absolute()
+    return BridgeConfig(
+        name=args.name,
+        project=args.project,
+        target=target,
+        hermes_profile=profile,
+        timeout_ms=resolve_timeout_ms(timeout, env),
+        poll_ms=poll,
+        send_timeout_ms=send_timeout,
+        questions_dir=questions,
+        log_path=questions.parent / "log.ndjson",
+        state_path=questions.parent / "state.sqlite3",
+        coms_dir=coms_dir,
+    )

@@ -1,0 +1,159 @@
+"""One QuestionActor per open question: its state machine and its timer (C13-C19).
+
+The actor is the only place a question's state changes. Each transition goes
+through the pure `transition` table, is logged, and is reported to the
+Supervisor (which keeps the table of open questions and restarts a crashed
+question from its last reported state). A terminal question stops itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from actors.base import Child
+from messages.commands import (
+    Address,
+    AnswerArrived,
+    CancelRequested,
+    Delivered,
+    DeliveryFailed,
+    DisposeAnswerFile,
+    LogEvent,
+    QuestionClosed,
+    QuestionSpec,
+    RemoveAnswerFile,
+    SendResponse,
+    SendText,
+    StateReported,
+    TimedOut,
+    UnknownMessage,
+)
+from messages.contract import (
+    Late,
+    cancel_note,
+    format_question,
+    log_record,
+    map_answer,
+    timeout_error,
+    timeout_note,
+    transition,
+)
+from messages.model import Event, State
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class QuestionActor(Child):
+    """Owns one qid's state and timer; everything else it asks of others by message."""
+
+    def __init__(
+        self,
+        *,
+        spec: QuestionSpec,
+        supervisor: Address,
+        me: Address,
+        peer: Address,
+        delivery: Address,
+        logger: Address,
+        watcher: Address,
+        target: str,
+        name: str,
+        now: Callable[[], datetime] = utc_now,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(name, supervisor)
+        self.spec = spec
+        self.qid = spec.qid
+        self.state: State | None = spec.state
+        self.me = me
+        self.peer = peer
+        self.delivery = delivery
+        self.logger = logger
+        self.watcher = watcher
+        self.target = target
+        self.now = now
+        self.clock = clock
+        self._timer: threading.Timer | None = None
+
+    # -- life ---------------------------------------------------------------
+
+    def begin(self) -> None:
+        if self.state is None:
+            self._move("question_received", {"from": self.spec.prompt.sender_name})
+            text = format_question(self.qid, self.spec.parsed)
+            self.delivery.tell(SendText(self.qid, text, "question", reply_to=self.me))
+        self._arm_timer()
+
+    def release(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm_timer(self) -> None:
+        """Fire at the question's absolute deadline, so a restart keeps the clock running."""
+        remaining = max(0.0, self.spec.deadline - self.clock())
+        self._timer = threading.Timer(remaining, self.me.tell, args=(TimedOut(),))
+        self._timer.daemon = True
+        self._timer.start()
+
+    # -- messages -----------------------------------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        match message:
+            case Delivered():
+                if self.state == "pending":
+                    self._move("delivered", {"to": self.target})
+            case DeliveryFailed(error=error):
+                if self.state == "pending":
+                    self._move("delivery_error", {"error": error})
+                    self.peer.tell(SendResponse(self.spec.prompt, None, error))
+                    self._close()
+            case AnswerArrived(answer=answer, name=name, signature=signature):
+                if self._is_open():
+                    self._move("answered", {"answered_by": answer.answered_by})
+                    mapped = map_answer(answer.answer, self.spec.parsed.options)
+                    self.peer.tell(SendResponse(self.spec.prompt, mapped.model_dump(mode="json")))
+                    self.watcher.tell(RemoveAnswerFile(name, signature))
+                    self._close()
+                elif self.state is not None:
+                    # closed between the Supervisor's look and ours: a late answer (C15)
+                    late = Late(self.qid, self.state)
+                    self.watcher.tell(DisposeAnswerFile(name, signature, late))
+            case CancelRequested():
+                if self._is_open():
+                    self._move("cancelled", {"reason": "cancel envelope"})
+                    self.delivery.tell(SendText(self.qid, cancel_note(self.qid), "cancel_note"))
+                    self._close()
+            case TimedOut():
+                if self._is_open():
+                    ms = self.spec.timeout_ms
+                    self._move("timeout", {"timeout_ms": ms})
+                    note = timeout_note(self.qid, ms)
+                    self.delivery.tell(SendText(self.qid, note, "timeout_note"))
+                    self.peer.tell(SendResponse(self.spec.prompt, None, timeout_error(ms)))
+                    self._close()
+            case _:
+                raise UnknownMessage(self.child_name, message)
+
+    # -- helpers ------------------------------------------------------------
+
+    def _is_open(self) -> bool:
+        return self.state in ("pending", "delivered")
+
+    def _move(self, event: Event, detail: dict[str, Any]) -> None:
+        """Apply a C19 transition, log it (C20) and report the new state."""
+        self.state = transition(self.state, event)
+        self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
+        if self.state is not None:
+            self.supervisor.tell(StateReported(self.qid, self.state, self.child_name))
+
+    def _close(self) -> None:
+        self.release()
+        self.supervisor.tell(QuestionClosed(self.qid, self.state, self.child_name))
+        self.stop()
