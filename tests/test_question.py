@@ -1,0 +1,238 @@
+"""QuestionActor through its messages, with fake collaborators (C11, C13-C19)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pykka
+import pytest
+
+from actors.base import Slot
+from actors.question import QuestionActor
+from messages.commands import (
+    AnswerArrived,
+    CancelRequested,
+    ChildFailed,
+    Delivered,
+    DeliveryFailed,
+    DisposeAnswerFile,
+    FileSignature,
+    LogEvent,
+    QuestionClosed,
+    QuestionSpec,
+    RemoveAnswerFile,
+    SendResponse,
+    SendText,
+    StateReported,
+    TimedOut,
+)
+from messages.contract import Late, format_question, parse_prompt
+from messages.model import AnswerFile, State
+from messages.wire import PromptEnvelope
+from tests.fakes import FakeRef, wait_for
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+SIG = FileSignature(inode=7, size=80, mtime_ns=1)
+PROMPT = PromptEnvelope(
+    msg_id=QID,
+    sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+    sender_endpoint="/tmp/asker.sock",
+    hops=0,
+    timestamp="2026-11-30T12:00:00.000Z",
+    prompt=json.dumps(
+        {"question": "Ship?", "options": [{"title": "Approve", "description": "go"}, "Stop"]}
+    ),
+    sender_name="builder",
+    sender_cwd="/work",
+)
+
+
+@dataclass
+class Rig:
+    ref: pykka.ActorRef[Any]
+    slot: Slot
+    supervisor: FakeRef
+    peer: FakeRef
+    delivery: FakeRef
+    logger: FakeRef
+    watcher: FakeRef
+
+    def events(self, count: int) -> list[tuple[str, Any]]:
+        """The next `count` log events as (event, detail)."""
+        out = []
+        for _ in range(count):
+            record = self.logger.expect(LogEvent).record
+            assert record.qid == QID and record.at == "2026-11-30T12:00:00.000Z"
+            out.append((record.event, record.detail))
+        return out
+
+
+@pytest.fixture
+def start() -> Iterator[Any]:
+    def _start(state: State | None = None, timeout_s: float = 60.0) -> Rig:
+        spec = QuestionSpec(
+            qid=QID,
+            prompt=PROMPT,
+            parsed=parse_prompt(PROMPT),
+            timeout_ms=timeout_s * 1000,
+            deadline=time.time() + timeout_s,
+            state=state,
+        )
+        fakes = {n: FakeRef(n) for n in ("supervisor", "peer", "delivery", "logger", "watcher")}
+        slot = Slot("question")
+        ref = QuestionActor.start(
+            spec=spec,
+            me=slot,
+            target="telegram",
+            name="question:x:1",
+            now=lambda: NOW,
+            **fakes,
+        )
+        slot.bind(ref)
+        return Rig(ref, slot, **fakes)
+
+    yield _start
+    pykka.ActorRegistry.stop_all()
+
+
+def answer(text: str) -> AnswerArrived:
+    body = AnswerFile(qid=QID, answer=text, answered_by="telegram:alice", at="2026-11-30T12:01:00Z")
+    return AnswerArrived(body, f"{QID}.answer.json", SIG)
+
+
+def test_new_question_is_logged_reported_and_sent(start: Any) -> None:
+    # C2, C19: none + question_received -> pending; the question goes to hermes
+    rig = start()
+    assert rig.events(1) == [("question_received", {"from": "builder"})]
+    assert rig.supervisor.expect(StateReported) == StateReported(QID, "pending", "question:x:1")
+    send = rig.delivery.expect(SendText)
+    assert send.qid == QID and send.purpose == "question" and send.reply_to is rig.slot
+    assert send.text == format_question(QID, parse_prompt(PROMPT))
+
+
+def test_delivered(start: Any) -> None:
+    # C19: pending + delivered -> delivered, logged with the target
+    rig = start()
+    rig.slot.tell(Delivered(QID))
+    assert rig.events(2)[1] == ("delivered", {"to": "telegram"})
+    rig.supervisor.expect(StateReported)
+    assert rig.supervisor.expect(StateReported).state == "delivered"
+    assert rig.ref.is_alive()
+
+
+def test_delivery_failure_drops_the_question_and_tells_the_asker(start: Any) -> None:
+    # C18, C19: pending + delivery_error -> none; error response at once
+    rig = start()
+    rig.slot.tell(DeliveryFailed(QID, "hermes send failed (3): chat not found"))
+    assert rig.events(2)[1] == ("delivery_error", {"error": "hermes send failed (3): chat not found"})
+    assert rig.peer.expect(SendResponse) == SendResponse(
+        PROMPT, None, "hermes send failed (3): chat not found"
+    )
+    assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
+    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+
+
+@pytest.mark.parametrize("delivered", [True, False])
+@pytest.mark.parametrize(
+    ("text", "response"),
+    [
+        (" 1 ", {"kind": "selection", "selections": ["Approve"]}),
+        ("stop", {"kind": "selection", "selections": ["Stop"]}),
+        ("3", {"kind": "freeform", "text": "3"}),
+        ("  later ", {"kind": "freeform", "text": "later"}),
+    ],
+)
+def test_answer_closes_the_question(
+    start: Any, delivered: bool, text: str, response: dict[str, Any]
+) -> None:
+    # C11, C19: pending|delivered + answered -> answered; mapped response; file removed
+    rig = start()
+    if delivered:
+        rig.slot.tell(Delivered(QID))
+    rig.slot.tell(answer(text))
+    events = rig.events(3 if delivered else 2)
+    assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
+    assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None)
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
+    assert rig.supervisor.expect(QuestionClosed).state == "answered"
+    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+
+
+@pytest.mark.parametrize("delivered", [True, False])
+def test_cancel_sends_the_note_and_no_response(start: Any, delivered: bool) -> None:
+    # C13, C19: pending|delivered + cancelled -> cancelled
+    rig = start()
+    if delivered:
+        rig.slot.tell(Delivered(QID))
+    rig.slot.tell(CancelRequested())
+    assert rig.events(3 if delivered else 2)[-1] == ("cancelled", {"reason": "cancel envelope"})
+    rig.delivery.expect(SendText)  # the question itself
+    note = rig.delivery.expect(SendText)
+    assert note.purpose == "cancel_note" and note.reply_to is None
+    assert note.text == f"✖ [HUB-Q:{QID}] The question was cancelled — it was answered from the console."
+    assert rig.supervisor.expect(QuestionClosed).state == "cancelled"
+    rig.peer.quiet()
+
+
+@pytest.mark.parametrize("delivered", [True, False])
+def test_timer_expiry(start: Any, delivered: bool) -> None:
+    # C16, C17, C19: the timer fires at the deadline; note and error response
+    rig = start(timeout_s=0.25)
+    if delivered:
+        rig.slot.tell(Delivered(QID))
+    events = rig.events(3 if delivered else 2)
+    assert events[-1] == ("timeout", {"timeout_ms": 250})
+    rig.delivery.expect(SendText)
+    note = rig.delivery.expect(SendText)
+    assert note.purpose == "timeout_note"
+    assert note.text == f"⌛ [HUB-Q:{QID}] The question timed out after 250ms."
+    assert rig.peer.expect(SendResponse) == SendResponse(
+        PROMPT, None, "no remote answer within 250ms"
+    )
+    assert rig.supervisor.expect(QuestionClosed).state == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("closing", "state"),
+    [(answer("1"), "answered"), (CancelRequested(), "cancelled"), (TimedOut(), "timeout")],
+)
+def test_answer_after_each_terminal_state_is_late(start: Any, closing: Any, state: str) -> None:
+    # C15, C19: answered|cancelled|timeout + late_answer -> unchanged
+    rig = start()
+    rig.slot.tell(closing)
+    rig.slot.tell(answer("2"))  # queued before the actor stops itself
+    dispose = rig.watcher.expect(DisposeAnswerFile)
+    assert dispose == DisposeAnswerFile(f"{QID}.answer.json", SIG, Late(QID, state))  # type: ignore[arg-type]
+    assert rig.supervisor.expect(QuestionClosed).state == state
+    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+    rest = [rig.supervisor.inbox.get_nowait() for _ in range(rig.supervisor.inbox.qsize())]
+    assert not [m for m in rest if isinstance(m, QuestionClosed)]  # closed exactly once
+
+
+def test_restart_from_delivered_keeps_the_deadline_and_does_not_resend(start: Any) -> None:
+    # restart from the last reported state: no second question_received, no second send
+    rig = start(state="delivered", timeout_s=0.2)
+    assert rig.events(1) == [("timeout", {"timeout_ms": 200})]
+    note = rig.delivery.expect(SendText)
+    assert note.purpose == "timeout_note"
+
+
+def test_restart_with_passed_deadline_times_out_at_once(start: Any) -> None:
+    rig = start(state="pending", timeout_s=-5)
+    assert rig.events(1)[0][0] == "timeout"
+
+
+def test_unknown_message_crashes_loudly_to_the_supervisor(start: Any) -> None:
+    # DESIGN: an unknown message is a bug that fails loudly
+    rig = start()
+    rig.slot.tell("what is this")
+    rig.slot.tell(Delivered(QID))
+    failed = rig.supervisor.expect(ChildFailed)
+    assert failed.child == "question:x:1" and "str" in failed.error
+    assert failed.unread == (Delivered(QID),)
