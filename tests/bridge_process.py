@@ -1,0 +1,277 @@
+"""Drive the real daemon: a process with temp HOME and PI_COMS_DIR, a fake hermes
+on PATH, and an asker of our own speaking the coms wire over unix sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ulid import ULID
+
+from tests.fakes import wait_for
+from tests.hermes_fake import FakeHermes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def new_qid() -> str:
+    return str(ULID())
+
+
+def request(endpoint: str | Path, message: dict[str, Any] | bytes, timeout: float = 5.0) -> Any:
+    """Connect, write one line, read one reply line (W12); parsed JSON or None on EOF."""
+    line = message if isinstance(message, bytes) else (json.dumps(message) + "\n").encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(endpoint))
+        s.sendall(line)
+        buf = b""
+        while b"\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf.split(b"\n", 1)[0]) if buf.strip() else None
+
+
+class Asker:
+    """A coms peer that asks questions and records the responses it is sent (W15)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.endpoint = str(directory / f"asker-{os.getpid()}-{id(self)}.sock")
+        self.responses: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.arrivals: dict[str, float] = {}
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.endpoint)
+        self._server.listen(64)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                if not buf.strip():
+                    continue
+                env = json.loads(buf.split(b"\n", 1)[0])
+                self.arrivals[env.get("msg_id", "")] = time.perf_counter()
+                conn.sendall(json.dumps({"type": "ack", "msg_id": env.get("msg_id")}).encode() + b"\n")
+                self.responses.put(env)
+
+    def prompt_envelope(self, text: str, qid: str | None = None) -> dict[str, Any]:
+        return {
+            "type": "prompt",
+            "msg_id": qid or new_qid(),
+            "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+            "sender_endpoint": self.endpoint,
+            "hops": 0,
+            "timestamp": "2026-11-30T12:00:00.000Z",
+            "prompt": text,
+            "sender_name": "builder",
+            "sender_cwd": "/work/app",
+            "conversation_id": None,
+            "response_schema": None,
+        }
+
+    def response(self, timeout: float = 10.0) -> dict[str, Any]:
+        try:
+            return self.responses.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no response within {timeout}s") from None
+
+    def no_response(self, within: float = 0.5) -> None:
+        try:
+            env = self.responses.get(timeout=within)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected response {env}")
+
+    def close(self) -> None:
+        self._server.close()
+
+
+class Bridge:
+    """One daemon process and its world (HOME, PI_COMS_DIR, fake hermes, asker)."""
+
+    def __init__(self, base: Path | None = None) -> None:
+        # Short paths: a unix socket path must stay under 108 bytes.
+        self.base = base or Path(tempfile.mkdtemp(prefix="chb", dir="/tmp"))
+        self.home = self.base / "h"
+        self.coms = self.base / "c"
+        self.home.mkdir(exist_ok=True)
+        self.hermes = FakeHermes(self.base / "bin")
+        self.asker = Asker(self.base)
+        self.bridge_dir = self.home / ".pi" / "coms" / "hermes-bridge"
+        self.questions = self.bridge_dir / "questions"
+        self.log = self.bridge_dir / "log.ndjson"
+        self.proc: subprocess.Popen[str] | None = None
+        self.stderr_lines: list[str] = []
+
+    # -- process ------------------------------------------------------------
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "PI_COMS_TIMEOUT_MS"}
+        env.update(
+            HOME=str(self.home),
+            PI_COMS_DIR=str(self.coms),
+            PATH=f"{self.hermes.directory}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONPATH=str(ROOT),
+        )
+        env.update(extra)
+        return env
+
+    def start(self, *args: str, wait: bool = True, **env: str) -> Bridge:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.daemon", *args],
+            cwd=str(ROOT),
+            env=self.env(**env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def _drain(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+
+    def run(self, *args: str, timeout: float = 10.0, **env: str) -> subprocess.CompletedProcess[str]:
+        """Run the daemon to completion (for flags that make it exit)."""
+        return subprocess.run(
+            [sys.executable, "-m", "actors.daemon", *args],
+            cwd=str(ROOT),
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def entry_path(self, name: str = "user-remote", project: str = "default") -> Path:
+        return self.coms / "projects" / project / "agents" / f"{name}.json"
+
+    def wait_ready(self, name: str = "user-remote", timeout: float = 15.0) -> dict[str, Any]:
+        """W7: the registry entry's appearance is readiness."""
+        path = self.entry_path(name)
+
+        def ready() -> dict[str, Any] | None:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}: {self.stderr_lines}")
+            if not path.exists():
+                return None
+            entry: dict[str, Any] = json.loads(path.read_text())
+            return entry if entry.get("pid") == self.proc.pid else None
+
+        self.entry = wait_for(ready, timeout, "registry entry")
+        return self.entry
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.entry["endpoint"])
+
+    def signal(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def close(self) -> None:
+        self.kill()
+        self.asker.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    # -- wire ---------------------------------------------------------------
+
+    def ask(self, text: str, qid: str | None = None) -> str:
+        env = self.asker.prompt_envelope(text, qid)
+        reply = request(self.endpoint, env)
+        assert reply == {"type": "ack", "msg_id": env["msg_id"]}, reply
+        return str(env["msg_id"])
+
+    def cancel(self, qid: str) -> dict[str, Any]:
+        env = {
+            "type": "cancel",
+            "msg_id": new_qid(),
+            "from": "builder",
+            "to": "user-remote",
+            "created_at": "2026-11-30T12:00:05.000Z",
+            "ref_msg_id": qid,
+        }
+        reply: dict[str, Any] = request(self.endpoint, env)
+        assert reply == {"type": "ack", "msg_id": env["msg_id"]}, reply
+        return reply
+
+    def ping(self) -> dict[str, Any]:
+        reply: dict[str, Any] = request(self.endpoint, {"type": "ping", "msg_id": "p1"})
+        return reply
+
+    # -- files and log ------------------------------------------------------
+
+    def answer(self, qid: str, text: str, *, name: str | None = None, **fields: Any) -> Path:
+        """Write an answer file atomically: a temp file outside the directory, then rename."""
+        body = {"qid": qid, "answer": text, "answered_by": "telegram:alice",
+                "at": "2026-11-30T12:01:00.000Z", **fields}
+        return self.drop(name or f"{qid}.answer.json", json.dumps(body).encode())
+
+    def drop(self, name: str, content: bytes) -> Path:
+        self.questions.mkdir(parents=True, exist_ok=True)
+        tmp = self.base / f".tmp-{name}"
+        tmp.write_bytes(content)
+        target = self.questions / name
+        os.rename(tmp, target)
+        return target
+
+    def log_records(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def wait_log(
+        self, event: str, qid: str | None = None, timeout: float = 10.0,
+        where: Callable[[dict[str, Any]], bool] = lambda r: True,
+    ) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            for record in self.log_records():
+                if record["event"] == event and (qid is None or record["qid"] == qid) and where(record):
+                    return record
+            return None
+
+        return wait_for(found, timeout, f"log event {event} for {qid}")
+
+    def events(self, qid: str) -> list[str]:
+        return [r["event"] for r in self.log_records() if r["qid"] == qid]
+
+    def sent_texts(self) -> list[str]:
+        """What hermes was asked to send, in order (the last argv item)."""
+        return [argv[-1] for argv in self.hermes.argvs()]

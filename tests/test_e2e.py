@@ -1,0 +1,324 @@
+"""The real daemon, end to end: real sockets, real inotify, a fake hermes on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.bridge_process import Bridge, new_qid, request
+from tests.fakes import wait_for
+
+QUESTION = "\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
+
+
+@pytest.fixture
+def bridge() -> Iterator[Bridge]:
+    b = Bridge()
+    yield b
+    b.close()
+
+
+def expect_response(bridge: Bridge, qid: str, response: object, error: str | None) -> None:
+    env = bridge.asker.response()
+    ts = env.pop("timestamp")
+    assert ts.endswith("Z") and len(ts) == 24
+    assert env == {
+        "type": "response",
+        "msg_id": qid,
+        "sender_session": bridge.entry["session_id"],
+        "sender_endpoint": bridge.entry["endpoint"],
+        "hops": 0,
+        "response": response,
+        "error": error,
+    }
+
+
+def test_plain_round_trip(bridge: Bridge) -> None:
+    # C2, C4, C6, C7, C11, C20, W15, W20
+    bridge.start()
+    qid = bridge.ask("Deploy now?")
+    bridge.wait_log("delivered", qid)
+    assert bridge.hermes.argvs() == [[
+        "send", "--to", "telegram",
+        f"❓ [HUB-Q:{qid}] Deploy now?\n\nContext: From builder @ /work/app" + QUESTION.format(qid=qid),
+    ]]
+    path = bridge.answer(qid, "  yes, ship it ")
+    expect_response(bridge, qid, {"kind": "freeform", "text": "yes, ship it"}, None)
+    wait_for(lambda: not path.exists(), what="answer file removed")
+    assert bridge.events(qid) == ["question_received", "delivered", "answered"]
+    records = [r for r in bridge.log_records() if r["qid"] == qid]
+    assert records[0]["detail"] == {"from": "builder"}
+    assert records[1]["detail"] == {"to": "telegram"}
+    assert records[2]["detail"] == {"answered_by": "telegram:alice"}
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "selected"), [("2", "Revise"), ("  approve ", "Approve"), ("STOP", "Stop")]
+)
+def test_json_prompt_with_options(bridge: Bridge, answer: str, selected: str) -> None:
+    # C4, C6, C11, W19: the ask_user tool's JSON prompt, answered by number and by title
+    bridge.start("--to", "telegram:-100123:7", "--hermes-profile", "ops")
+    prompt = json.dumps({
+        "question": "Ship the release?",
+        "context": "CI is green.",
+        "options": [{"title": "Approve", "description": "Ship it"}, {"title": "Revise"}, "Stop"],
+    })
+    qid = bridge.ask(prompt)
+    bridge.wait_log("delivered", qid)
+    assert bridge.hermes.argvs() == [[
+        "--profile", "ops", "send", "--to", "telegram:-100123:7",
+        f"❓ [HUB-Q:{qid}] Ship the release?\n\nContext: CI is green.\n\nOptions:\n"
+        "1. Approve — Ship it\n2. Revise\n3. Stop" + QUESTION.format(qid=qid),
+    ]]
+    bridge.answer(qid, answer)
+    expect_response(bridge, qid, {"kind": "selection", "selections": [selected]}, None)
+
+
+def test_cancel_then_late_answer(bridge: Bridge) -> None:
+    # C12, C13, C15: acked, note sent, no response; the late file is removed and noted
+    bridge.start()
+    qid = bridge.ask("Are you there?")
+    bridge.wait_log("delivered", qid)
+    bridge.cancel(qid)
+    record = bridge.wait_log("cancelled", qid)
+    assert record["detail"] == {"reason": "cancel envelope"}
+    wait_for(lambda: len(bridge.hermes.calls()) == 2, what="cancel note")
+    assert bridge.sent_texts()[1] == (
+        f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
+    )
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+    path = bridge.answer(qid, "yes")
+    late = bridge.wait_log("late_answer", qid)
+    assert late["detail"] == {"state": "cancelled"}
+    wait_for(lambda: not path.exists(), what="late file removed")
+    wait_for(lambda: len(bridge.hermes.calls()) == 3, what="late note")
+    assert bridge.sent_texts()[2] == (
+        f"ℹ [HUB-Q:{qid}] This question is already closed; the late answer was ignored."
+    )
+    bridge.asker.no_response()
+    assert bridge.events(qid) == ["question_received", "delivered", "cancelled", "late_answer"]
+
+
+def test_cancel_of_unknown_or_invalid_qid_is_only_acked(bridge: Bridge) -> None:
+    # C14
+    bridge.start()
+    bridge.cancel(new_qid())
+    bridge.cancel("not-a-qid")
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+    assert bridge.hermes.calls() == []
+
+
+def test_delivery_failure(bridge: Bridge) -> None:
+    # C18: dropped, logged, error response at once with exit code and stderr
+    bridge.hermes.configure(exit=3, stderr="chat not found\n")
+    bridge.start()
+    qid = bridge.ask("Anyone?")
+    expect_response(bridge, qid, None, "hermes send failed (3): chat not found")
+    record = bridge.wait_log("delivery_error", qid)
+    assert record["detail"] == {"error": "hermes send failed (3): chat not found"}
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+    # state back to none: a later file for it is foreign, not late (C19)
+    bridge.answer(qid, "yes")
+    rejected = bridge.wait_log("answer_rejected", qid)
+    assert rejected["detail"] == {"reason": "foreign_qid", "file": f"{qid}.answer.json"}
+
+
+def test_invalid_qid_prompt_never_reaches_telegram(bridge: Bridge) -> None:
+    # C3
+    bridge.start()
+    bridge.ask("hello", qid="not-a-ulid")
+    expect_response(bridge, "not-a-ulid", None, "prompt msg_id must be a 26-character Crockford ULID qid")
+    assert bridge.hermes.calls() == []
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_timeout(bridge: Bridge, how: str) -> None:
+    # C16, C17
+    if how == "flag":
+        bridge.start("--timeout", "400", PI_COMS_TIMEOUT_MS="999999")
+    else:
+        bridge.start(PI_COMS_TIMEOUT_MS="400")
+    qid = bridge.ask("Quick one?")
+    expect_response(bridge, qid, None, "no remote answer within 400ms")
+    assert bridge.wait_log("timeout", qid)["detail"] == {"timeout_ms": 400}
+    wait_for(lambda: len(bridge.hermes.calls()) == 2, what="timeout note")
+    assert bridge.sent_texts()[1] == f"⌛ [HUB-Q:{qid}] The question timed out after 400ms."
+    bridge.answer(qid, "too late")
+    assert bridge.wait_log("late_answer", qid)["detail"] == {"state": "timeout"}
+
+
+def test_every_rejection_reason(bridge: Bridge) -> None:
+    # C9, C10, C20: logged as answer_rejected with reason and file, and removed
+    bridge.start("--poll-ms", "100")
+    qid = bridge.ask("Which?")
+    bridge.wait_log("delivered", qid)
+    foreign = new_qid()
+    body = {"qid": qid, "answer": "x", "answered_by": "telegram:a", "at": "2026-11-30T12:00:00Z"}
+    cases = {
+        "invalid_path": (f"{qid}.json", json.dumps(body).encode()),
+        "invalid_qid": ("nope.answer.json", json.dumps(body).encode()),
+        "foreign_qid": (f"{foreign}.answer.json", b"not even json"),
+        "invalid_schema": (f"{qid}.answer.json", json.dumps({**body, "at": "whenever"}).encode()),
+    }
+    for reason, (name, content) in cases.items():
+        path = bridge.drop(name, content)
+        record = bridge.wait_log("answer_rejected", where=lambda r, n=name: r["detail"]["file"] == n)
+        assert record["detail"] == {"reason": reason, "file": name}
+        wait_for(lambda p=path: not p.exists(), what=f"{reason} file removed")
+    path = bridge.drop(f"{qid}.answer.json", json.dumps({**body, "qid": foreign}).encode())
+    record = bridge.wait_log("answer_rejected", where=lambda r: r["detail"]["reason"] == "qid_mismatch")
+    assert record["qid"] == qid and record["detail"]["file"] == f"{qid}.answer.json"
+    wait_for(lambda: not path.exists(), what="mismatch file removed")
+    # invalid_json waits out the grace window (max(2 x 100 ms, 1 s)) before it goes
+    path = bridge.drop(f"{qid}.answer.json", b'{"qid": "' + qid.encode())
+    seen = time.monotonic()
+    record = bridge.wait_log("answer_rejected", where=lambda r: r["detail"]["reason"] == "invalid_json")
+    assert time.monotonic() - seen >= 0.9
+    wait_for(lambda: not path.exists(), what="invalid json file removed")
+    # the question is still open and still answerable
+    assert bridge.ping()["agent_card"]["queue_depth"] == 1
+    bridge.answer(qid, "fine")
+    expect_response(bridge, qid, {"kind": "freeform", "text": "fine"}, None)
+
+
+def test_partial_write_is_accepted(bridge: Bridge) -> None:
+    # C10, W21: the gateway may write in more than one step
+    bridge.start()
+    qid = bridge.ask("Partial?")
+    bridge.wait_log("delivered", qid)
+    bridge.questions.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"qid": qid, "answer": "two steps", "answered_by": "telegram:a",
+                       "at": "2026-11-30T12:00:00Z"})
+    target = bridge.questions / f"{qid}.answer.json"
+    with open(target, "w") as f:
+        f.write(text[:20])
+    time.sleep(0.3)  # the pause between the gateway's two writes is the scenario itself
+    with open(target, "a") as f:
+        f.write(text[20:])
+    expect_response(bridge, qid, {"kind": "freeform", "text": "two steps"}, None)
+    assert "answer_rejected" not in bridge.events(qid)
+
+
+def test_queue_depth_and_burst(bridge: Bridge) -> None:
+    # C21, W17: five pending; four-plus prompts acked at once, hermes runs never overlap
+    bridge.hermes.configure(sleep=0.2)
+    bridge.start()
+    started = time.monotonic()
+    qids = [bridge.ask(f"Question {i}?") for i in range(5)]
+    assert time.monotonic() - started < 0.5  # acks never wait on hermes
+    pong = bridge.ping()
+    assert pong == {
+        "type": "pong",
+        "msg_id": "p1",
+        "agent_card": {
+            "name": "user-remote",
+            "purpose": "Remote human via Hermes/Telegram",
+            "model": "hermes-bridge",
+            "color": "#38BDF8",
+            "context_used_pct": 0,
+            "queue_depth": 5,
+        },
+    }
+    wait_for(lambda: len(bridge.hermes.calls()) == 5, timeout=10, what="five sends")
+    calls = bridge.hermes.calls()
+    for before, after in zip(calls, calls[1:], strict=False):
+        assert before["end"] <= after["start"]
+    assert [c["argv"][-1].split("]")[0] for c in calls] == [f"❓ [HUB-Q:{q}" for q in qids]
+
+
+def test_sigterm_cleans_up(bridge: Bridge) -> None:
+    # W8, issue: exit 0 within 2 s even with questions pending
+    bridge.start()
+    bridge.ask("Pending?")
+    endpoint = Path(bridge.endpoint)
+    assert endpoint.exists()
+    started = time.monotonic()
+    assert bridge.signal(signal.SIGTERM) == 0
+    assert time.monotonic() - started < 2.0
+    assert not endpoint.exists()
+    assert not bridge.entry_path().exists()
+
+
+def test_sigint_cleans_up(bridge: Bridge) -> None:
+    # W8
+    bridge.start()
+    assert bridge.signal(signal.SIGINT) == 0
+    assert not bridge.entry_path().exists()
+
+
+def test_registry_entry(bridge: Bridge) -> None:
+    # W3, W5, W7
+    bridge.start("--name", "remote-a", "--project", "team.x", wait=False)
+    path = bridge.coms / "projects" / "team.x" / "agents" / "remote-a.json"
+    wait_for(path.exists, timeout=15, what="entry")
+    entry = json.loads(path.read_text())
+    assert list(entry) == [
+        "session_id", "name", "purpose", "model", "color", "pid", "endpoint", "cwd",
+        "started_at", "explicit", "version", "context_used_pct", "queue_depth", "heartbeat_at",
+    ]
+    assert entry["name"] == "remote-a" and entry["model"] == "hermes-bridge"
+    assert entry["endpoint"] == str(bridge.coms / "sockets" / f"{entry['session_id']}.sock")
+    assert entry["pid"] == bridge.proc.pid if bridge.proc else False
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(entry["endpoint"])  # ready means listening
+
+
+def test_wire_errors_against_the_daemon(bridge: Bridge) -> None:
+    # W13
+    bridge.start()
+    assert request(bridge.endpoint, b"{nope\n") == {"type": "nack", "msg_id": "", "error": "invalid json"}
+    assert request(bridge.endpoint, {"type": "response", "msg_id": "m"}) == {
+        "type": "nack", "msg_id": "m", "error": "bridge accepts prompts, cancels, and pings",
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--to", "a", "--to", "b"], "--to may only be specified once"),
+        (["--timeout", "abc"], "--timeout must be a positive number"),
+        (["--timeout", "0"], "--timeout must be a positive number"),
+        (["--poll-ms", "-1"], "--poll-ms must be a positive number"),
+        (["--send-timeout", "x"], "--send-timeout must be a positive number"),
+        (["--hermes-profile", "../evil"], "--hermes-profile must be a safe profile name: '../evil'"),
+        (["--name", "bad name"], 'invalid name: "bad name"'),
+        (["--project", "a/b"], 'invalid project name: "a/b"'),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--timeout"], "argument --timeout: expected one argument"),
+    ],
+)
+def test_bad_flags(bridge: Bridge, args: list[str], message: str) -> None:
+    # a bad value: one line, exit 1, nothing registered
+    done = bridge.run(*args)
+    assert done.returncode == 1
+    assert done.stderr == f"coms-hermes-bridge: {message}\n"
+    agents = bridge.coms / "projects"
+    assert not any(agents.rglob("*.json")) if agents.exists() else True
+
+
+def test_help_and_version(bridge: Bridge) -> None:
+    done = bridge.run("--help")
+    assert done.returncode == 0 and "--questions-dir" in done.stdout and "--send-timeout" in done.stdout
+    done = bridge.run("--version")
+    assert done.returncode == 0 and done.stdout.startswith("coms-hermes-bridge ")
+
+
+def test_questions_dir_flag_moves_the_log_beside_it(bridge: Bridge) -> None:
+    # C20: the log lives beside the questions directory
+    qdir = bridge.base / "q" / "answers"
+    bridge.start("--questions-dir", str(qdir))
+    qid = bridge.ask("Where?")
+    log = qdir.parent / "log.ndjson"
+    wait_for(lambda: log.exists() and "delivered" in log.read_text(), what="log beside dir")
+    (qdir / f"{qid}.answer.json").write_text(json.dumps(
+        {"qid": qid, "answer": "here", "answered_by": "telegram:a", "at": "2026-11-30T12:00:00Z"}))
+    expect_response(bridge, qid, {"kind": "freeform", "text": "here"}, None)
+    assert os.path.isdir(qdir)
