@@ -1,0 +1,149 @@
+"""The Supervisor in-process: crash children with injected exceptions, watch them heal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from actors.config import parse_config
+from actors.peer import resolve_identity
+from actors.supervisor import Supervisor
+from tests.bridge_process import Asker, request
+from tests.fakes import wait_for
+from tests.hermes_fake import FakeHermes
+
+
+class Boom:
+    """No actor takes this: telling it is how a test injects a crash."""
+
+
+@dataclass
+class Tree:
+    ref: pykka.ActorRef[Supervisor]
+    sup: Supervisor
+    asker: Asker
+    hermes: FakeHermes
+    questions: Path
+    endpoint: str
+    fatal: list[str]
+    fatal_event: threading.Event
+
+    def ask(self, text: str) -> str:
+        env = self.asker.prompt_envelope(text)
+        assert request(self.endpoint, env) == {"type": "ack", "msg_id": env["msg_id"]}
+        return str(env["msg_id"])
+
+    def answer(self, qid: str, text: str) -> None:
+        body = {"qid": qid, "answer": text, "answered_by": "telegram:a", "at": "2026-11-30T12:00:00Z"}
+        tmp = self.questions.parent / f"{qid}.tmp"
+        tmp.write_text(json.dumps(body))
+        tmp.rename(self.questions / f"{qid}.answer.json")
+
+    def child_ref(self, name: str) -> Any:
+        return self.sup.children[name].slot.ref
+
+    def crash(self, name: str) -> Any:
+        before = self.child_ref(name)
+        self.sup.children[name].slot.tell(Boom())
+        return wait_for(lambda: (r := self.child_ref(name)) is not before and r, what=f"{name} restarted")
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    base = Path(tempfile.mkdtemp(prefix="chs", dir="/tmp"))
+    hermes = FakeHermes(base / "bin")
+    env = {"HOME": str(base / "h"), "PI_COMS_DIR": str(base / "c")}
+    config = parse_config(["--poll-ms", "100"], env)
+    config = type(config)(**{**config.__dict__, "hermes": str(hermes.path)})
+    identity = resolve_identity(
+        config.coms_dir, config.project, config.name, cwd="/", pid=12345678, now=datetime.now(UTC)
+    )
+    fatal: list[str] = []
+    event = threading.Event()
+
+    def on_fatal(reason: str) -> None:
+        fatal.append(reason)
+        event.set()
+
+    ref = Supervisor.start(
+        config=config, identity=identity, on_fatal=on_fatal, max_restarts=3, restart_window_s=10
+    )
+    sup = ref._actor_weakref()  # white-box: the test inspects the tree it built
+    assert sup is not None
+    entry = config.coms_dir / "projects" / "default" / "agents" / "user-remote.json"
+    wait_for(entry.exists, what="peer ready")
+    asker = Asker(base)
+    yield Tree(ref, sup, asker, hermes, config.questions_dir, str(identity.endpoint), fatal, event)
+    pykka.ActorRegistry.stop_all()
+    asker.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_crashed_peer_is_restarted_on_the_same_endpoint(tree: Tree) -> None:
+    tree.crash("peer")
+    reply = wait_for(lambda: _ping(tree.endpoint), what="ping after restart")
+    assert reply["type"] == "pong" and reply["agent_card"]["queue_depth"] == 0
+    qid = tree.ask("still there?")
+    tree.answer(qid, "yes")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "yes"}
+
+
+def _ping(endpoint: str) -> Any:
+    try:
+        return request(endpoint, {"type": "ping", "msg_id": "p"})
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("child", ["watcher", "delivery", "logger"])
+def test_crashed_child_is_restarted_and_works(tree: Tree, child: str) -> None:
+    tree.crash(child)
+    qid = tree.ask("after the crash?")
+    wait_for(lambda: len(tree.hermes.calls()) == 1, what="question delivered")
+    tree.answer(qid, "1")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "1"}
+    assert tree.fatal == []
+
+
+def test_crashed_question_is_restarted_and_still_answered(tree: Tree) -> None:
+    qid = tree.ask("crash me?")
+    wait_for(lambda: tree.sup.open.get(qid) and tree.sup.open[qid].spec.state == "delivered",
+             what="delivered")
+    question = tree.sup.open[qid]
+    before = question.slot.ref
+    question.slot.tell(Boom())
+    wait_for(lambda: question.slot.ref is not before, what="question restarted")
+    assert tree.sup.open[qid].spec.state == "delivered"
+    tree.answer(qid, "survived")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "survived"}
+    # one question_received, no second hermes send
+    assert len(tree.hermes.calls()) == 1
+
+
+def test_a_crash_in_one_question_does_not_touch_another(tree: Tree) -> None:
+    a, b = tree.ask("a?"), tree.ask("b?")
+    wait_for(lambda: len(tree.hermes.calls()) == 2, what="both delivered")
+    other = tree.sup.open[b].slot.ref
+    tree.sup.open[a].slot.tell(Boom())
+    tree.answer(b, "b answered")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "b answered"}
+    assert tree.sup.open.get(b) is None and other is not None
+
+
+def test_restart_bound_exceeded_is_fatal(tree: Tree) -> None:
+    # at most N restarts per child within T seconds; past that the daemon gives up
+    for _ in range(3):
+        tree.crash("logger")
+    tree.sup.children["logger"].slot.tell(Boom())
+    assert tree.fatal_event.wait(5)
+    assert tree.fatal[0].startswith("logger crashed 4 times within 10s")
