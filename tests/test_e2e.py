@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -229,7 +230,7 @@ def test_queue_depth_and_burst(bridge: Bridge) -> None:
     }
     wait_for(lambda: len(bridge.hermes.calls()) == 5, timeout=10, what="five sends")
     calls = bridge.hermes.calls()
-    for before, after in zip(calls, calls[1:], strict=False):
+    for before, after in itertools.pairwise(calls):
         assert before["end"] <= after["start"]
     assert [c["argv"][-1].split("]")[0] for c in calls] == [f"❓ [HUB-Q:{q}" for q in qids]
 
