@@ -1,0 +1,252 @@
+"""The coms registry: who we are in the pool, and which names are taken (W1-W3, W5, W9, W10).
+
+These are plain functions over paths and clocks so that name resolution, the
+crash-takeover rule and the atomic write can be tested without an actor. The
+PeerActor is the only caller that writes; everyone else in the pool only reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pydantic import ValidationError
+from ulid import ULID
+
+from messages.contract import iso
+from messages.wire import RegistryEntry
+
+_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+HEARTBEAT_MAX_AGE = timedelta(seconds=90)
+HEARTBEAT_MAX_SKEW = timedelta(seconds=5)
+PROBE_TIMEOUT_S = 0.25
+
+
+class IdentityError(ValueError):
+    """The operator asked for a project or name the pool would refuse (W2)."""
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """Everything the peer needs to present itself; fixed for one process run."""
+
+    coms_dir: Path
+    project: str
+    name: str
+    session_id: str
+    endpoint: Path
+    cwd: str
+    pid: int
+    started_at: str
+
+    @property
+    def agents_dir(self) -> Path:
+        return agents_dir(self.coms_dir, self.project)
+
+    @property
+    def entry_path(self) -> Path:
+        return self.agents_dir / f"{self.name}.json"
+
+
+def default_coms_dir(env: Mapping[str, str] | None = None) -> Path:
+    """W1: $PI_COMS_DIR when set and non-empty, else ~/.pi/coms."""
+    source: Mapping[str, str] = os.environ if env is None else env
+    configured = source.get("PI_COMS_DIR", "")
+    return Path(configured) if configured else Path.home() / ".pi" / "coms"
+
+
+def agents_dir(coms_dir: Path, project: str) -> Path:
+    return coms_dir / "projects" / project / "agents"
+
+
+def validate_project(project: str) -> None:
+    """W2: the project becomes a directory name, so nothing that could escape it."""
+    if (
+        not _PROJECT.fullmatch(project)
+        or project == "."
+        or ".." in project
+        or "/" in project
+        or "\\" in project
+    ):
+        raise IdentityError(f'invalid project name: "{project}"')
+
+
+def validate_name(name: str) -> None:
+    """W2: the name becomes a file name and a routing key; "projects" is reserved."""
+    if not _NAME.fullmatch(name) or name == "projects":
+        raise IdentityError(f'invalid name: "{name}"')
+
+
+# -- liveness (W9, W10) -------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool | None:
+    """True/False when the pid says something, None when the entry carries no usable pid.
+
+    A pid we may not signal (EPERM) belongs to a live process of another user.
+    """
+    if pid <= 0:  # 0 and negatives would signal process groups, not a process
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return None
+    return True
+
+
+def endpoint_accepts(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether something listens on a unix socket path right now (W11's probe)."""
+    if not endpoint:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(timeout)
+        probe.connect(endpoint)
+    except (OSError, ValueError):
+        return False
+    else:
+        return True
+    finally:
+        probe.close()
+
+
+def heartbeat_fresh(heartbeat_at: str | None, now: datetime) -> bool:
+    """W9: at most 90 s old and not more than 5 s in the future."""
+    if not heartbeat_at:
+        return False
+    try:
+        beat = datetime.fromisoformat(heartbeat_at)
+    except ValueError:
+        return False
+    if beat.tzinfo is None:
+        beat = beat.replace(tzinfo=UTC)
+    age = now.astimezone(UTC) - beat
+    return -HEARTBEAT_MAX_SKEW <= age <= HEARTBEAT_MAX_AGE
+
+
+def is_live(entry: RegistryEntry, now: datetime) -> bool:
+    """W9 plus the takeover rule of W10.
+
+    A dead pid whose socket refuses connections is a crashed holder, however
+    fresh its last heartbeat: without this a bridge restarted after SIGKILL
+    would come back as `user-remote2`, where no asker looks.
+    """
+    alive = pid_alive(entry.pid)
+    if alive:
+        return True
+    if alive is False and not endpoint_accepts(entry.endpoint):
+        return False
+    return heartbeat_fresh(entry.heartbeat_at, now)
+
+
+def read_entry(path: Path) -> RegistryEntry | None:
+    """An entry file's content, or None when it is gone or not an entry."""
+    try:
+        return RegistryEntry.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError, ValueError):
+        return None
+
+
+def live_names(directory: Path, now: datetime) -> set[str]:
+    """Names held by live entries; dead entries are pruned on the way (W9)."""
+    held: set[str] = set()
+    try:
+        paths = sorted(directory.glob("*.json"))
+    except OSError:
+        return held
+    for path in paths:
+        entry = read_entry(path)
+        if entry is None:
+            continue
+        if is_live(entry, now):
+            held.add(entry.name)
+            held.add(path.stem)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return held
+
+
+def unique_name(requested: str, held: set[str]) -> str:
+    """W10: the requested name, else the first free of name2, name3, ..."""
+    if requested not in held:
+        return requested
+    suffix = 2
+    while f"{requested}{suffix}" in held:
+        suffix += 1
+    return f"{requested}{suffix}"
+
+
+def resolve_identity(
+    coms_dir: Path,
+    project: str,
+    requested_name: str,
+    *,
+    cwd: str,
+    pid: int,
+    now: datetime,
+) -> PeerIdentity:
+    """Validate, make the places (W1-W3), and claim a unique name (W9, W10)."""
+    validate_project(project)
+    validate_name(requested_name)
+    coms_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        coms_dir.chmod(0o700)
+    directory = agents_dir(coms_dir, project)
+    directory.mkdir(parents=True, exist_ok=True)
+    sockets = coms_dir / "sockets"
+    sockets.mkdir(parents=True, exist_ok=True)
+    name = unique_name(requested_name, live_names(directory, now))
+    session_id = str(ULID())
+    return PeerIdentity(
+        coms_dir=coms_dir,
+        project=project,
+        name=name,
+        session_id=session_id,
+        endpoint=sockets / f"{session_id}.sock",
+        cwd=cwd,
+        pid=pid,
+        started_at=iso(now),
+    )
+
+
+# -- writing our own entry (W5, W6, W8) ---------------------------------------
+
+
+def write_entry(path: Path, entry: RegistryEntry) -> None:
+    """W5: readers must never see half a file, so write aside and rename over."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{ULID()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(entry.to_file_text())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def remove_entry_if_ours(path: Path, session_id: str) -> bool:
+    """W8: remove the entry unless another run has since claimed the name."""
+    entry = read_entry(path)
+    if entry is None or entry.session_id != session_id:
+        return False
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True

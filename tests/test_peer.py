@@ -1,0 +1,581 @@
+"""The PeerActor with fake collaborators, and the registry it keeps (W1-W11, W15, W17).
+
+Collaborators are FakeRefs; the only real sockets are the peer's own and a
+fake asker that records what it is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from actors.peer import PeerActor
+from actors.registry import (
+    IdentityError,
+    PeerIdentity,
+    default_coms_dir,
+    endpoint_accepts,
+    heartbeat_fresh,
+    is_live,
+    read_entry,
+    resolve_identity,
+    write_entry,
+)
+from messages.commands import (
+    CancelQuestion,
+    ChildFailed,
+    Heartbeat,
+    NewQuestion,
+    SendResponse,
+)
+from messages.contract import iso
+from messages.wire import PromptEnvelope, RegistryEntry
+from tests.fakes import FakeRef, wait_for
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+@pytest.fixture(autouse=True)
+def _stop_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def coms_dir() -> Iterator[Path]:
+    # short on purpose: AF_UNIX paths stop at 108 bytes and tmp_path is long
+    path = Path(tempfile.mkdtemp(prefix="ch", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def identity(coms_dir: Path) -> PeerIdentity:
+    return resolve_identity(
+        coms_dir, "default", "user-remote", cwd="/work", pid=os.getpid(), now=datetime.now(UTC)
+    )
+
+
+def start(
+    identity: PeerIdentity,
+    *,
+    questions: FakeRef | None = None,
+    supervisor: FakeRef | None = None,
+    depth: int = 2,
+    **options: Any,
+) -> pykka.ActorRef[Any]:
+    ref = PeerActor.start(
+        supervisor=supervisor or FakeRef("supervisor"),
+        identity=identity,
+        questions=questions or FakeRef("questions"),
+        queue_depth=lambda: depth,
+        **options,
+    )
+    return ref
+
+
+def send_line(endpoint: Path | str, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        conn.connect(str(endpoint))
+        conn.sendall(data)
+        reply = b""
+        while chunk := conn.recv(4096):
+            reply += chunk
+        return reply
+
+
+def ping(endpoint: Path) -> dict[str, Any]:
+    reply: dict[str, Any] = json.loads(send_line(endpoint, b'{"type":"ping","msg_id":"p"}\n'))
+    return reply
+
+
+def prompt_to(endpoint: str) -> PromptEnvelope:
+    return PromptEnvelope(
+        msg_id=QID,
+        sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+        sender_endpoint=endpoint,
+        hops=0,
+        timestamp="2026-11-30T12:00:00.000Z",
+        prompt="Ship it?",
+        sender_name="builder",
+        sender_cwd="/work/app",
+    )
+
+
+class FakeAsker:
+    """A peer waiting for its response: records each line and answers with `reply`."""
+
+    def __init__(self, path: Path, reply: bytes | None) -> None:
+        self.path = path
+        self.lines: list[bytes] = []
+        self.got = threading.Event()
+        self._reply = reply
+        self._closing = threading.Event()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen(4)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._server.accept()
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            self.lines.append(data)
+            self.got.set()
+            if self._reply is not None:
+                conn.sendall(self._reply)
+            else:
+                self._closing.wait(5)  # say nothing and hang up only when told
+
+    def close(self) -> None:
+        self._closing.set()
+        self._server.close()
+
+
+# -- what the peer hands on (W14, W16) -----------------------------------------
+
+
+def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -> None:  # W14
+    questions = FakeRef("questions")
+    start(identity, questions=questions)
+    wait_for(identity.entry_path.exists)
+    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    reply = send_line(identity.endpoint, (json.dumps(body) + "\n").encode())
+    assert reply == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
+    assert questions.expect(NewQuestion) == NewQuestion(prompt_to("/tmp/asker.sock"))
+
+
+def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity) -> None:  # W16
+    questions = FakeRef("questions")
+    start(identity, questions=questions)
+    wait_for(identity.entry_path.exists)
+    cancel = {
+        "type": "cancel",
+        "msg_id": "01ARZ3NDEKTSV4RRFFQ69G5FAW",
+        "from": "builder",
+        "to": "user-remote",
+        "created_at": "2026-11-30T12:00:05.000Z",
+        "ref_msg_id": QID,
+    }
+    reply = send_line(identity.endpoint, (json.dumps(cancel) + "\n").encode())
+    assert reply == b'{"type":"ack","msg_id":"01ARZ3NDEKTSV4RRFFQ69G5FAW"}\n'
+    got = questions.expect(CancelQuestion).envelope
+    assert (got.msg_id, got.from_, got.to, got.ref_msg_id) == (
+        cancel["msg_id"],
+        "builder",
+        "user-remote",
+        QID,
+    )
+
+
+def test_nothing_is_handed_on_for_a_ping(identity: PeerIdentity) -> None:  # W17
+    questions = FakeRef("questions")
+    start(identity, questions=questions)
+    wait_for(identity.entry_path.exists)
+    assert ping(identity.endpoint)["agent_card"]["queue_depth"] == 2
+    questions.quiet()
+
+
+# -- registry entry (W5-W8) ---------------------------------------------------
+
+
+def test_entry_has_every_field_the_pool_reads(identity: PeerIdentity) -> None:  # W5
+    start(identity)
+    wait_for(identity.entry_path.exists)
+    text = identity.entry_path.read_text()
+    body = json.loads(text)
+    assert ISO.fullmatch(body.pop("heartbeat_at"))
+    assert body == {
+        "session_id": identity.session_id,
+        "name": "user-remote",
+        "purpose": "Remote human via Hermes/Telegram",
+        "model": "hermes-bridge",
+        "color": "#38BDF8",
+        "pid": os.getpid(),
+        "endpoint": str(identity.endpoint),
+        "cwd": "/work",
+        "started_at": identity.started_at,
+        "explicit": False,
+        "version": 1,
+        "context_used_pct": 0,
+        "queue_depth": 0,
+    }
+    assert text.startswith('{\n  "session_id": ')  # two-space indented, as the pool writes it
+    leftovers = [p.name for p in identity.agents_dir.iterdir() if p.name != "user-remote.json"]
+    assert leftovers == []  # W5: the temp file was renamed, not left behind
+
+
+def test_heartbeat_rewrites_entry_with_depth_and_fresh_time(identity: PeerIdentity) -> None:  # W6
+    ref = start(identity)
+    wait_for(identity.entry_path.exists)
+    old = read_entry(identity.entry_path)
+    assert old is not None
+    write_entry(
+        identity.entry_path,
+        old.model_copy(update={"heartbeat_at": "2000-01-01T00:00:00.000Z"}),
+    )
+    before = datetime.now(UTC) - timedelta(milliseconds=1)
+    ref.tell(Heartbeat(7))
+
+    def rewritten() -> RegistryEntry | None:
+        entry = read_entry(identity.entry_path)
+        return entry if entry is not None and entry.queue_depth == 7 else None
+
+    entry = wait_for(rewritten, what="entry with queue_depth 7")
+    assert entry.heartbeat_at is not None
+    assert datetime.fromisoformat(entry.heartbeat_at) >= before
+    assert entry.session_id == identity.session_id
+
+
+def test_heartbeat_thread_reports_queue_depth(identity: PeerIdentity) -> None:  # W6
+    start(identity, depth=5, heartbeat_s=0.02)
+
+    def beaten() -> bool:
+        entry = read_entry(identity.entry_path)
+        return entry is not None and entry.queue_depth == 5
+
+    wait_for(beaten, what="heartbeat with the supervisor's depth")
+
+
+def test_entry_appears_only_once_the_socket_accepts(identity: PeerIdentity) -> None:  # W7
+    start(identity)
+    wait_for(identity.entry_path.exists, timeout=5, what="entry")
+    assert endpoint_accepts(str(identity.endpoint))
+
+
+def test_stop_unpublishes_before_the_socket_stops_answering(
+    identity: PeerIdentity,
+) -> None:  # W7, W8
+    ref = start(identity)
+    wait_for(identity.entry_path.exists)
+    violations: list[str] = []
+    probing = threading.Event()
+
+    def watch() -> None:
+        # a refused connect followed by a still-present entry would mean the
+        # socket closed while the pool still believed us ready
+        while True:
+            probing.set()
+            if not endpoint_accepts(str(identity.endpoint)):
+                if identity.entry_path.exists():
+                    violations.append("socket closed before the entry was removed")
+                return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    probing.wait(5)
+    ref.stop()
+    watcher.join(5)
+    assert violations == []
+    assert not identity.entry_path.exists()
+    assert not identity.endpoint.exists()
+
+
+def test_release_leaves_an_entry_claimed_by_another_run(identity: PeerIdentity) -> None:  # W8
+    ref = start(identity)
+    wait_for(identity.entry_path.exists)
+    entry = read_entry(identity.entry_path)
+    assert entry is not None
+    write_entry(identity.entry_path, entry.model_copy(update={"session_id": "someone-else"}))
+    ref.stop()
+    assert identity.entry_path.exists()
+    assert not identity.endpoint.exists()
+
+
+# -- responses (W15) ----------------------------------------------------------
+
+
+def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
+    asker = FakeAsker(identity.coms_dir / "asker.sock", b'{"type":"ack","msg_id":"' + QID.encode() + b'"}\n')
+    try:
+        ref = start(identity)
+        ref.tell(SendResponse(prompt_to(str(asker.path)), {"selections": ["Yes"]}))
+        assert asker.got.wait(5)
+        raw = asker.lines[0]
+        assert raw.endswith(b"\n") and raw.count(b"\n") == 1
+        body = json.loads(raw)
+        assert ISO.fullmatch(body.pop("timestamp"))
+        assert body == {
+            "type": "response",
+            "msg_id": QID,
+            "sender_session": identity.session_id,
+            "sender_endpoint": str(identity.endpoint),
+            "hops": 0,
+            "response": {"selections": ["Yes"]},
+            "error": None,
+        }
+    finally:
+        asker.close()
+
+
+def test_send_response_carries_an_error(identity: PeerIdentity) -> None:  # W15
+    asker = FakeAsker(identity.coms_dir / "asker.sock", b'{"type":"ack","msg_id":""}\n')
+    try:
+        ref = start(identity)
+        ref.tell(SendResponse(prompt_to(str(asker.path)), None, "no remote answer within 5ms"))
+        assert asker.got.wait(5)
+        body = json.loads(asker.lines[0])
+        assert (body["response"], body["error"]) == (None, "no remote answer within 5ms")
+    finally:
+        asker.close()
+
+
+def test_response_to_a_dead_asker_is_reported_not_fatal(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W15
+    supervisor = FakeRef("supervisor")
+    ref = start(identity, supervisor=supervisor)
+    wait_for(identity.entry_path.exists)
+    ref.tell(SendResponse(prompt_to(str(identity.coms_dir / "gone.sock")), "yes"))
+    seen: list[str] = []
+
+    def reported() -> bool:
+        seen.append(capfd.readouterr().err)
+        return f"could not deliver response for {QID}:" in "".join(seen)
+
+    wait_for(reported, what="stderr report")
+    assert ping(identity.endpoint)["type"] == "pong"
+    supervisor.quiet()
+
+
+def test_response_nacked_by_the_asker_is_reported(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W15
+    asker = FakeAsker(identity.coms_dir / "asker.sock", b'{"type":"nack","msg_id":"","error":"who?"}\n')
+    try:
+        ref = start(identity)
+        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes"))
+        seen: list[str] = []
+
+        def reported() -> bool:
+            seen.append(capfd.readouterr().err)
+            return "who?" in "".join(seen)
+
+        wait_for(reported, what="nack report")
+        assert "".join(seen).count("\n") == 1
+    finally:
+        asker.close()
+
+
+def test_response_to_a_silent_asker_times_out(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W15
+    asker = FakeAsker(identity.coms_dir / "asker.sock", None)
+    try:
+        ref = start(identity, response_timeout_s=0.1)
+        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes"))
+        seen: list[str] = []
+
+        def reported() -> bool:
+            seen.append(capfd.readouterr().err)
+            return "timed out" in "".join(seen)
+
+        wait_for(reported, what="timeout report")
+    finally:
+        asker.close()
+
+
+# -- supervision --------------------------------------------------------------
+
+
+def test_crash_then_restart_serves_the_same_endpoint(identity: PeerIdentity) -> None:
+    supervisor = FakeRef("supervisor")
+    ref = start(identity, supervisor=supervisor)
+    wait_for(identity.entry_path.exists)
+    ref.tell(object())
+    failed = supervisor.expect(ChildFailed)
+    assert failed.child == "peer" and "does not take object" in failed.error
+    assert not identity.endpoint.exists()  # released: the successor can bind
+    start(identity, supervisor=supervisor)
+    wait_for(identity.entry_path.exists, what="entry after restart")
+    assert ping(identity.endpoint)["agent_card"]["name"] == "user-remote"
+    entry = read_entry(identity.entry_path)
+    assert entry is not None and entry.session_id == identity.session_id
+
+
+def test_endpoint_owned_by_someone_else_fails_the_start(identity: PeerIdentity) -> None:  # W11
+    owner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    owner.bind(str(identity.endpoint))
+    owner.listen(1)
+    try:
+        supervisor = FakeRef("supervisor")
+        start(identity, supervisor=supervisor)
+        failed = supervisor.expect(ChildFailed)
+        assert f"endpoint already in use ({identity.endpoint})" in failed.error
+        assert identity.endpoint.exists()  # not ours to remove
+        assert not identity.entry_path.exists()
+    finally:
+        owner.close()
+
+
+# -- identity and names (W1-W3, W9, W10) --------------------------------------
+
+
+def test_identity_places(coms_dir: Path) -> None:  # W1, W2, W3
+    root = coms_dir / "coms"
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    ident = resolve_identity(root, "proj.x", "user-remote", cwd="/c", pid=42, now=now)
+    assert (root.stat().st_mode & 0o777) == 0o700
+    assert (root / "projects" / "proj.x" / "agents").is_dir()
+    assert ident.endpoint == root / "sockets" / f"{ident.session_id}.sock"
+    assert re.fullmatch(r"[0-9A-HJKMNP-TV-Z]{26}", ident.session_id)
+    assert (ident.name, ident.cwd, ident.pid, ident.started_at) == (
+        "user-remote",
+        "/c",
+        42,
+        "2026-11-30T12:00:00.000Z",
+    )
+    again = resolve_identity(root, "proj.x", "user-remote", cwd="/c", pid=42, now=now)
+    assert again.session_id != ident.session_id
+
+
+def test_default_coms_dir() -> None:  # W1
+    assert default_coms_dir({"PI_COMS_DIR": "/x/y"}) == Path("/x/y")
+    assert default_coms_dir({}) == Path.home() / ".pi" / "coms"
+
+
+@pytest.mark.parametrize("project", ["", ".", "a/b", "a\\b", "a..b", "..", "-a", ".hidden", "a b"])
+def test_invalid_project_is_refused(coms_dir: Path, project: str) -> None:  # W2
+    with pytest.raises(IdentityError) as caught:
+        resolve_identity(coms_dir, project, "user-remote", cwd="/", pid=1, now=datetime.now(UTC))
+    assert str(caught.value) == f'invalid project name: "{project}"'
+
+
+@pytest.mark.parametrize("name", ["", "projects", "a.b", "-a", "a/b", "x" * 65, "user-remote\n"])
+def test_invalid_name_is_refused(coms_dir: Path, name: str) -> None:  # W2
+    with pytest.raises(IdentityError) as caught:
+        resolve_identity(coms_dir, "default", name, cwd="/", pid=1, now=datetime.now(UTC))
+    assert str(caught.value) == f'invalid name: "{name}"'
+
+
+@pytest.mark.parametrize("project", ["default", "A", "my-proj_1.2"])
+def test_valid_projects(coms_dir: Path, project: str) -> None:  # W2
+    resolve_identity(coms_dir, project, "x" * 64, cwd="/", pid=1, now=datetime.now(UTC))
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen(["sleep", "60"])
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    return child.pid
+
+
+def plant(coms_dir: Path, name: str, *, pid: int, endpoint: str, heartbeat_at: str | None) -> Path:
+    agents = coms_dir / "projects" / "default" / "agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    path = agents / f"{name}.json"
+    entry = RegistryEntry(
+        session_id="01OLDSESSION0000000000000", name=name, pid=pid, endpoint=endpoint,
+        heartbeat_at=heartbeat_at,
+    )
+    write_entry(path, entry)
+    return path
+
+
+def test_crashed_holder_is_taken_over_despite_fresh_heartbeat(coms_dir: Path) -> None:  # W9, W10
+    now = datetime.now(UTC)
+    stale = plant(
+        coms_dir, "user-remote", pid=dead_pid(),
+        endpoint=str(coms_dir / "sockets" / "old.sock"), heartbeat_at=iso(now),
+    )
+    ident = resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now)
+    assert ident.name == "user-remote"
+    assert not stale.exists()
+
+
+def test_live_holder_keeps_the_name(coms_dir: Path) -> None:  # W10
+    now = datetime.now(UTC)
+    holder = subprocess.Popen(["sleep", "60"])
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    endpoint = coms_dir / "held.sock"
+    listening.bind(str(endpoint))
+    listening.listen(1)
+    try:
+        held = plant(coms_dir, "user-remote", pid=holder.pid, endpoint=str(endpoint),
+                     heartbeat_at=iso(now))
+        ident = resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now)
+        assert ident.name == "user-remote2"
+        assert held.exists()
+    finally:
+        listening.close()
+        holder.kill()
+        holder.wait()
+
+
+def test_next_free_suffix_is_taken(coms_dir: Path) -> None:  # W10
+    now = datetime.now(UTC)
+    for name in ("user-remote", "user-remote2"):
+        plant(coms_dir, name, pid=os.getpid(), endpoint="", heartbeat_at=None)
+    ident = resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now)
+    assert ident.name == "user-remote3"
+
+
+def test_dead_and_silent_entries_are_pruned(coms_dir: Path) -> None:  # W9
+    now = datetime.now(UTC)
+    old = plant(coms_dir, "other", pid=dead_pid(), endpoint="",
+                heartbeat_at=iso(now - timedelta(seconds=91)))
+    junk = coms_dir / "projects" / "default" / "agents" / "junk.json"
+    junk.write_text("{not json")
+    resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now)
+    assert not old.exists()
+    assert junk.exists()  # unparseable: skipped, not ours to judge
+
+
+def entry(pid: int, endpoint: str = "", heartbeat_at: str | None = None) -> RegistryEntry:
+    return RegistryEntry(session_id="s", name="n", pid=pid, endpoint=endpoint,
+                         heartbeat_at=heartbeat_at)
+
+
+def test_liveness_rules(coms_dir: Path) -> None:  # W9, W10
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    fresh, old = iso(now - timedelta(seconds=90)), iso(now - timedelta(seconds=91))
+    gone = dead_pid()
+    assert is_live(entry(os.getpid()), now)  # pid exists
+    assert is_live(entry(1), now)  # pid 1: exists (EPERM counts as alive)
+    assert not is_live(entry(gone, heartbeat_at=fresh), now)  # crash takeover
+    assert not is_live(entry(gone, heartbeat_at=old), now)
+    assert is_live(entry(0, heartbeat_at=fresh), now)  # no pid: the heartbeat decides
+    assert not is_live(entry(0, heartbeat_at=old), now)
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = coms_dir / "l.sock"
+    listening.bind(str(path))
+    listening.listen(1)
+    try:
+        assert is_live(entry(gone, str(path), fresh), now)  # socket still answers
+        assert not is_live(entry(gone, str(path), old), now)
+    finally:
+        listening.close()
+
+
+def test_heartbeat_freshness_window() -> None:  # W9
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    assert heartbeat_fresh(iso(now), now)
+    assert heartbeat_fresh(iso(now - timedelta(seconds=90)), now)
+    assert not heartbeat_fresh(iso(now - timedelta(seconds=90, milliseconds=1)), now)
+    assert heartbeat_fresh(iso(now + timedelta(seconds=5)), now)
+    assert not heartbeat_fresh(iso(now + timedelta(seconds=5, milliseconds=1)), now)
+    assert not heartbeat_fresh(None, now)
+    assert not heartbeat_fresh("yesterday", now)

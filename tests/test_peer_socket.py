@@ -1,0 +1,332 @@
+"""The coms listener over a real unix socket: one line in, exactly one reply line out (W11-W18).
+
+Replies are asserted byte for byte, because other peers parse them and the
+daemon we replace wrote exactly these bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from actors.peer import EndpointInUse, PeerActor, bind_endpoint
+from actors.registry import PeerIdentity, resolve_identity
+from messages.commands import CancelQuestion, NewQuestion
+from tests.fakes import FakeRef, wait_for
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+
+PROMPT: dict[str, Any] = {
+    "type": "prompt",
+    "msg_id": QID,
+    "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+    "sender_endpoint": "/tmp/nowhere.sock",
+    "hops": 0,
+    "timestamp": "2026-11-30T12:00:00.000Z",
+    "prompt": "Ship it?",
+    "sender_name": "builder",
+    "sender_cwd": "/work/app",
+}
+
+CANCEL: dict[str, Any] = {
+    "type": "cancel",
+    "msg_id": "01ARZ3NDEKTSV4RRFFQ69G5FAW",
+    "from": "builder",
+    "to": "user-remote",
+    "created_at": "2026-11-30T12:00:05.000Z",
+    "ref_msg_id": QID,
+}
+
+NOT_TAKEN = "bridge accepts prompts, cancels, and pings"
+
+
+def line(body: Any) -> bytes:
+    return (json.dumps(body) + "\n").encode()
+
+
+def nack(msg_id: str, error: str) -> bytes:
+    return f'{{"type":"nack","msg_id":"{msg_id}","error":"{error}"}}\n'.encode()
+
+
+def pong(msg_id: str, depth: int, name: str = "user-remote") -> bytes:
+    return (
+        f'{{"type":"pong","msg_id":"{msg_id}","agent_card":{{"name":"{name}",'
+        '"purpose":"Remote human via Hermes/Telegram","model":"hermes-bridge",'
+        f'"color":"#38BDF8","context_used_pct":0,"queue_depth":{depth}}}}}\n'
+    ).encode()
+
+
+def exchange(endpoint: Path, data: bytes, *, half_close: bool = False) -> bytes:
+    """Send `data`, read until the peer closes: the whole reply, so extra lines would show."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        conn.connect(str(endpoint))
+        try:
+            conn.sendall(data)
+            if half_close:
+                conn.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the peer may drop an oversize sender mid-write; its reply is already queued
+        reply = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                return reply
+            reply += chunk
+        return reply
+
+
+@pytest.fixture(autouse=True)
+def _stop_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def coms_dir() -> Iterator[Path]:
+    # short on purpose: AF_UNIX paths stop at 108 bytes and tmp_path is long
+    path = Path(tempfile.mkdtemp(prefix="ch", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Running:
+    def __init__(self, identity: PeerIdentity, questions: FakeRef, supervisor: FakeRef) -> None:
+        self.identity = identity
+        self.questions = questions
+        self.supervisor = supervisor
+
+    @property
+    def endpoint(self) -> Path:
+        return self.identity.endpoint
+
+
+@pytest.fixture
+def peer(coms_dir: Path) -> Running:
+    identity = resolve_identity(
+        coms_dir, "default", "user-remote", cwd="/work", pid=os.getpid(), now=datetime.now(UTC)
+    )
+    questions, supervisor = FakeRef("questions"), FakeRef("supervisor")
+    PeerActor.start(
+        supervisor=supervisor, identity=identity, questions=questions, queue_depth=lambda: 3
+    )
+    wait_for(identity.entry_path.exists, what="registry entry")
+    return Running(identity, questions, supervisor)
+
+
+# -- replies ------------------------------------------------------------------
+
+
+def test_prompt_is_acked_with_its_msg_id(peer: Running) -> None:  # W12, W14
+    assert exchange(peer.endpoint, line(PROMPT)) == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
+    assert peer.questions.expect(NewQuestion).envelope.msg_id == QID
+
+
+def test_cancel_is_acked(peer: Running) -> None:  # W12, W16
+    reply = exchange(peer.endpoint, line(CANCEL))
+    assert reply == b'{"type":"ack","msg_id":"01ARZ3NDEKTSV4RRFFQ69G5FAW"}\n'
+    assert peer.questions.expect(CancelQuestion).envelope.ref_msg_id == QID
+
+
+def test_ping_gets_pong_with_agent_card(peer: Running) -> None:  # W12, W17
+    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"p1"}\n') == pong("p1", 3)
+
+
+def test_ping_without_msg_id_is_answered_with_empty_id(peer: Running) -> None:  # W17
+    assert exchange(peer.endpoint, b'{"type":"ping"}\n') == pong("", 3)
+
+
+def test_extra_fields_are_ignored(peer: Running) -> None:  # W18
+    body = {**PROMPT, "trace": {"span": 1}, "future": [1, 2]}
+    assert exchange(peer.endpoint, line(body)) == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
+
+
+# -- refusals -----------------------------------------------------------------
+
+
+def test_invalid_json_is_nacked(peer: Running) -> None:  # W13
+    assert exchange(peer.endpoint, b"{not json\n") == nack("", "invalid json")
+
+
+def test_non_utf8_is_invalid_json(peer: Running) -> None:  # W12, W13
+    assert exchange(peer.endpoint, b'\xff\xfe{"type":"ping"}\n') == nack("", "invalid json")
+
+
+def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running) -> None:  # W13
+    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":NaN}\n') == nack("", "invalid json")
+
+
+@pytest.mark.parametrize(
+    ("body", "msg_id"),
+    [
+        ({"type": "response", "msg_id": "m1"}, "m1"),
+        ({"type": "hello", "msg_id": 5}, ""),
+        ({"msg_id": "m2"}, "m2"),
+        ([1, 2], ""),
+        ("ping", ""),
+        (None, ""),
+    ],
+)
+def test_unknown_type_is_nacked_naming_what_we_take(
+    peer: Running, body: Any, msg_id: str
+) -> None:  # W13
+    assert exchange(peer.endpoint, line(body)) == nack(msg_id, NOT_TAKEN)
+
+
+def test_prompt_missing_hops_is_nacked(peer: Running) -> None:  # W14
+    body = {k: v for k, v in PROMPT.items() if k != "hops"}
+    assert exchange(peer.endpoint, line(body)) == nack(QID, "invalid prompt envelope")
+    peer.questions.quiet()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"hops": "0"}, {"prompt": 5}, {"sender_endpoint": None}, {"msg_id": None}],
+)
+def test_prompt_with_wrong_field_types_is_nacked(
+    peer: Running, change: dict[str, Any]
+) -> None:  # W14
+    body = {**PROMPT, **change}
+    msg_id = body["msg_id"] if isinstance(body["msg_id"], str) else ""
+    assert exchange(peer.endpoint, line(body)) == nack(msg_id, "invalid prompt envelope")
+
+
+def test_cancel_with_empty_ref_msg_id_is_nacked(peer: Running) -> None:  # W16
+    body = {**CANCEL, "ref_msg_id": ""}
+    assert exchange(peer.endpoint, line(body)) == nack(CANCEL["msg_id"], "invalid cancel envelope")
+    peer.questions.quiet()
+
+
+def test_oversize_line_without_newline_is_refused(peer: Running) -> None:  # W13
+    assert exchange(peer.endpoint, b"a" * 65537) == nack("", "line too large")
+
+
+def test_oversize_line_with_newline_is_refused(peer: Running) -> None:  # W13
+    assert exchange(peer.endpoint, b"a" * 100_000 + b"\n") == nack("", "line too large")
+
+
+def test_line_of_exactly_64_kib_is_taken(peer: Running) -> None:  # W13 boundary
+    ping = b'{"type":"ping","msg_id":"big"}'
+    padded = ping + b" " * (65536 - len(ping)) + b"\n"
+    assert exchange(peer.endpoint, padded) == pong("big", 3)
+
+
+# -- framing ------------------------------------------------------------------
+
+
+def test_blank_lines_are_skipped(peer: Running) -> None:  # W12
+    assert exchange(peer.endpoint, b"\n  \r\n" + b'{"type":"ping","msg_id":"b"}\n') == pong("b", 3)
+
+
+def test_eof_without_newline_is_a_line(peer: Running) -> None:  # W12
+    reply = exchange(peer.endpoint, b'{"type":"ping","msg_id":"e"}', half_close=True)
+    assert reply == pong("e", 3)
+
+
+def test_only_the_first_line_is_answered(peer: Running) -> None:  # W12
+    data = b'{"type":"ping","msg_id":"one"}\n{"type":"ping","msg_id":"two"}\n'
+    assert exchange(peer.endpoint, data) == pong("one", 3)
+
+
+def test_a_client_that_says_nothing_gets_nothing(peer: Running) -> None:  # W12
+    assert exchange(peer.endpoint, b"", half_close=True) == b""
+
+
+def test_a_silent_client_does_not_block_others(peer: Running) -> None:  # W12
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(peer.endpoint))
+        assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"s"}\n') == pong("s", 3)
+
+
+def test_fifty_concurrent_connections_are_all_answered(peer: Running) -> None:  # W12
+    ids = [f"01ARZ3NDEKTSV4RRFFQ69G{n:04d}" for n in range(50)]
+    replies: dict[str, bytes] = {}
+    barrier = threading.Barrier(50)
+
+    def ask(msg_id: str) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(5)
+            conn.connect(str(peer.endpoint))
+            barrier.wait(5)  # all fifty open at once before any of them speaks
+            conn.sendall(line({**PROMPT, "msg_id": msg_id}))
+            reply = b""
+            while chunk := conn.recv(4096):
+                reply += chunk
+            replies[msg_id] = reply
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert replies == {i: f'{{"type":"ack","msg_id":"{i}"}}\n'.encode() for i in ids}
+    handed_on = {peer.questions.expect(NewQuestion).envelope.msg_id for _ in ids}
+    assert handed_on == set(ids)
+
+
+# -- queue depth in the pong (C21, W17) -----------------------------------------
+
+
+def test_pong_reports_the_last_depth_when_the_supervisor_does_not_answer(
+    coms_dir: Path,
+) -> None:  # W17
+    identity = resolve_identity(
+        coms_dir, "default", "user-remote", cwd="/", pid=os.getpid(), now=datetime.now(UTC)
+    )
+    answers: list[Callable[[], int]] = [lambda: 4]
+
+    def depth() -> int:
+        if answers:
+            return answers.pop()()
+        raise TimeoutError("supervisor busy")
+
+    PeerActor.start(
+        supervisor=FakeRef(), identity=identity, questions=FakeRef(), queue_depth=depth
+    )
+    wait_for(identity.entry_path.exists)
+    assert exchange(identity.endpoint, b'{"type":"ping","msg_id":"1"}\n') == pong("1", 4)
+    assert exchange(identity.endpoint, b'{"type":"ping","msg_id":"2"}\n') == pong("2", 4)
+
+
+# -- binding (W11) --------------------------------------------------------------
+
+
+def test_stale_socket_path_is_taken_over(coms_dir: Path) -> None:  # W11
+    path = coms_dir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nobody listens: what a SIGKILL leaves behind
+    server = bind_endpoint(path)
+    try:
+        assert path.exists()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(str(path))
+    finally:
+        server.close()
+
+
+def test_a_socket_path_someone_answers_on_is_not_stolen(coms_dir: Path) -> None:  # W11
+    path = coms_dir / "busy.sock"
+    owner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    owner.bind(str(path))
+    owner.listen(1)
+    try:
+        with pytest.raises(EndpointInUse, match=r"endpoint already in use \(.*busy\.sock\)"):
+            bind_endpoint(path)
+        assert path.exists()
+    finally:
+        owner.close()
