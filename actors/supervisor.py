@@ -159,8 +159,7 @@ class Supervisor(pykka.ThreadingActor):
 
     def _ask_queue_depth(self) -> int:
         """For the Peer's socket and heartbeat threads: a bounded ask, never from an actor."""
-        depth: int = self.actor_ref.ask(QueueDepthQuery(), timeout=2.0)
-        return depth
+        return int(self.actor_ref.ask(QueueDepthQuery(), block=True, timeout=2.0))
 
     # -- life ---------------------------------------------------------------
 

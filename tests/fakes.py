@@ -54,7 +54,9 @@ class FakeRef:
         raise AssertionError(f"{self.name}: unexpected {message!r}")
 
 
-def wait_for(condition: Callable[[], T], timeout: float = 5.0, what: str = "condition") -> T:
+def wait_for(
+    condition: Callable[[], T | None], timeout: float = 5.0, what: str = "condition"
+) -> T:
     """Poll `condition` until it is truthy; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
