@@ -1,0 +1,220 @@
+"""DeliveryActor: `hermes send`, one at a time, in order, bounded (W20, C18)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from fakes import FakeRef, wait_for
+from hermes_fake import FakeHermes
+
+from actors.delivery import DeliveryActor
+from messages.commands import Delivered, DeliveryFailed, LogEvent, SendText
+from messages.contract import cancel_note
+
+QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
+AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _stop_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def hermes(tmp_path: Path) -> FakeHermes:
+    return FakeHermes(tmp_path / "bin")
+
+
+def start(
+    hermes: str,
+    *,
+    logger: FakeRef | None = None,
+    profile: str | None = None,
+    send_timeout_ms: float = 5000,
+) -> pykka.ActorRef[DeliveryActor]:
+    return DeliveryActor.start(
+        supervisor=FakeRef("supervisor"),
+        logger=logger or FakeRef("logger"),
+        target="telegram:1:2",
+        profile=profile,
+        send_timeout_ms=send_timeout_ms,
+        hermes=hermes,
+        now=lambda: AT,
+    )
+
+
+def group_alive(pgid: int) -> bool:
+    """Any process of the group that is not a zombie (zombies wait only to be reaped)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def test_runs_hermes_with_the_exact_argv_and_reports_delivered(hermes: FakeHermes) -> None:  # W20
+    ref = start(str(hermes.path))
+    question = FakeRef("question")
+    text = "❓ [HUB-Q:X] what?\n\n↩ reply; $(rm -rf /) `x` 'q' \"d\""
+    ref.tell(SendText(QID, text, "question", question))
+    assert question.expect(Delivered) == Delivered(QID)
+    assert hermes.argvs() == [["send", "--to", "telegram:1:2", text]]
+
+
+def test_profile_goes_before_send(hermes: FakeHermes) -> None:  # W20
+    ref = start(str(hermes.path), profile="p")
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "hi", "question", question))
+    question.expect(Delivered)
+    assert hermes.argvs() == [["--profile", "p", "send", "--to", "telegram:1:2", "hi"]]
+
+
+def test_found_on_path(hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch) -> None:  # W20
+    monkeypatch.setenv("PATH", f"{hermes.directory}{os.pathsep}{os.environ['PATH']}")
+    ref = start("hermes")
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "hi", "question", question))
+    question.expect(Delivered)
+    assert len(hermes.calls()) == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "error"),
+    [
+        ({"exit": 3, "stderr": "chat not found\n"}, "hermes send failed (3): chat not found"),
+        ({"exit": 4, "stdout": "no token"}, "hermes send failed (4): no token"),
+        ({"exit": 5, "stdout": "out", "stderr": "err"}, "hermes send failed (5): err"),
+        ({"exit": 1}, "hermes send failed (1)"),
+    ],
+)
+def test_nonzero_exit_is_a_failure_naming_code_and_output(
+    hermes: FakeHermes, config: dict[str, Any], error: str
+) -> None:  # C18
+    hermes.configure(**config)
+    ref = start(str(hermes.path))
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "hi", "question", question))
+    assert question.expect(DeliveryFailed) == DeliveryFailed(QID, error)
+
+
+def test_missing_hermes_is_a_failure(tmp_path: Path) -> None:  # C18
+    missing = tmp_path / "nowhere" / "hermes"
+    ref = start(str(missing))
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "hi", "question", question))
+    failed = question.expect(DeliveryFailed)
+    assert failed.error.startswith("hermes send failed: [Errno 2] No such file or directory")
+    assert str(missing) in failed.error
+
+
+def test_a_burst_runs_one_at_a_time_in_arrival_order(hermes: FakeHermes) -> None:  # W20
+    hermes.configure(sleep=0.2)
+    ref = start(str(hermes.path))
+    question = FakeRef("question")
+    for i in range(4):
+        ref.tell(SendText(QID, f"text {i}", "question", question))
+    for _ in range(4):
+        question.expect(Delivered)
+    calls = hermes.calls()
+    assert [c["argv"][-1] for c in calls] == [f"text {i}" for i in range(4)]
+    for earlier, later in itertools.pairwise(calls):
+        assert earlier["end"] <= later["start"], "two hermes runs overlapped"
+
+
+def test_a_send_past_its_timeout_is_killed_with_its_group(hermes: FakeHermes) -> None:  # C18
+    hermes.configure(sleep=10, spawn=True)
+    ref = start(str(hermes.path), send_timeout_ms=300)
+    question = FakeRef("question")
+    began = time.monotonic()
+    ref.tell(SendText(QID, "hi", "question", question))
+    failed = question.expect(DeliveryFailed, timeout=3)
+    assert time.monotonic() - began < 1.5
+    assert failed == DeliveryFailed(QID, "hermes send failed: timed out after 300ms")
+    run = hermes.started()[0]
+    assert run["pgid"] == run["pid"] and run["child"] is not None
+    wait_for(lambda: not group_alive(run["pgid"]), timeout=2, what="hermes' group to die")
+
+
+def test_the_worker_goes_on_after_a_timeout(hermes: FakeHermes) -> None:  # C18
+    hermes.configure(sleep=10)
+    ref = start(str(hermes.path), send_timeout_ms=200)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "slow", "question", question))
+    hermes.wait_started(1)
+    hermes.configure()
+    ref.tell(SendText(QID, "fast", "question", question))
+    question.expect(DeliveryFailed)
+    question.expect(Delivered)
+
+
+def test_a_failed_note_is_logged_by_delivery_itself(hermes: FakeHermes) -> None:  # C18, C20
+    hermes.configure(exit=2, stderr="boom")
+    logger = FakeRef("logger")
+    ref = start(str(hermes.path), logger=logger)
+    ref.tell(SendText(QID, cancel_note(QID), "cancel_note"))
+    record = logger.expect(LogEvent).record
+    assert record.event == "delivery_error"
+    assert record.qid == QID
+    assert record.at == "2025-01-02T03:04:05.000Z"
+    assert record.detail == {"phase": "cancel_note", "error": "hermes send failed (2): boom"}
+
+
+def test_a_sent_note_logs_nothing(hermes: FakeHermes) -> None:
+    logger = FakeRef("logger")
+    ref = start(str(hermes.path), logger=logger)
+    ref.tell(SendText(QID, "note", "late_note"))
+    wait_for(lambda: len(hermes.calls()) == 1, what="the note to be sent")
+    logger.quiet(0.2)
+
+
+class DeadRef:
+    def tell(self, message: Any) -> None:
+        raise pykka.ActorDeadError("gone")
+
+
+def test_a_dead_reply_to_does_not_kill_the_worker(hermes: FakeHermes) -> None:
+    ref = start(str(hermes.path))
+    ref.tell(SendText(QID, "first", "question", DeadRef()))
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "second", "question", question))
+    question.expect(Delivered)
+
+
+def test_release_during_a_long_send_is_quick_and_kills_hermes(hermes: FakeHermes) -> None:
+    hermes.configure(sleep=10, spawn=True)
+    ref = start(str(hermes.path), send_timeout_ms=60_000)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "one", "question", question))
+    ref.tell(SendText(QID, "two", "question", question))
+    run = hermes.wait_started(1)[0]
+    assert group_alive(run["pgid"])
+    began = time.monotonic()
+    ref.stop(timeout=2)
+    assert time.monotonic() - began < 0.6
+    wait_for(lambda: not group_alive(run["pgid"]), timeout=2, what="hermes' group to die")
+    question.quiet(0.3)  # a stopped actor reports nothing, and the queue is dropped
+    assert len(hermes.started()) == 1
+
+
+def test_an_unknown_message_fails_loudly(hermes: FakeHermes) -> None:
+    supervisor = FakeRef("supervisor")
+    DeliveryActor.start(
+        supervisor=supervisor, logger=FakeRef(), target="telegram", profile=None,
+        send_timeout_ms=1000, hermes=str(hermes.path),
+    ).tell(object())
+    assert "delivery" in repr(supervisor.next())
