@@ -1,0 +1,373 @@
+"""The durable record of open questions, so that none is lost when the daemon dies.
+
+The Supervisor writes here before it reports an effect done (a question
+accepted, a state reached, a question closed) and reads everything back on
+start, so a crashed or killed daemon resumes every open question where it was
+and still recognises answers to questions it closed recently (late answers).
+
+One SQLite file holds it all. SQLite gives atomic multi-row updates (closing a
+question removes it from one table and adds it to another in one step) and
+survives a crash mid-write without a hand-written journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast, get_args
+
+from actors.base import report
+from messages.commands import QuestionSpec
+from messages.model import ParsedPrompt, State
+from messages.wire import PromptEnvelope, dumps
+
+SCHEMA_VERSION = 1
+CLOSED_MEMORY = 1000
+
+_STATES: frozenset[str] = frozenset(get_args(State))
+_SIDECARS = ("-wal", "-shm")
+_BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS open_questions (
+    qid TEXT PRIMARY KEY,
+    prompt TEXT NOT NULL,
+    parsed TEXT NOT NULL,
+    timeout_ms REAL NOT NULL,
+    deadline REAL NOT NULL,
+    state TEXT,
+    seq INTEGER
+);
+CREATE TABLE IF NOT EXISTS closed_questions (
+    qid TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    seq INTEGER NOT NULL
+);
+"""
+
+
+class StoreClosedError(RuntimeError):
+    """The store was shut down; a write now could not be made durable, so it is refused."""
+
+
+def _table_shapes(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """Every user table's columns, to compare a file against the schema this code writes."""
+    names = [
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+    ]
+    return {name: conn.execute(f'PRAGMA table_info("{name}")').fetchall() for name in names}
+
+
+def _expected_shapes() -> dict[str, list[tuple[Any, ...]]]:
+    # Derived from _SCHEMA itself so the check can never drift from what we create.
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(_SCHEMA)
+        return _table_shapes(conn)
+    finally:
+        conn.close()
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    # A locked file is in use by someone else, not damaged: never move it aside.
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in str(exc) or "busy" in str(exc)
+    )
+
+
+def _problem(path: Path) -> str | None:
+    """Why an existing file cannot be used as our database, or None if it can.
+
+    An empty database (no tables yet) is usable: the schema is simply created.
+    """
+    try:
+        conn = sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        return f"cannot open: {exc}"
+    try:
+        rows = conn.execute("PRAGMA integrity_check").fetchall()
+        if rows != [("ok",)]:
+            return "integrity check failed: " + "; ".join(str(r[0]) for r in rows[:3])
+        shapes = _table_shapes(conn)
+        if not shapes:
+            return None
+        if "meta" not in shapes:
+            return "no schema version"
+        found = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if found is None:
+            return "no schema version"
+        try:
+            version = int(found[0])
+        except (TypeError, ValueError):
+            return f"unknown schema version {found[0]!r}"
+        if version > SCHEMA_VERSION:
+            return f"schema version {version} is newer than this bridge's {SCHEMA_VERSION}"
+        if version != SCHEMA_VERSION:
+            return f"unknown schema version {version}"
+        if shapes != _expected_shapes():
+            return "its tables do not match the schema"
+        return None
+    except sqlite3.Error as exc:
+        if _is_busy(exc):
+            raise OSError(f"state database {path} is locked by another process: {exc}") from exc
+        return str(exc)
+    finally:
+        conn.close()
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename the file (and its WAL sidecars) out of the way, keeping it for a post-mortem."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():  # two bad files within one second: keep both
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    try:
+        os.replace(path, aside)
+        for suffix in _SIDECARS:
+            side = Path(f"{path}{suffix}")
+            if side.exists():
+                os.replace(side, Path(f"{aside}{suffix}"))
+    except OSError as exc:
+        raise OSError(f"cannot move unreadable state database {path} aside: {exc}") from exc
+    return aside
+
+
+def _restrict(path: Path) -> None:
+    # Prompts may carry private text: only the daemon's user may read them.
+    for name in (str(path), *(f"{path}{suffix}" for suffix in _SIDECARS)):
+        if os.path.exists(name):
+            os.chmod(name, 0o600)
+
+
+class Store:
+    """Durable state of open questions and recently closed qids.
+
+    One SQLite file, in WAL mode, readable by its owner only (mode 0600).
+
+    Durability: every write is committed before its method returns. The file
+    runs in WAL mode with `synchronous=NORMAL`: a commit reaches the WAL file
+    through the OS before returning, so it survives a crash or kill of the
+    process (the case this store exists for); only a power loss or kernel
+    crash may lose the last few commits, which is an acceptable trade for not
+    fsyncing on every state change.
+
+    Thread-safety: one connection, shared by every thread, guarded by one lock,
+    so that each method is atomic with respect to the others.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = conn
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path) -> Store:
+        """Open (or create) the store at `path`.
+
+        A bad file is never fatal: the daemon must come up even if its state
+        was damaged, so the file is moved aside for inspection, reported, and
+        an empty store takes its place. Only a store that cannot be created at
+        all raises OSError, because then nothing can be made durable and the
+        caller must decide whether to run without it.
+        """
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"cannot create the directory of state database {path}: {exc}") from exc
+        if path.exists():
+            why = _problem(path)
+            if why is not None:
+                aside = _move_aside(path)
+                report(
+                    f"state database {path} was unreadable ({why}); "
+                    f"moved it to {aside} and started empty"
+                )
+        return cls(path, _connect(path))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and one write transaction; commit on success, roll back on error."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreClosedError(f"state database {self.path} is shut down")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+
+    def put_open(self, spec: QuestionSpec) -> None:
+        """Record a question as open.
+
+        A repeated qid keeps its place in the order. A qid reopened after it
+        was closed is no longer closed: the closed row would otherwise make a
+        fresh answer to it look late.
+        """
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO open_questions (qid, prompt, parsed, timeout_ms, deadline, state, seq)"
+                " VALUES (?, ?, ?, ?, ?, ?,"
+                "  (SELECT COALESCE(MAX(seq), 0) + 1 FROM open_questions))"
+                " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
+                "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
+                "  deadline = excluded.deadline, state = excluded.state",
+                (
+                    spec.qid,
+                    spec.prompt.to_json(),
+                    dumps(spec.parsed.model_dump(mode="json")),
+                    float(spec.timeout_ms),
+                    float(spec.deadline),
+                    spec.state,
+                ),
+            )
+            conn.execute("DELETE FROM closed_questions WHERE qid = ?", (spec.qid,))
+
+    def set_state(self, qid: str, state: State) -> None:
+        """Remember how far a question got, so a restart resumes it there.
+
+        No row means the question was already closed; reviving it would be wrong.
+        """
+        with self._transaction() as conn:
+            conn.execute("UPDATE open_questions SET state = ? WHERE qid = ?", (state, qid))
+
+    def close(self, qid: str, state: State | None) -> None:
+        """Forget an open question, remembering how it ended unless `state` is None.
+
+        One transaction, so a crash can never leave a question both open and
+        closed, or neither. None (delivery failed) leaves no closed row: the
+        human never saw the question, so no answer to it can arrive late.
+        Only the newest CLOSED_MEMORY closed qids are kept, bounding the file.
+        """
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM open_questions WHERE qid = ?", (qid,))
+            if state is None:
+                return
+            conn.execute(
+                "INSERT OR REPLACE INTO closed_questions (qid, state, seq)"
+                " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM closed_questions))",
+                (qid, state),
+            )
+            conn.execute(
+                "DELETE FROM closed_questions WHERE seq NOT IN"
+                " (SELECT seq FROM closed_questions ORDER BY seq DESC LIMIT ?)",
+                (CLOSED_MEMORY,),
+            )
+
+    def load(self) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
+        """What a restarted daemon resumes: open questions in arrival order, closed oldest first.
+
+        A row that no longer parses (edited by hand, or written by a buggy
+        version) is dropped and deleted, with one report line: one bad question
+        must not keep the daemon from resuming all the others.
+        """
+        with self._transaction() as conn:
+            specs: list[QuestionSpec] = []
+            bad_open: list[str] = []
+            for qid, prompt, parsed, timeout_ms, deadline, state in conn.execute(
+                "SELECT qid, prompt, parsed, timeout_ms, deadline, state"
+                " FROM open_questions ORDER BY seq, rowid"
+            ).fetchall():
+                try:
+                    specs.append(_spec(qid, prompt, parsed, timeout_ms, deadline, state))
+                except (ValueError, TypeError) as exc:
+                    bad_open.append(str(qid))
+                    report(f"state database {self.path}: dropped open question {qid!r}: {exc}")
+            closed: list[tuple[str, State]] = []
+            bad_closed: list[str] = []
+            for qid, state in conn.execute(
+                "SELECT qid, state FROM closed_questions ORDER BY seq"
+            ).fetchall():
+                if isinstance(qid, str) and state in _STATES:
+                    closed.append((qid, state))
+                else:
+                    bad_closed.append(qid)
+                    report(
+                        f"state database {self.path}: dropped closed question {qid!r}:"
+                        f" bad state {state!r}"
+                    )
+            conn.executemany("DELETE FROM open_questions WHERE qid = ?", [(q,) for q in bad_open])
+            conn.executemany(
+                "DELETE FROM closed_questions WHERE qid = ?", [(q,) for q in bad_closed]
+            )
+        return specs, closed
+
+    def shutdown(self) -> None:
+        """Close the file; safe to call twice, since both stop and crash paths may call it."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Open the file in WAL mode with the schema in place, or raise OSError."""
+    conn: sqlite3.Connection | None = None
+    try:
+        # Create the file 0600 before SQLite does: SQLite gives the -wal and
+        # -shm files the main file's mode, so nothing is ever world-readable.
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        conn = sqlite3.connect(
+            str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
+        )
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            report(f"state database {path}: WAL mode unavailable (journal mode {mode!r})")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+        conn.commit()
+        _restrict(path)
+    except (sqlite3.Error, OSError) as exc:
+        if conn is not None:
+            conn.close()
+        raise OSError(f"cannot create state database {path}: {exc}") from exc
+    return conn
+
+
+def _spec(
+    qid: object, prompt: object, parsed: object, timeout_ms: object, deadline: object, state: object
+) -> QuestionSpec:
+    """Rebuild one open question from its row; ValueError or TypeError if it does not parse.
+
+    The JSON is read with `json.loads`, as the peer reads envelopes off the
+    socket, rather than pydantic's own parser: that one refuses the lone
+    surrogates (escaped by `dumps`) that a prompt may legitimately carry.
+    """
+    if not isinstance(qid, str):
+        raise TypeError(f"qid is {type(qid).__name__}")
+    if not isinstance(prompt, str) or not isinstance(parsed, str):
+        raise TypeError("prompt and parsed must be text")
+    if not isinstance(timeout_ms, int | float) or not isinstance(deadline, int | float):
+        raise TypeError("timeout_ms and deadline must be numbers")
+    if state is not None and state not in _STATES:
+        raise ValueError(f"unknown state {state!r}")
+    return QuestionSpec(
+        qid=qid,
+        prompt=PromptEnvelope.model_validate(json.loads(prompt)),
+        parsed=ParsedPrompt.model_validate(json.loads(parsed)),
+        timeout_ms=float(timeout_ms),
+        deadline=float(deadline),
+        state=cast("State | None", state),
+    )

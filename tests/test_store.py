@@ -1,0 +1,297 @@
+"""The question store (issue "Restart-safe": no question is lost when the daemon dies).
+
+Every open question and how recently closed ones ended must be read back
+exactly by a new Store on the same file, as a restarted daemon would, and a
+damaged file must never keep the daemon from starting.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.store import CLOSED_MEMORY, SCHEMA_VERSION, Store, StoreClosedError
+from messages.commands import QuestionSpec
+from messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
+from messages.wire import PromptEnvelope
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
+
+
+def spec(qid: str = QID, state: State | None = None) -> QuestionSpec:
+    # Lone surrogates and non-ASCII text can arrive on the wire and must survive the file too.
+    return QuestionSpec(
+        qid=qid,
+        prompt=PromptEnvelope(
+            msg_id=qid,
+            sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+            sender_endpoint="/tmp/asker.sock",
+            hops=1.5,
+            timestamp="2026-11-30T12:00:00.000Z",
+            prompt=json.dumps({"question": "Ship? ✓", "options": ["Approve", "Stop"]}),
+            sender_name="builder \udc80",
+            conversation_id="c-1",
+            response_schema={"type": "object", "required": ["x"]},
+            reply_timeout_ms=90_000,
+        ),
+        parsed=ParsedPrompt(
+            question="Ship? ✓",
+            context="release \ud800 42",
+            options=(
+                QuestionOption(title="Approve", description="go"),
+                QuestionOption(title="Stop"),
+            ),
+        ),
+        timeout_ms=90_000.0,
+        deadline=1_795_000_000.123456,
+        state=state,
+    )
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "bridge.sqlite"
+
+
+@pytest.fixture
+def store(path: Path) -> Iterator[Store]:
+    s = Store.open(path)
+    yield s
+    s.shutdown()
+
+
+def reopen(store: Store) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
+    """Read the file back as a restarted daemon would."""
+    store.shutdown()
+    again = Store.open(store.path)
+    try:
+        return again.load()
+    finally:
+        again.shutdown()
+
+
+def test_open_question_round_trips_through_the_file(store: Store) -> None:
+    original = spec(state="delivered")
+    store.put_open(original)
+    opened, closed = reopen(store)
+    assert opened == [original]
+    assert closed == []
+
+
+def test_new_file_is_empty_and_parent_is_created(store: Store, path: Path) -> None:
+    assert path.parent.is_dir()
+    assert store.load() == ([], [])
+
+
+def test_state_update_survives_restart(store: Store) -> None:
+    store.put_open(spec())
+    store.set_state(QID, "delivered")
+    opened, _ = reopen(store)
+    assert [s.state for s in opened] == ["delivered"]
+
+
+def test_state_update_of_unknown_qid_is_a_no_op(store: Store) -> None:
+    store.set_state(QID, "delivered")
+    assert store.load() == ([], [])
+
+
+def test_open_questions_load_in_insertion_order(store: Store) -> None:
+    store.put_open(spec(QID2))
+    store.put_open(spec(QID))
+    store.put_open(spec(QID2, state="pending"))  # a rewrite keeps its place
+    opened, _ = reopen(store)
+    assert [(s.qid, s.state) for s in opened] == [(QID2, "pending"), (QID, None)]
+
+
+@pytest.mark.parametrize("state", TERMINAL_STATES)
+def test_close_to_a_terminal_state(store: Store, state: State) -> None:
+    store.put_open(spec())
+    store.close(QID, state)
+    assert reopen(store) == ([], [(QID, state)])
+
+
+def test_close_after_delivery_failure_leaves_no_closed_row(store: Store) -> None:
+    store.put_open(spec())
+    store.close(QID, None)
+    assert reopen(store) == ([], [])
+
+
+def test_closed_qids_keep_their_order_across_restarts(store: Store, path: Path) -> None:
+    qids = [f"Q{i}" for i in range(5)]
+    states: list[State] = ["answered", "timeout", "cancelled", "answered", "timeout"]
+    for qid, state in zip(qids, states, strict=True):
+        store.put_open(spec(qid))
+        store.close(qid, state)
+    store.shutdown()
+    again = Store.open(path)
+    again.close("Q5", "cancelled")  # numbering continues after a restart
+    _, closed = again.load()
+    again.shutdown()
+    assert closed == [*zip(qids, states, strict=True), ("Q5", "cancelled")]
+
+
+def test_closed_memory_is_trimmed_to_the_newest(store: Store) -> None:
+    total = CLOSED_MEMORY + 5
+    for i in range(total):
+        store.close(f"Q{i}", "answered")
+    _, closed = reopen(store)
+    assert len(closed) == CLOSED_MEMORY
+    assert closed[0] == ("Q5", "answered")
+    assert closed[-1] == (f"Q{total - 1}", "answered")
+
+
+def test_reopening_a_closed_qid_forgets_it_was_closed(store: Store) -> None:
+    store.put_open(spec())
+    store.close(QID, "answered")
+    store.put_open(spec())
+    opened, closed = reopen(store)
+    assert [s.qid for s in opened] == [QID]
+    assert closed == []
+
+
+def test_file_is_private(store: Store, path: Path) -> None:
+    store.put_open(spec())  # a write, so the WAL sidecars exist
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if name.exists():
+            assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
+
+
+def test_wal_mode_is_on(store: Store, path: Path) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        conn.close()
+
+
+def corrupt_files(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.name}.corrupt-*"))
+
+
+def test_garbage_file_is_moved_aside_and_store_starts_empty(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = b"this is not a database\x00\xff" * 100
+    path.parent.mkdir(parents=True)
+    path.write_bytes(garbage)
+    store = Store.open(path)
+    try:
+        assert store.load() == ([], [])
+        store.put_open(spec())  # and it is usable
+    finally:
+        store.shutdown()
+    [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    assert aside.read_bytes() == garbage
+    err = capsys.readouterr().err
+    assert f"state database {path} was unreadable" in err
+    assert f"moved it to {aside} and started empty" in err
+
+
+def test_newer_schema_version_is_moved_aside(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store.open(path).shutdown()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    store = Store.open(path)
+    try:
+        assert store.load() == ([], [])
+    finally:
+        store.shutdown()
+    assert len(corrupt_files(path)) == 1
+    assert "schema version 99" in capsys.readouterr().err
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT value FROM meta").fetchall() == [(str(SCHEMA_VERSION),)]
+    finally:
+        conn.close()
+
+
+def test_foreign_tables_are_moved_aside(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE something_else (x)")
+    conn.commit()
+    conn.close()
+    Store.open(path).shutdown()
+    assert len(corrupt_files(path)) == 1
+    assert "was unreadable" in capsys.readouterr().err
+
+
+def test_unparseable_row_is_dropped_on_load(
+    store: Store, path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.put_open(spec(QID))
+    store.put_open(spec(QID2))
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE open_questions SET prompt = '{not json' WHERE qid = ?", (QID,))
+    conn.commit()
+    conn.close()
+    opened, _ = reopen(store)
+    assert [s.qid for s in opened] == [QID2]
+    assert f"dropped open question {QID!r}" in capsys.readouterr().err
+
+
+def test_unwritable_directory_raises_oserror(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="state database"):
+        Store.open(blocker / "bridge.sqlite")
+
+
+def test_shutdown_is_idempotent_and_later_writes_are_refused(store: Store) -> None:
+    store.shutdown()
+    store.shutdown()
+    with pytest.raises(StoreClosedError):
+        store.put_open(spec())
+
+
+def test_writes_from_many_threads(store: Store) -> None:
+    def work(n: int) -> None:
+        for i in range(20):
+            qid = f"T{n}-{i}"
+            store.put_open(spec(qid))
+            store.set_state(qid, "delivered")
+            store.close(qid, "answered")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    opened, closed = reopen(store)
+    assert opened == []
+    assert len(closed) == 80
+
+
+def test_writes_survive_a_killed_process(path: Path) -> None:
+    # The daemon dies without shutdown(): what it committed must still be there.
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from actors.store import Store\n"
+        "from tests.test_store import QID, QID2, spec\n"
+        "store = Store.open(Path(sys.argv[1]))\n"
+        "store.put_open(spec(QID, state='delivered'))\n"
+        "store.put_open(spec(QID2))\n"
+        "store.close(QID2, 'timeout')\n"
+        "os._exit(0)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", script, str(path)], cwd=root, check=True, timeout=30)
+    store = Store.open(path)
+    try:
+        assert store.load() == ([spec(QID, state="delivered")], [(QID2, "timeout")])
+    finally:
+        store.shutdown()
