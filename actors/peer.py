@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -287,19 +286,8 @@ class PeerActor(Child):
 
     # -- life ---------------------------------------------------------------
 
-    def on_start(self) -> None:
-        """Listen first and publish last: the entry's appearance means "ready" (W7).
-
-        pykka neither calls on_failure nor on_stop when on_start raises, so we
-        do it here: the supervisor must hear of a peer that never came up.
-        """
-        try:
-            self._open()
-        except Exception:
-            self.on_failure(*sys.exc_info())
-            raise
-
-    def _open(self) -> None:
+    def begin(self) -> None:
+        """Listen first and publish last: the entry's appearance means "ready" (W7)."""
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
         self._listener = Listener(server, self.questions, self._card)

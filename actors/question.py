@@ -35,7 +35,6 @@ from messages.commands import (
 from messages.contract import (
     Late,
     cancel_note,
-    format_question,
     log_record,
     map_answer,
     timeout_error,
@@ -84,10 +83,10 @@ class QuestionActor(Child):
     # -- life ---------------------------------------------------------------
 
     def begin(self) -> None:
+        # The Supervisor requests the question's delivery itself, in arrival
+        # order; the question's threads start in no particular order.
         if self.state is None:
             self._move("question_received", {"from": self.spec.prompt.sender_name})
-            text = format_question(self.qid, self.spec.parsed)
-            self.delivery.tell(SendText(self.qid, text, "question", reply_to=self.me))
         self._arm_timer()
 
     def release(self) -> None:

@@ -40,6 +40,7 @@ from messages.commands import (
     QuestionSpec,
     QueueDepthQuery,
     SendResponse,
+    SendText,
     StateReported,
     UnknownMessage,
 )
@@ -47,6 +48,7 @@ from messages.contract import (
     INVALID_QID_ERROR,
     Accepted,
     classify_answer,
+    format_question,
     parse_prompt,
     qid_of,
 )
@@ -241,13 +243,16 @@ class Supervisor(pykka.ThreadingActor):
             timeout_ms=self.config.timeout_ms,
             deadline=self.clock() + self.config.timeout_ms / 1000,
         )
-        self._start_question(spec)
+        question = self._start_question(spec)
+        text = format_question(qid, spec.parsed)
+        self.delivery.tell(SendText(qid, text, "question", reply_to=question.slot))
 
-    def _start_question(self, spec: QuestionSpec) -> None:
+    def _start_question(self, spec: QuestionSpec) -> OpenQuestion:
         child = f"question:{spec.qid}:{next(self._serial)}"
         question = OpenQuestion(spec, Slot(child), child)
         self.open[spec.qid] = question
         question.slot.bind(self._spawn_question(question))
+        return question
 
     def _spawn_question(self, question: OpenQuestion) -> pykka.ActorRef[Any]:
         spec, slot, child = question.spec, question.slot, question.child
