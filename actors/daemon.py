@@ -22,6 +22,7 @@ import pykka
 from actors.base import report
 from actors.config import BridgeConfig, UsageError, parse_config
 from actors.peer import IdentityError, resolve_identity
+from actors.store import Store
 from actors.supervisor import Supervisor
 
 SHUTDOWN_BUDGET_S = 1.5
@@ -64,7 +65,14 @@ def run(config: BridgeConfig) -> int:
     except OSError as exc:
         report(f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}")
         return 1
-    supervisor = Supervisor.start(config=config, identity=identity, on_fatal=on_fatal)
+    try:
+        store = Store.open(config.state_path)
+    except OSError as exc:
+        report(f"cannot open the state database {config.state_path}: {exc}")
+        return 1
+    supervisor = Supervisor.start(
+        config=config, identity=identity, on_fatal=on_fatal, store=store
+    )
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})")
     while not stop.wait(0.2):
         pass
@@ -74,6 +82,7 @@ def run(config: BridgeConfig) -> int:
         report("shutdown took too long; exiting anyway")
     except pykka.ActorDeadError:
         pass
+    store.shutdown()
     return exit_code[0]
 
 

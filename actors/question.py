@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from actors.base import Child
+from actors.store import Store
 from messages.commands import (
     Address,
     AnswerArrived,
@@ -63,6 +64,7 @@ class QuestionActor(Child):
         watcher: Address,
         target: str,
         name: str,
+        store: Store | None = None,
         now: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -76,6 +78,7 @@ class QuestionActor(Child):
         self.logger = logger
         self.watcher = watcher
         self.target = target
+        self.store = store
         self.now = now
         self.clock = clock
         self._timer: threading.Timer | None = None
@@ -146,8 +149,18 @@ class QuestionActor(Child):
         return self.state in ("pending", "delivered")
 
     def _move(self, event: Event, detail: dict[str, Any]) -> None:
-        """Apply a C19 transition, log it (C20) and report the new state."""
+        """Apply a C19 transition, make it durable, log it (C20) and report it.
+
+        The store is written synchronously and first, so that an effect that
+        follows (a response, a note) is never done for a state a restart
+        would not know about.
+        """
         self.state = transition(self.state, event)
+        if self.store is not None:
+            if self.state in ("pending", "delivered"):
+                self.store.set_state(self.qid, self.state)
+            else:
+                self.store.close(self.qid, self.state)
         self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
         if self.state is not None:
             self.supervisor.tell(StateReported(self.qid, self.state, self.child_name))

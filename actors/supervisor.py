@@ -27,6 +27,7 @@ from actors.delivery import DeliveryActor
 from actors.logger import LoggerActor
 from actors.peer import PeerActor, PeerIdentity
 from actors.question import QuestionActor
+from actors.store import Store
 from actors.watcher import WatcherActor
 from messages.commands import (
     AnswerArrived,
@@ -93,6 +94,7 @@ class Supervisor(pykka.ThreadingActor):
         config: BridgeConfig,
         identity: PeerIdentity,
         on_fatal: Callable[[str], None],
+        store: Store | None = None,
         max_restarts: int = 5,
         restart_window_s: float = 10.0,
         now: Callable[[], datetime] = utc_now,
@@ -103,6 +105,7 @@ class Supervisor(pykka.ThreadingActor):
         self.config = config
         self.identity = identity
         self.on_fatal = on_fatal
+        self.store = store
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.now = now
@@ -166,14 +169,36 @@ class Supervisor(pykka.ThreadingActor):
     # -- life ---------------------------------------------------------------
 
     def on_start(self) -> None:
-        # The Peer goes last: its registry entry is the daemon's readiness (W7).
+        # Restore before the watcher's first scan, so that answers written while
+        # the daemon was down find their questions; the Peer goes last: its
+        # registry entry is the daemon's readiness (W7).
         try:
             for name in PERMANENT:
+                if name == "watcher":
+                    self._restore()
                 spec = self.children[name]
                 spec.slot.bind(spec.start())
         except Exception as exc:  # pykka would stop us silently; the daemon must exit
             self._fatal(f"could not start: {exc!r}")
             raise
+
+    def _restore(self) -> None:
+        """Reopen what the last run left open, and remember what it closed."""
+        if self.store is None:
+            return
+        open_specs, closed = self.store.load()
+        for qid, state in closed:
+            self._remember_closed(qid, state)
+        for spec in open_specs:
+            question = self._start_question(spec)
+            # A question that never got past `pending` may or may not have reached
+            # Telegram: send it again (at-least-once). A fresh one (no state yet)
+            # logs question_received as it starts.
+            if spec.state in (None, "pending"):
+                text = format_question(spec.qid, spec.parsed)
+                self.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
+        if open_specs or closed:
+            report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)")
 
     def on_stop(self) -> None:
         # The Peer goes first: no new questions while the rest winds down.
@@ -243,6 +268,8 @@ class Supervisor(pykka.ThreadingActor):
             timeout_ms=self.config.timeout_ms,
             deadline=self.clock() + self.config.timeout_ms / 1000,
         )
+        if self.store is not None:  # the row exists before delivery is requested
+            self.store.put_open(spec)
         question = self._start_question(spec)
         text = format_question(qid, spec.parsed)
         self.delivery.tell(SendText(qid, text, "question", reply_to=question.slot))
@@ -266,6 +293,7 @@ class Supervisor(pykka.ThreadingActor):
             watcher=self.watcher,
             target=self.config.target,
             name=child,
+            store=self.store,
             now=self.now,
             clock=self.clock,
         )
@@ -287,10 +315,13 @@ class Supervisor(pykka.ThreadingActor):
         del self.open[qid]
         question.slot.retire()
         if state is not None:  # C18: a failed delivery leaves no trace of the qid
-            self.closed[qid] = state
-            self.closed.move_to_end(qid)
-            while len(self.closed) > CLOSED_MEMORY:
-                self.closed.popitem(last=False)
+            self._remember_closed(qid, state)
+
+    def _remember_closed(self, qid: str, state: State) -> None:
+        self.closed[qid] = state
+        self.closed.move_to_end(qid)
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
 
     # -- supervision --------------------------------------------------------
 

@@ -1,0 +1,102 @@
+"""Restart safety end to end: SIGKILL the daemon, start it again, lose nothing."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.bridge_process import Bridge
+from tests.fakes import wait_for
+
+
+@pytest.fixture
+def bridge() -> Iterator[Bridge]:
+    b = Bridge()
+    yield b
+    b.close()
+
+
+def crash(bridge: Bridge) -> None:
+    assert bridge.proc is not None
+    bridge.proc.send_signal(signal.SIGKILL)
+    bridge.proc.wait(timeout=5)
+
+
+def test_delivered_question_survives_sigkill(bridge: Bridge) -> None:
+    bridge.start()
+    qid = bridge.ask("Still there after a crash?")
+    bridge.wait_log("delivered", qid)
+    crash(bridge)
+    # a restart within seconds takes back user-remote (W10), not user-remote2
+    bridge.start()
+    assert bridge.entry["name"] == "user-remote"
+    assert bridge.ping()["agent_card"]["queue_depth"] == 1
+    bridge.answer(qid, "yes")
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "yes"}
+    assert env["sender_endpoint"] == bridge.entry["endpoint"]
+    # delivered before the crash: not sent to Telegram again
+    assert len(bridge.hermes.calls()) == 1
+    assert bridge.events(qid) == ["question_received", "delivered", "answered"]
+
+
+def test_answer_written_while_down_is_delivered_after_start(bridge: Bridge) -> None:
+    bridge.start()
+    qid = bridge.ask("Answer me while I am down?")
+    bridge.wait_log("delivered", qid)
+    crash(bridge)
+    path = bridge.answer(qid, "2")
+    bridge.start()
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "2"}
+    wait_for(lambda: not path.exists(), what="file removed")
+
+
+def test_deadline_keeps_counting_across_restart(bridge: Bridge) -> None:
+    # C16, C17: the timeout comes at the original deadline, not a fresh one
+    bridge.start("--timeout", "2500")
+    asked = time.monotonic()
+    qid = bridge.ask("Will this time out on time?")
+    bridge.wait_log("delivered", qid)
+    wait_for(lambda: time.monotonic() - asked >= 1.0, what="a second into the question")
+    crash(bridge)
+    bridge.start("--timeout", "2500")
+    env = bridge.asker.response(timeout=10)
+    elapsed = time.monotonic() - asked
+    assert env["error"] == "no remote answer within 2500ms" and env["response"] is None
+    assert 2.3 <= elapsed < 3.4, elapsed  # a fresh timer would fire at >= 3.5 s
+
+
+def test_answered_question_stays_closed_after_restart(bridge: Bridge) -> None:
+    # C15: a late answer stays late across a restart
+    bridge.start()
+    qid = bridge.ask("Answered once?")
+    bridge.wait_log("delivered", qid)
+    bridge.answer(qid, "first")
+    assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "first"}
+    bridge.wait_log("answered", qid)
+    crash(bridge)
+    bridge.start()
+    path = bridge.answer(qid, "second")
+    assert bridge.wait_log("late_answer", qid)["detail"] == {"state": "answered"}
+    wait_for(lambda: not path.exists(), what="late file removed")
+    bridge.asker.no_response()
+
+
+def test_pending_question_is_delivered_again(bridge: Bridge) -> None:
+    # at-least-once: a question the crash caught before hermes confirmed it is resent
+    bridge.hermes.configure(sleep=30)
+    bridge.start()
+    qid = bridge.ask("Caught mid-send?")
+    bridge.hermes.wait_started(1)
+    crash(bridge)
+    bridge.hermes.configure()
+    bridge.start()
+    bridge.wait_log("delivered", qid)
+    assert any(qid in text for text in bridge.sent_texts())
+    bridge.answer(qid, "got it")
+    assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "got it"}
+    assert bridge.events(qid).count("question_received") == 1
