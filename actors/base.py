@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -71,6 +72,11 @@ class Slot:
 
     def __repr__(self) -> str:
         return f"Slot({self.name})"
+
+
+def utc_now() -> datetime:
+    """The wall clock, injected into actors so tests can pin it."""
+    return datetime.now(UTC)
 
 
 def report(message: str) -> None:

@@ -14,12 +14,11 @@ import os
 import signal
 import sys
 import threading
-from datetime import UTC, datetime
 from types import FrameType
 
 import pykka
 
-from actors.base import report
+from actors.base import report, utc_now
 from actors.config import BridgeConfig, UsageError, parse_config
 from actors.peer import IdentityError, resolve_identity
 from actors.store import Store
@@ -57,7 +56,7 @@ def run(config: BridgeConfig) -> int:
             config.name,
             cwd=os.getcwd(),
             pid=os.getpid(),
-            now=datetime.now(UTC),
+            now=utc_now(),
         )
     except IdentityError as exc:
         report(str(exc))

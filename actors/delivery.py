@@ -15,10 +15,10 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from actors.base import Child, report
+from actors.base import Child, report, utc_now
 from messages.commands import (
     Address,
     Delivered,
@@ -32,9 +32,6 @@ from messages.contract import delivery_error, format_ms, log_record
 # How long release() waits for the worker to notice; the daemon has 2 s to exit.
 _RELEASE_JOIN_S = 0.4
 
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

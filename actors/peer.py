@@ -14,13 +14,12 @@ import json
 import socket
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from actors.base import Child, report
+from actors.base import Child, report, utc_now
 from actors.registry import (
     PROBE_TIMEOUT_S,
     IdentityError,
@@ -350,7 +349,7 @@ class PeerActor(Child):
             version=1,
             context_used_pct=0,
             queue_depth=depth,
-            heartbeat_at=iso(datetime.now(UTC)),
+            heartbeat_at=iso(utc_now()),
         )
         write_entry(ident.entry_path, entry)
         self._published = True
@@ -394,7 +393,7 @@ class PeerActor(Child):
                 sender_session=self.identity.session_id,
                 sender_endpoint=str(self.identity.endpoint),
                 hops=0,
-                timestamp=iso(datetime.now(UTC)),
+                timestamp=iso(utc_now()),
                 response=response,
                 error=error,
             )

@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from actors.base import Child
+from actors.base import Child, utc_now
 from actors.store import Store
 from messages.commands import (
     Address,
@@ -43,10 +43,6 @@ from messages.contract import (
     transition,
 )
 from messages.model import Event, State
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class QuestionActor(Child):

@@ -15,13 +15,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import pykka
 
-from actors.base import Slot, report
+from actors.base import Slot, report, utc_now
 from actors.config import BridgeConfig
 from actors.delivery import DeliveryActor
 from actors.logger import LoggerActor
@@ -58,9 +58,6 @@ from messages.model import State
 CLOSED_MEMORY = 1000
 PERMANENT = ("logger", "delivery", "watcher", "peer")
 
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass

@@ -17,13 +17,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from inotify_simple import INotify, flags
 
-from actors.base import Child, report
+from actors.base import Child, report, utc_now
 from messages.commands import (
     Address,
     AnswerFileSeen,
@@ -44,9 +44,6 @@ _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO
 _READ_TIMEOUT_MS = 100
 _READ_ATTEMPTS = 3
 
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _signature(st: os.stat_result) -> FileSignature:

@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,20 +45,6 @@ from tests.fakes import FakeRef, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
-
-
-@pytest.fixture(autouse=True)
-def _stop_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all()
-
-
-@pytest.fixture
-def coms_dir() -> Iterator[Path]:
-    # short on purpose: AF_UNIX paths stop at 108 bytes and tmp_path is long
-    path = Path(tempfile.mkdtemp(prefix="ch", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

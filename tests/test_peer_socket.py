@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 from actors.peer import EndpointInUse, PeerActor, bind_endpoint
@@ -88,20 +85,6 @@ def exchange(endpoint: Path, data: bytes, *, half_close: bool = False) -> bytes:
                 return reply
             reply += chunk
         return reply
-
-
-@pytest.fixture(autouse=True)
-def _stop_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all()
-
-
-@pytest.fixture
-def coms_dir() -> Iterator[Path]:
-    # short on purpose: AF_UNIX paths stop at 108 bytes and tmp_path is long
-    path = Path(tempfile.mkdtemp(prefix="ch", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Running:

@@ -44,12 +44,6 @@ ANSWER = json.dumps(
 ).encode()
 
 
-@pytest.fixture(autouse=True)
-def _stop_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all()
-
-
 class Clock:
     """A monotonic clock the test moves by hand."""
 
