@@ -33,11 +33,13 @@ from messages.commands import (
     Address,
     CancelQuestion,
     Heartbeat,
+    LogEvent,
     NewQuestion,
     SendResponse,
     UnknownMessage,
 )
-from messages.contract import iso
+from messages.contract import iso, log_record
+from messages.model import is_valid_qid
 from messages.wire import (
     Ack,
     AgentCard,
@@ -263,6 +265,7 @@ class PeerActor(Child):
         identity: PeerIdentity,
         questions: Address,
         queue_depth: Callable[[], int],
+        logger: Address | None = None,
         name: str = "peer",
         purpose: str = "Remote human via Hermes/Telegram",
         heartbeat_s: float = 30.0,
@@ -272,6 +275,7 @@ class PeerActor(Child):
         self.identity = identity
         self.questions = questions
         self.queue_depth = queue_depth
+        self.logger = logger
         self.purpose = purpose
         self.heartbeat_s = heartbeat_s
         self.response_timeout_s = response_timeout_s
@@ -385,6 +389,15 @@ class PeerActor(Child):
             except Exception:  # the actor is gone; so is our reason to beat
                 return
 
+    def _undelivered(self, qid: str, reason: str) -> None:
+        """The asker is gone: say so on stderr and in the bridge log; the question stays closed."""
+        report(f"could not deliver response for {qid}: {reason}")
+        if self.logger is not None:
+            record = log_record(
+                utc_now(), qid if is_valid_qid(qid) else None, "response_failed", {"error": reason}
+            )
+            self.logger.tell(LogEvent(record))
+
     def _send_response(self, prompt: PromptEnvelope, response: Any, error: str | None) -> None:
         """W15, in a short-lived thread: an asker's socket must never stall our mailbox."""
         try:
@@ -411,7 +424,7 @@ class PeerActor(Child):
             except Exception as exc:
                 reason = repr(exc)
             if reason is not None:
-                report(f"could not deliver response for {qid}: {reason}")
+                self._undelivered(qid, reason)
 
         try:
             threading.Thread(target=send, name=f"peer-response-{qid}", daemon=True).start()

@@ -153,6 +153,7 @@ class Supervisor(pykka.ThreadingActor):
                 identity=identity,
                 questions=me,
                 queue_depth=self._ask_queue_depth,
+                logger=self.logger,
             ),
         )
 

@@ -28,6 +28,7 @@ Event = Literal[
     "timeout",
     "late_answer",
     "answer_rejected",
+    "response_failed",
 ]
 
 RejectReason = Literal[

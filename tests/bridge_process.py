@@ -3,6 +3,7 @@ on PATH, and an asker of our own speaking the coms wire over unix sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -108,7 +109,11 @@ class Asker:
         raise AssertionError(f"unexpected response {env}")
 
     def close(self) -> None:
+        """Go away as a dead asker does: nothing listens at the endpoint any more."""
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         self._server.close()
+        self._thread.join(timeout=2)
 
 
 class Bridge:

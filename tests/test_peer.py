@@ -36,6 +36,7 @@ from messages.commands import (
     CancelQuestion,
     ChildFailed,
     Heartbeat,
+    LogEvent,
     NewQuestion,
     SendResponse,
 )
@@ -262,10 +263,19 @@ def test_stop_unpublishes_before_the_socket_stops_answering(
         # socket closed while the pool still believed us ready
         while True:
             probing.set()
-            if not endpoint_accepts(str(identity.endpoint)):
-                if identity.entry_path.exists():
-                    violations.append("socket closed before the entry was removed")
-                return
+            entry_before = identity.entry_path.exists()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(2.0)
+                try:
+                    probe.connect(str(identity.endpoint))
+                    continue
+                except (ConnectionRefusedError, FileNotFoundError):
+                    pass  # the socket is closed for good
+                except OSError:
+                    continue  # a busy backlog or a slow machine proves nothing
+            if entry_before and identity.entry_path.exists():
+                violations.append("socket closed before the entry was removed")
+            return
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -330,9 +340,14 @@ def test_response_to_a_dead_asker_is_reported_not_fatal(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W15
     supervisor = FakeRef("supervisor")
-    ref = start(identity, supervisor=supervisor)
+    logger = FakeRef("logger")
+    ref = start(identity, supervisor=supervisor, logger=logger)
     wait_for(identity.entry_path.exists)
     ref.tell(SendResponse(prompt_to(str(identity.coms_dir / "gone.sock")), "yes"))
+    # issue 6: the asker being gone is logged too, and the question stays closed
+    record = logger.expect(LogEvent).record
+    assert record.qid == QID and record.event == "response_failed"
+    assert isinstance(record.detail, dict) and record.detail["error"]
     seen: list[str] = []
 
     def reported() -> bool:

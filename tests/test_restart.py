@@ -100,3 +100,18 @@ def test_pending_question_is_delivered_again(bridge: Bridge) -> None:
     bridge.answer(qid, "got it")
     assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "got it"}
     assert bridge.events(qid).count("question_received") == 1
+
+
+def test_asker_gone_after_restart_is_logged_and_the_question_closed(bridge: Bridge) -> None:
+    bridge.start()
+    qid = bridge.ask("Will you still be there?")
+    bridge.wait_log("delivered", qid)
+    crash(bridge)
+    bridge.asker.close()
+    bridge.start()
+    bridge.answer(qid, "yes")
+    record = bridge.wait_log("response_failed", qid)
+    assert record["detail"]["error"]
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+    assert bridge.events(qid) == ["question_received", "delivered", "answered", "response_failed"]
+    assert any(f"could not deliver response for {qid}" in line for line in bridge.stderr_lines)
