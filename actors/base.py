@@ -107,8 +107,10 @@ class Child(pykka.ThreadingActor):
         try:
             self.begin()
         except Exception as exc:
-            self.release()
-            self.supervisor.tell(ChildFailed(self.child_name, f"{type(exc).__name__}: {exc}"))
+            try:
+                self.release()
+            finally:
+                self._hand_over(f"{type(exc).__name__}: {exc}")
             raise
 
     def release(self) -> None:
@@ -130,14 +132,18 @@ class Child(pykka.ThreadingActor):
         try:
             self.release()
         finally:
-            unread: list[Any] = []
-            while not self.actor_inbox.empty():
-                envelope = self.actor_inbox.get()
-                if envelope.reply_to is None:
-                    unread.append(envelope.message)
-                else:  # an ask: its caller must not wait for an answer that won't come
-                    envelope.reply_to.set_exception(
-                        exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(self.child_name), None)
-                    )
-            error = f"{exception_type.__name__ if exception_type else 'Error'}: {exception_value}"
-            self.supervisor.tell(ChildFailed(self.child_name, error, tuple(unread)))
+            kind = exception_type.__name__ if exception_type else "Error"
+            self._hand_over(f"{kind}: {exception_value}")
+
+    def _hand_over(self, error: str) -> None:
+        """Give the supervisor what this actor had not read yet, so its successor gets it."""
+        unread: list[Any] = []
+        while not self.actor_inbox.empty():
+            envelope = self.actor_inbox.get()
+            if envelope.reply_to is None:
+                unread.append(envelope.message)
+            else:  # an ask: its caller must not wait for an answer that won't come
+                envelope.reply_to.set_exception(
+                    exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(self.child_name), None)
+                )
+        self.supervisor.tell(ChildFailed(self.child_name, error, tuple(unread)))

@@ -75,6 +75,7 @@ INVALID_JSON = "invalid json"
 NOT_TAKEN = "bridge accepts prompts, cancels, and pings"
 INVALID_PROMPT = "invalid prompt envelope"
 INVALID_CANCEL = "invalid cancel envelope"
+NOT_ADMITTED = "bridge could not take the question"
 
 
 class EndpointInUse(RuntimeError):
@@ -120,10 +121,12 @@ class Listener:
         server: socket.socket,
         questions: Address,
         pong_card: Callable[[], AgentCard],
+        admit: Callable[[PromptEnvelope], None] | None = None,
     ) -> None:
         self._server = server
         self._questions = questions
         self._pong_card = pong_card
+        self._admit = admit or (lambda prompt: questions.tell(NewQuestion(prompt)))
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="peer-listener", daemon=True)
 
@@ -162,6 +165,7 @@ class Listener:
 
     def _handle(self, conn: socket.socket) -> None:
         """Exactly one reply line per connection, then close; never raise."""
+        then: Callable[[], None] | None = None
         try:
             with conn:
                 conn.settimeout(CLIENT_TIMEOUT_S)
@@ -172,18 +176,31 @@ class Listener:
                     return
                 if line is None:
                     return
-                conn.sendall(self.reply_to(line).to_line())
+                reply, then = self.reply_to(line)
+                conn.sendall(reply.to_line())
         except OSError:
             pass  # the client went away or stalled; nobody is left to answer
         except Exception as exc:
             report(f"error serving a coms connection: {exc!r}")
+        finally:
+            # a well-formed cancel is handled even if its sender left before the ack
+            if then is not None:
+                try:
+                    then()
+                except Exception as exc:
+                    report(f"error handing on a coms envelope: {exc!r}")
 
-    def reply_to(self, line: bytes) -> WireModel:
-        """The reply for one line, after handing on what it asks for (enqueue, then ack)."""
+    def reply_to(self, line: bytes) -> tuple[WireModel, Callable[[], None] | None]:
+        """The reply for one line, and what to do once it is written.
+
+        A prompt is admitted (stored) before its ack, so an ack means the
+        question survives a crash; a cancel is acked first and handled after
+        (C12).
+        """
         try:
             body = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
         except (UnicodeDecodeError, ValueError, RecursionError):
-            return Nack(msg_id="", error=INVALID_JSON)
+            return Nack(msg_id="", error=INVALID_JSON), None
         raw_id = body.get("msg_id") if isinstance(body, dict) else None
         msg_id = raw_id if isinstance(raw_id, str) else ""
         kind = body.get("type") if isinstance(body, dict) else None
@@ -191,19 +208,21 @@ class Listener:
             try:
                 prompt = PromptEnvelope.model_validate(body)
             except ValidationError:
-                return Nack(msg_id=msg_id, error=INVALID_PROMPT)
-            self._questions.tell(NewQuestion(prompt))
-            return Ack(msg_id=prompt.msg_id)
+                return Nack(msg_id=msg_id, error=INVALID_PROMPT), None
+            try:
+                self._admit(prompt)
+            except Exception as exc:  # the bridge could not take it: say so, never ack
+                return Nack(msg_id=prompt.msg_id, error=f"{NOT_ADMITTED}: {exc}"), None
+            return Ack(msg_id=prompt.msg_id), None
         if kind == "cancel":
             try:
                 cancel = CancelEnvelope.model_validate(body)
             except ValidationError:
-                return Nack(msg_id=msg_id, error=INVALID_CANCEL)
-            self._questions.tell(CancelQuestion(cancel))
-            return Ack(msg_id=cancel.msg_id)
+                return Nack(msg_id=msg_id, error=INVALID_CANCEL), None
+            return Ack(msg_id=cancel.msg_id), lambda: self._questions.tell(CancelQuestion(cancel))
         if kind == "ping":
-            return Pong(msg_id=msg_id, agent_card=self._pong_card())
-        return Nack(msg_id=msg_id, error=NOT_TAKEN)
+            return Pong(msg_id=msg_id, agent_card=self._pong_card()), None
+        return Nack(msg_id=msg_id, error=NOT_TAKEN), None
 
 
 def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
@@ -265,6 +284,8 @@ class PeerActor(Child):
         identity: PeerIdentity,
         questions: Address,
         queue_depth: Callable[[], int],
+        admit: Callable[[PromptEnvelope], None] | None = None,
+        settled: Callable[[str], None] | None = None,
         logger: Address | None = None,
         name: str = "peer",
         purpose: str = "Remote human via Hermes/Telegram",
@@ -275,6 +296,8 @@ class PeerActor(Child):
         self.identity = identity
         self.questions = questions
         self.queue_depth = queue_depth
+        self.admit = admit
+        self.settled = settled
         self.logger = logger
         self.purpose = purpose
         self.heartbeat_s = heartbeat_s
@@ -293,7 +316,7 @@ class PeerActor(Child):
         """Listen first and publish last: the entry's appearance means "ready" (W7)."""
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.questions, self._card)
+        self._listener = Listener(server, self.questions, self._card, self.admit)
         self._listener.start()
         self._publish(self._last_depth)
         self._heart = threading.Thread(target=self._beat, name="peer-heartbeat", daemon=True)
@@ -411,8 +434,10 @@ class PeerActor(Child):
                 error=error,
             )
             line = envelope.to_line()
-        except Exception as exc:
+        except Exception as exc:  # it will never serialise: do not owe it forever
             report(f"could not deliver response for {prompt.msg_id}: {exc!r}")
+            if self.settled is not None:
+                self.settled(prompt.msg_id)
             return
         qid = prompt.msg_id
         endpoint = prompt.sender_endpoint
@@ -425,6 +450,11 @@ class PeerActor(Child):
                 reason = repr(exc)
             if reason is not None:
                 self._undelivered(qid, reason)
+            if self.settled is not None:  # answered, or the asker is gone for good
+                try:
+                    self.settled(qid)
+                except Exception as exc:
+                    report(f"could not record the response for {qid} as sent: {exc!r}")
 
         try:
             threading.Thread(target=send, name=f"peer-response-{qid}", daemon=True).start()

@@ -23,6 +23,7 @@ from messages.commands import (
     Delivered,
     DeliveryFailed,
     DisposeAnswerFile,
+    FileSignature,
     LogEvent,
     QuestionClosed,
     QuestionSpec,
@@ -86,6 +87,10 @@ class QuestionActor(Child):
         # order; the question's threads start in no particular order.
         if self.state is None:
             self._move("question_received", {"from": self.spec.prompt.sender_name})
+        elif not self._is_open():
+            # crashed after reaching its end but before reporting it: finish the job
+            self._close()
+            return
         self._arm_timer()
 
     def release(self) -> None:
@@ -95,7 +100,8 @@ class QuestionActor(Child):
 
     def _arm_timer(self) -> None:
         """Fire at the question's absolute deadline, so a restart keeps the clock running."""
-        remaining = max(0.0, self.spec.deadline - self.clock())
+        # threading.Timer cannot wait longer than TIMEOUT_MAX; such a deadline never comes
+        remaining = min(max(0.0, self.spec.deadline - self.clock()), threading.TIMEOUT_MAX)
         self._timer = threading.Timer(remaining, self.me.tell, args=(TimedOut(),))
         self._timer.daemon = True
         self._timer.start()
@@ -109,14 +115,21 @@ class QuestionActor(Child):
                     self._move("delivered", {"to": self.target})
             case DeliveryFailed(error=error):
                 if self.state == "pending":
-                    self._move("delivery_error", {"error": error})
-                    self.peer.tell(SendResponse(self.spec.prompt, None, error))
+                    owed = SendResponse(self.spec.prompt, None, error)
+                    self._move("delivery_error", {"error": error}, owed=owed)
+                    self.peer.tell(owed)
                     self._close()
             case AnswerArrived(answer=answer, name=name, signature=signature):
                 if self._is_open():
-                    self._move("answered", {"answered_by": answer.answered_by})
                     mapped = map_answer(answer.answer, self.spec.parsed.options)
-                    self.peer.tell(SendResponse(self.spec.prompt, mapped.model_dump(mode="json")))
+                    owed = SendResponse(self.spec.prompt, mapped.model_dump(mode="json"))
+                    self._move(
+                        "answered",
+                        {"answered_by": answer.answered_by},
+                        owed=owed,
+                        answer_file=(name, signature),
+                    )
+                    self.peer.tell(owed)
                     self.watcher.tell(RemoveAnswerFile(name, signature))
                     self._close()
                 elif self.state is not None:
@@ -131,10 +144,11 @@ class QuestionActor(Child):
             case TimedOut():
                 if self._is_open():
                     ms = self.spec.timeout_ms
-                    self._move("timeout", {"timeout_ms": ms})
+                    owed = SendResponse(self.spec.prompt, None, timeout_error(ms))
+                    self._move("timeout", {"timeout_ms": ms}, owed=owed)
                     note = timeout_note(self.qid, ms)
                     self.delivery.tell(SendText(self.qid, note, "timeout_note"))
-                    self.peer.tell(SendResponse(self.spec.prompt, None, timeout_error(ms)))
+                    self.peer.tell(owed)
                     self._close()
             case _:
                 raise UnknownMessage(self.child_name, message)
@@ -144,19 +158,33 @@ class QuestionActor(Child):
     def _is_open(self) -> bool:
         return self.state in ("pending", "delivered")
 
-    def _move(self, event: Event, detail: dict[str, Any]) -> None:
+    def _move(
+        self,
+        event: Event,
+        detail: dict[str, Any],
+        *,
+        owed: SendResponse | None = None,
+        answer_file: tuple[str, FileSignature] | None = None,
+    ) -> None:
         """Apply a C19 transition, make it durable, log it (C20) and report it.
 
         The store is written synchronously and first, so that an effect that
-        follows (a response, a note) is never done for a state a restart
-        would not know about.
+        follows is never done for a state a restart would not know about; a
+        response the asker is `owed` is stored with the closing state, so a
+        crash before it is handed over resends it instead of losing it.
         """
         self.state = transition(self.state, event)
         if self.store is not None:
             if self.state in ("pending", "delivered"):
-                self.store.set_state(self.qid, self.state)
+                self.store.set_state(self.qid, self.state, owner=self.child_name)
             else:
-                self.store.close(self.qid, self.state)
+                self.store.close(
+                    self.qid,
+                    self.state,
+                    owner=self.child_name,
+                    response=owed,
+                    answer_file=answer_file,
+                )
         self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
         if self.state is not None:
             self.supervisor.tell(StateReported(self.qid, self.state, self.child_name))

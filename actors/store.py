@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 from actors.base import report
-from messages.commands import QuestionSpec
+from messages.commands import FileSignature, QuestionSpec, SendResponse
 from messages.model import ParsedPrompt, State
 from messages.wire import PromptEnvelope, dumps
 
@@ -43,11 +43,20 @@ CREATE TABLE IF NOT EXISTS open_questions (
     timeout_ms REAL NOT NULL,
     deadline REAL NOT NULL,
     state TEXT,
-    seq INTEGER
+    seq INTEGER,
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS closed_questions (
     qid TEXT PRIMARY KEY,
     state TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    answer_file TEXT
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    qid TEXT PRIMARY KEY,
+    prompt TEXT NOT NULL,
+    response TEXT NOT NULL,
+    error TEXT,
     seq INTEGER NOT NULL
 );
 """
@@ -212,7 +221,7 @@ class Store:
                 conn.rollback()
                 raise
 
-    def put_open(self, spec: QuestionSpec) -> None:
+    def put_open(self, spec: QuestionSpec, owner: str | None = None) -> None:
         """Record a question as open.
 
         A repeated qid keeps its place in the order. A qid reopened after it
@@ -221,12 +230,14 @@ class Store:
         """
         with self._transaction() as conn:
             conn.execute(
-                "INSERT INTO open_questions (qid, prompt, parsed, timeout_ms, deadline, state, seq)"
+                "INSERT INTO open_questions"
+                " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner)"
                 " VALUES (?, ?, ?, ?, ?, ?,"
-                "  (SELECT COALESCE(MAX(seq), 0) + 1 FROM open_questions))"
+                "  (SELECT COALESCE(MAX(seq), 0) + 1 FROM open_questions), ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
-                "  deadline = excluded.deadline, state = excluded.state",
+                "  deadline = excluded.deadline, state = excluded.state,"
+                "  owner = excluded.owner",
                 (
                     spec.qid,
                     spec.prompt.to_json(),
@@ -234,40 +245,117 @@ class Store:
                     float(spec.timeout_ms),
                     float(spec.deadline),
                     spec.state,
+                    owner,
                 ),
             )
             conn.execute("DELETE FROM closed_questions WHERE qid = ?", (spec.qid,))
 
-    def set_state(self, qid: str, state: State) -> None:
+    def set_state(self, qid: str, state: State, owner: str | None = None) -> None:
         """Remember how far a question got, so a restart resumes it there.
 
         No row means the question was already closed; reviving it would be wrong.
+        With `owner`, only that actor's row is touched: a question replaced by a
+        repeated qid must not overwrite its successor.
         """
         with self._transaction() as conn:
-            conn.execute("UPDATE open_questions SET state = ? WHERE qid = ?", (state, qid))
+            if owner is None:
+                conn.execute("UPDATE open_questions SET state = ? WHERE qid = ?", (state, qid))
+            else:
+                conn.execute(
+                    "UPDATE open_questions SET state = ? WHERE qid = ? AND owner = ?",
+                    (state, qid, owner),
+                )
 
-    def close(self, qid: str, state: State | None) -> None:
+    def close(
+        self,
+        qid: str,
+        state: State | None,
+        *,
+        owner: str | None = None,
+        response: SendResponse | None = None,
+        answer_file: tuple[str, FileSignature] | None = None,
+    ) -> bool:
         """Forget an open question, remembering how it ended unless `state` is None.
 
         One transaction, so a crash can never leave a question both open and
         closed, or neither. None (delivery failed) leaves no closed row: the
         human never saw the question, so no answer to it can arrive late.
         Only the newest CLOSED_MEMORY closed qids are kept, bounding the file.
+
+        `response` is what the asker is now owed: it goes to the outbox in the
+        same transaction, and leaves it only when `sent` says it was handed
+        over, so a crash in between resends it rather than losing it.
+        `answer_file` names the file the answer came from, so that a restart
+        before the file was removed does not take it for a late answer.
+        With `owner`, a question that is no longer that actor's is left alone
+        and False is returned.
         """
         with self._transaction() as conn:
+            if owner is not None:
+                row = conn.execute(
+                    "SELECT owner FROM open_questions WHERE qid = ?", (qid,)
+                ).fetchone()
+                if row is not None and row[0] != owner:
+                    return False
             conn.execute("DELETE FROM open_questions WHERE qid = ?", (qid,))
+            if response is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO outbox (qid, prompt, response, error, seq)"
+                    " VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM outbox))",
+                    (qid, response.prompt.to_json(), dumps(response.response), response.error),
+                )
             if state is None:
-                return
+                return True
+            consumed = None
+            if answer_file is not None:
+                name, sig = answer_file
+                consumed = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
-                "INSERT OR REPLACE INTO closed_questions (qid, state, seq)"
-                " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM closed_questions))",
-                (qid, state),
+                "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
+                " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM closed_questions), ?)",
+                (qid, state, consumed),
             )
             conn.execute(
                 "DELETE FROM closed_questions WHERE seq NOT IN"
                 " (SELECT seq FROM closed_questions ORDER BY seq DESC LIMIT ?)",
                 (CLOSED_MEMORY,),
             )
+        return True
+
+    def sent(self, qid: str) -> None:
+        """The asker was answered (or is gone for good): the response leaves the outbox."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM outbox WHERE qid = ?", (qid,))
+
+    def outbox(self) -> list[SendResponse]:
+        """Responses decided but not yet handed to their askers, oldest first."""
+        with self._transaction() as conn:
+            rows = conn.execute(
+                "SELECT qid, prompt, response, error FROM outbox ORDER BY seq"
+            ).fetchall()
+        owed: list[SendResponse] = []
+        for qid, prompt, response, error in rows:
+            try:
+                envelope = PromptEnvelope.model_validate(json.loads(prompt))
+                owed.append(SendResponse(envelope, json.loads(response), error))
+            except (ValueError, TypeError) as exc:
+                report(f"state database {self.path}: dropped a response owed for {qid!r}: {exc}")
+        return owed
+
+    def consumed(self) -> dict[str, tuple[str, FileSignature]]:
+        """For each answered qid, the answer file it used (name and version)."""
+        with self._transaction() as conn:
+            rows = conn.execute(
+                "SELECT qid, answer_file FROM closed_questions WHERE answer_file IS NOT NULL"
+            ).fetchall()
+        used: dict[str, tuple[str, FileSignature]] = {}
+        for qid, text in rows:
+            try:
+                name, inode, size, mtime_ns = json.loads(text)
+                used[qid] = (str(name), FileSignature(int(inode), int(size), int(mtime_ns)))
+            except (ValueError, TypeError):
+                continue
+        return used
 
     def load(self) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
         """What a restarted daemon resumes: open questions in arrival order, closed oldest first.

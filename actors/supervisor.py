@@ -27,7 +27,7 @@ from actors.delivery import DeliveryActor
 from actors.logger import LoggerActor
 from actors.peer import PeerActor, PeerIdentity
 from actors.question import QuestionActor
-from actors.store import Store
+from actors.store import CLOSED_MEMORY, Store
 from actors.watcher import WatcherActor
 from messages.commands import (
     AnswerArrived,
@@ -36,10 +36,12 @@ from messages.commands import (
     CancelRequested,
     ChildFailed,
     DisposeAnswerFile,
+    FileSignature,
     NewQuestion,
     QuestionClosed,
     QuestionSpec,
     QueueDepthQuery,
+    RemoveAnswerFile,
     SendResponse,
     SendText,
     StateReported,
@@ -48,14 +50,16 @@ from messages.commands import (
 from messages.contract import (
     INVALID_QID_ERROR,
     Accepted,
+    Late,
     classify_answer,
     format_question,
     parse_prompt,
     qid_of,
 )
 from messages.model import State
+from messages.wire import PromptEnvelope
 
-CLOSED_MEMORY = 1000
+ADMIT_TIMEOUT_S = 5.0
 PERMANENT = ("logger", "delivery", "watcher", "peer")
 
 
@@ -109,6 +113,7 @@ class Supervisor(pykka.ThreadingActor):
         self.clock = clock
         self.monotonic = monotonic
         self.open: dict[str, OpenQuestion] = {}
+        self.consumed: dict[str, tuple[str, FileSignature]] = {}
         self.closed: OrderedDict[str, State] = OrderedDict()
         self.children: dict[str, ChildSpec] = {}
         self._serial = itertools.count(1)
@@ -153,12 +158,23 @@ class Supervisor(pykka.ThreadingActor):
                 identity=identity,
                 questions=me,
                 queue_depth=self._ask_queue_depth,
+                admit=self._admit,
+                settled=store.sent if store is not None else None,
                 logger=self.logger,
             ),
         )
 
     def _permanent(self, slot: Slot, start: Callable[[], pykka.ActorRef[Any]]) -> None:
         self.children[slot.name] = ChildSpec(slot, start)
+
+    def _admit(self, envelope: PromptEnvelope) -> None:
+        """For the Peer's socket threads: return once the question is stored, so the ack
+        means "durable". An error storing it comes back here, and the asker gets a nack."""
+        try:
+            self.actor_ref.ask(NewQuestion(envelope), block=True, timeout=ADMIT_TIMEOUT_S)
+        except pykka.Timeout:
+            report(f"question {envelope.msg_id} is queued but was not stored within "
+                   f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
 
     def _ask_queue_depth(self) -> int:
         """For the Peer's socket and heartbeat threads: a bounded ask, never from an actor."""
@@ -187,6 +203,9 @@ class Supervisor(pykka.ThreadingActor):
         open_specs, closed = self.store.load()
         for qid, state in closed:
             self._remember_closed(qid, state)
+        self.consumed = self.store.consumed()
+        for owed in self.store.outbox():  # decided before the crash, never handed over
+            self.peer.tell(owed)
         for spec in open_specs:
             question = self._start_question(spec)
             # A question that never got past `pending` may or may not have reached
@@ -257,7 +276,12 @@ class Supervisor(pykka.ThreadingActor):
             return
         replaced = self.open.pop(qid, None)
         if replaced is not None:  # a repeated qid replaces the old question and its timer
-            self._stop_ref(replaced.slot)
+            # Without waiting: its store rows are guarded by owner, so it cannot
+            # touch its successor's, and its slot drops whatever is told to it now.
+            ref = replaced.slot.ref
+            replaced.slot.retire()
+            if ref is not None:
+                ref.stop(block=False)
         self.closed.pop(qid, None)
         spec = QuestionSpec(
             qid=qid,
@@ -266,8 +290,6 @@ class Supervisor(pykka.ThreadingActor):
             timeout_ms=self.config.timeout_ms,
             deadline=self.clock() + self.config.timeout_ms / 1000,
         )
-        if self.store is not None:  # the row exists before delivery is requested
-            self.store.put_open(spec)
         question = self._start_question(spec)
         text = format_question(qid, spec.parsed)
         self.delivery.tell(SendText(qid, text, "question", reply_to=question.slot))
@@ -275,6 +297,8 @@ class Supervisor(pykka.ThreadingActor):
     def _start_question(self, spec: QuestionSpec) -> OpenQuestion:
         child = f"question:{spec.qid}:{next(self._serial)}"
         question = OpenQuestion(spec, Slot(child), child)
+        if self.store is not None:  # the row exists before delivery is requested
+            self.store.put_open(spec, owner=child)
         self.open[spec.qid] = question
         question.slot.bind(self._spawn_question(question))
         return question
@@ -303,6 +327,10 @@ class Supervisor(pykka.ThreadingActor):
             if not question.answering:  # the same file seen twice is handled once
                 question.answering = True
                 question.slot.tell(AnswerArrived(verdict.answer, name, signature))
+        elif isinstance(verdict, Late) and self.consumed.get(verdict.qid) == (name, signature):
+            # the very file that answered it, left behind by a crash: not a late answer
+            del self.consumed[verdict.qid]
+            self.watcher.tell(RemoveAnswerFile(name, signature))
         else:
             self.watcher.tell(DisposeAnswerFile(name, signature, verdict))
 
