@@ -111,10 +111,18 @@ def test_cancel_then_late_answer(bridge: Bridge) -> None:
 def test_cancel_of_unknown_or_invalid_qid_is_only_acked(bridge: Bridge) -> None:
     # C14
     bridge.start()
-    bridge.cancel(new_qid())
+    open_qid = bridge.ask("Still open?")
+    bridge.wait_log("delivered", open_qid)
+    unknown = new_qid()
+    bridge.cancel(unknown)
     bridge.cancel("not-a-qid")
+    # then a real cancel: once it is handled, the two before it were handled too
+    bridge.cancel(open_qid)
+    bridge.wait_log("cancelled", open_qid)
+    assert {r["qid"] for r in bridge.log_records()} == {open_qid}
+    wait_for(lambda: len(bridge.hermes.calls()) == 2, what="the one cancel note")
+    assert "[HUB-Q:" + open_qid + "]" in bridge.sent_texts()[1]
     assert bridge.ping()["agent_card"]["queue_depth"] == 0
-    assert bridge.hermes.calls() == []
 
 
 def test_delivery_failure(bridge: Bridge) -> None:

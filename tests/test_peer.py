@@ -152,6 +152,46 @@ def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -
     assert questions.expect(NewQuestion) == NewQuestion(prompt_to("/tmp/asker.sock"))
 
 
+def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # W14
+    # restart safety: the ack waits until the question is stored (admit returns)
+    admitted: list[str] = []
+    release = threading.Event()
+
+    def admit(prompt: PromptEnvelope) -> None:
+        release.wait(5)
+        admitted.append(prompt.msg_id)
+
+    start(identity, admit=admit)
+    wait_for(identity.entry_path.exists)
+    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    replies: list[bytes] = []
+    sender = threading.Thread(
+        target=lambda: replies.append(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
+    )
+    sender.start()
+    sender.join(0.3)
+    assert replies == [] and admitted == []  # still waiting on admit: no ack yet
+    release.set()
+    sender.join(5)
+    assert admitted == [QID]
+    assert replies == [f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()]
+
+
+def test_prompt_that_cannot_be_admitted_is_nacked(identity: PeerIdentity) -> None:  # W14
+    def admit(prompt: PromptEnvelope) -> None:
+        raise OSError("disk full")
+
+    start(identity, admit=admit)
+    wait_for(identity.entry_path.exists)
+    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    reply = json.loads(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
+    assert reply == {
+        "type": "nack",
+        "msg_id": QID,
+        "error": "bridge could not take the question: disk full",
+    }
+
+
 def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity) -> None:  # W16
     questions = FakeRef("questions")
     start(identity, questions=questions)

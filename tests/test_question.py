@@ -14,6 +14,7 @@ import pytest
 
 from actors.base import Slot
 from actors.question import QuestionActor
+from actors.store import Store
 from messages.commands import (
     AnswerArrived,
     CancelRequested,
@@ -75,7 +76,9 @@ class Rig:
 
 @pytest.fixture
 def start() -> Iterator[Any]:
-    def _start(state: State | None = None, timeout_s: float = 60.0) -> Rig:
+    def _start(
+        state: State | None = None, timeout_s: float = 60.0, store: Store | None = None
+    ) -> Rig:
         spec = QuestionSpec(
             qid=QID,
             prompt=PROMPT,
@@ -84,6 +87,8 @@ def start() -> Iterator[Any]:
             deadline=time.time() + timeout_s,
             state=state,
         )
+        if store is not None:
+            store.put_open(spec, owner="question:x:1")
         fakes = {n: FakeRef(n) for n in ("supervisor", "peer", "delivery", "logger", "watcher")}
         slot = Slot("question")
         ref = QuestionActor.start(
@@ -91,6 +96,7 @@ def start() -> Iterator[Any]:
             me=slot,
             target="telegram",
             name="question:x:1",
+            store=store,
             now=lambda: NOW,
             **fakes,
         )
@@ -232,3 +238,26 @@ def test_unknown_message_crashes_loudly_to_the_supervisor(start: Any) -> None:
     failed = rig.supervisor.expect(ChildFailed)
     assert failed.child == "question:x:1" and "str" in failed.error
     assert failed.unread == (Delivered(QID),)
+
+
+def test_answer_is_durable_before_the_response_goes_out(start: Any, tmp_path: Any) -> None:
+    # restart safety: the closed state, the owed response and the used file are stored first
+    store = Store.open(tmp_path / "state.sqlite3")
+    rig = start(store=store)
+    rig.slot.tell(Delivered(QID))
+    wait_for(lambda: store.load()[0] and store.load()[0][0].state == "delivered", what="delivered")
+    rig.slot.tell(answer("stop"))
+    sent = rig.peer.expect(SendResponse)
+    assert store.load() == ([], [(QID, "answered")])
+    assert store.outbox() == [sent]
+    assert store.consumed() == {QID: (f"{QID}.answer.json", SIG)}
+    store.shutdown()
+
+
+@pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
+def test_restart_in_a_terminal_state_closes_at_once(start: Any, state: State) -> None:
+    # crashed after its end but before reporting it: it must not linger as open
+    rig = start(state=state)
+    assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, state, "question:x:1")
+    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+    rig.logger.quiet()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from actors.store import CLOSED_MEMORY, SCHEMA_VERSION, Store, StoreClosedError
-from messages.commands import QuestionSpec
+from messages.commands import FileSignature, QuestionSpec, SendResponse
 from messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
 from messages.wire import PromptEnvelope
 
@@ -295,3 +295,49 @@ def test_writes_survive_a_killed_process(path: Path) -> None:
         assert store.load() == ([spec(QID, state="delivered")], [(QID2, "timeout")])
     finally:
         store.shutdown()
+
+
+def test_owed_response_survives_until_sent(store: Store) -> None:
+    # a response decided before a crash is resent after it, not lost
+    owed = SendResponse(spec().prompt, {"kind": "freeform", "text": "yes \ud800"}, None)
+    store.put_open(spec(), owner="q1")
+    assert store.close(QID, "answered", owner="q1", response=owed)
+    store.shutdown()
+    again = Store.open(store.path)
+    try:
+        assert again.outbox() == [owed]
+        again.sent(QID)
+        assert again.outbox() == []
+    finally:
+        again.shutdown()
+
+
+def test_delivery_failure_owes_its_error_response_without_a_closed_row(store: Store) -> None:
+    # C18: state back to none, but the asker is still owed the error
+    owed = SendResponse(spec().prompt, None, "hermes send failed (3): chat not found")
+    store.put_open(spec())
+    store.close(QID, None, response=owed)
+    assert store.load() == ([], [])
+    assert store.outbox() == [owed]
+
+
+def test_the_answer_file_used_is_remembered(store: Store) -> None:
+    sig = FileSignature(inode=11, size=99, mtime_ns=123456789)
+    store.put_open(spec())
+    store.close(QID, "answered", answer_file=(f"{QID}.answer.json", sig))
+    store.put_open(spec(QID2))
+    store.close(QID2, "timeout")
+    assert store.consumed() == {QID: (f"{QID}.answer.json", sig)}
+
+
+def test_rows_are_guarded_by_owner(store: Store) -> None:
+    # a question replaced by a repeated qid must not touch its successor's row
+    store.put_open(spec(), owner="old")
+    store.put_open(spec(state="pending"), owner="new")
+    store.set_state(QID, "delivered", owner="old")
+    assert not store.close(QID, "timeout", owner="old")
+    specs, closed = store.load()
+    assert [s.state for s in specs] == ["pending"] and closed == []
+    store.set_state(QID, "delivered", owner="new")
+    assert store.close(QID, "answered", owner="new")
+    assert store.load() == ([], [(QID, "answered")])
