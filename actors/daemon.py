@@ -20,7 +20,7 @@ import pykka
 
 from actors.base import report, utc_now
 from actors.config import BridgeConfig, UsageError, parse_config
-from actors.peer import IdentityError, resolve_identity
+from actors.peer import IdentityError, PeerActor, resolve_identity
 from actors.store import Store
 from actors.supervisor import Supervisor
 
@@ -81,6 +81,14 @@ def run(config: BridgeConfig) -> int:
         report("shutdown took too long; exiting anyway")
     except pykka.ActorDeadError:
         pass
+    # If the Supervisor died, its children are still up: the Peer at least must
+    # take its registry entry and socket with it (W8); the rest just stops.
+    for peer in pykka.ActorRegistry.get_by_class(PeerActor):
+        try:
+            peer.stop(block=True, timeout=0.3)
+        except (pykka.Timeout, pykka.ActorDeadError):
+            pass
+    pykka.ActorRegistry.stop_all(block=False)
     store.shutdown()
     return exit_code[0]
 

@@ -328,10 +328,9 @@ class PeerActor(Child):
             return
         self._released = True
         try:
+            # Not joined: it may sit in a queue-depth ask for a while, and it
+            # checks this flag before it does anything else.
             self._beating.set()
-            heart = self._heart
-            if heart is not None and heart.is_alive() and heart is not threading.current_thread():
-                heart.join(JOIN_TIMEOUT_S)
             if self._published:
                 remove_entry_if_ours(self.identity.entry_path, self.identity.session_id)
                 self._published = False

@@ -12,6 +12,7 @@ of the directory can tell "still being written" from "broken" (C10, W21).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -35,6 +36,7 @@ from messages.commands import (
     Rescan,
     SendText,
     UnknownMessage,
+    WatchLost,
 )
 from messages.contract import Late, Rejected, grace_ms, late_note, log_record, qid_of_name
 from messages.model import Event
@@ -127,9 +129,14 @@ class WatcherActor(Child):
                     if not self._rescan_queued.is_set():
                         self._rescan_queued.set()
                         self.actor_ref.tell(Rescan())
-        except Exception as exc:  # dead actor, closed fd: nothing left to watch for
+                if any(e.mask & flags.IGNORED for e in events):
+                    raise OSError("the questions directory went away")
+        except Exception as exc:
             if not self._halt.is_set():
-                report(f"{self.child_name}: inotify helper stopped: {exc}")
+                # Without this thread no answer would ever be noticed again: make
+                # the actor fail, so the supervisor restarts the watcher whole.
+                with contextlib.suppress(Exception):
+                    self.actor_ref.tell(WatchLost(f"{type(exc).__name__}: {exc}"))
 
     # -- messages -------------------------------------------------------------
 
@@ -143,6 +150,8 @@ class WatcherActor(Child):
                 self._rescan()
             case DisposeAnswerFile(name=name, signature=signature, verdict=verdict):
                 self._dispose(name, signature, verdict)
+            case WatchLost(error=error):
+                raise RuntimeError(f"inotify watch lost: {error}")
             case RemoveAnswerFile(name=name, signature=signature):
                 current = self._current(name)
                 if current == signature:
@@ -158,6 +167,8 @@ class WatcherActor(Child):
     def _rescan(self) -> None:
         try:
             names = sorted(os.listdir(self.questions_dir))
+        except FileNotFoundError as exc:  # deleted under us: a restart makes it again
+            raise RuntimeError(f"questions directory is gone: {exc}") from exc
         except OSError as exc:
             report(f"{self.child_name}: cannot list {self.questions_dir}: {exc}")
             return
@@ -178,7 +189,12 @@ class WatcherActor(Child):
         except OSError:
             self._first_seen.pop(name, None)
             return
+        if stat.S_ISDIR(st.st_mode):
+            return  # not ours to remove; nothing the gateway writes
         if not stat.S_ISREG(st.st_mode):
+            # a symlink, FIFO or socket is never an answer (and is not followed)
+            if self._grace_over(name):
+                self._reject(name, "invalid_path", None)
             return
         qid = qid_of_name(name)
         if isinstance(qid, Rejected):

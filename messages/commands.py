@@ -198,6 +198,13 @@ class FilesChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchLost:
+    """The inotify helper died: the Watcher must fail so that it is restarted whole."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class Rescan:
     """Time for the safety-net scan of the whole questions directory."""
 

@@ -331,3 +331,19 @@ def test_questions_dir_flag_moves_the_log_beside_it(bridge: Bridge) -> None:
         {"qid": qid, "answer": "here", "answered_by": "telegram:a", "at": "2026-11-30T12:00:00Z"}))
     expect_response(bridge, qid, {"kind": "freeform", "text": "here"}, None)
     assert os.path.isdir(qdir)
+
+
+def test_exceeding_the_restart_bound_exits_1_and_unregisters(bridge: Bridge) -> None:
+    # supervision: a part that keeps crashing (here: its directory cannot exist)
+    # makes the daemon give up with exit 1, leaving nothing registered (W8)
+    blocker = bridge.base / "questions"
+    blocker.write_text("a file where the questions directory should be")
+    bridge.start("--questions-dir", str(blocker), wait=False)
+    assert bridge.proc is not None
+    assert bridge.proc.wait(timeout=15) == 1
+    wait_for(
+        lambda: any("watcher crashed 6 times within 10s" in line for line in bridge.stderr_lines),
+        what="the reason on stderr",
+    )
+    assert not any(bridge.coms.rglob("*.json"))
+    assert not any((bridge.coms / "sockets").glob("*.sock"))

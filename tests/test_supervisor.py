@@ -147,3 +147,16 @@ def test_restart_bound_exceeded_is_fatal(tree: Tree) -> None:
     tree.sup.children["logger"].slot.tell(Boom())
     assert tree.fatal_event.wait(5)
     assert tree.fatal[0].startswith("logger crashed 4 times within 10s")
+
+
+def test_deleted_questions_directory_heals(tree: Tree) -> None:
+    # the watcher's inotify watch dies with its directory: it fails, is restarted
+    # and makes the directory again, so answers keep arriving
+    qid = tree.ask("after the directory is gone?")
+    wait_for(lambda: len(tree.hermes.calls()) == 1, what="question delivered")
+    before = tree.child_ref("watcher")
+    shutil.rmtree(tree.questions)
+    wait_for(lambda: tree.child_ref("watcher") is not before and tree.questions.is_dir(),
+             what="watcher restarted and directory back")
+    tree.answer(qid, "still here")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "still here"}
