@@ -63,13 +63,6 @@ class Slot:
         with self._lock:
             return self._ref
 
-    def ask(self, message: Any, timeout: float) -> Any:
-        """Ask the current actor, from a non-actor thread only (DESIGN: never actor to actor)."""
-        ref = self.ref
-        if ref is None:
-            raise pykka.ActorDeadError(f"{self.name} is not running")
-        return ref.ask(message, timeout=timeout)
-
     def __repr__(self) -> str:
         return f"Slot({self.name})"
 

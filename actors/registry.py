@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -54,13 +53,6 @@ class PeerIdentity:
     @property
     def entry_path(self) -> Path:
         return self.agents_dir / f"{self.name}.json"
-
-
-def default_coms_dir(env: Mapping[str, str] | None = None) -> Path:
-    """W1: $PI_COMS_DIR when set and non-empty, else ~/.pi/coms."""
-    source: Mapping[str, str] = os.environ if env is None else env
-    configured = source.get("PI_COMS_DIR", "")
-    return Path(configured) if configured else Path.home() / ".pi" / "coms"
 
 
 def agents_dir(coms_dir: Path, project: str) -> Path:

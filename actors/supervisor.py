@@ -359,13 +359,13 @@ class Supervisor(pykka.ThreadingActor):
         return len(restarts) <= self.max_restarts
 
     def _child_failed(self, child: str, error: str, unread: tuple[Any, ...]) -> None:
-        report(f"{child} crashed ({error}); restarting it")
         spec = self.children.get(child)
         if spec is not None:
             if not self._within_bound(spec.restarts):
                 self._fatal(f"{child} crashed {self.max_restarts + 1} times within "
                             f"{self.restart_window_s:g}s; last error: {error}")
                 return
+            report(f"{child} crashed ({error}); restarting it")
             spec.slot.bind(spec.start(), unread)
             return
         for question in self.open.values():
@@ -377,6 +377,7 @@ class Supervisor(pykka.ThreadingActor):
             self._fatal(f"question {question.spec.qid} crashed {self.max_restarts + 1} times "
                         f"within {self.restart_window_s:g}s; last error: {error}")
             return
+        report(f"{child} crashed ({error}); restarting it")
         # Same slot, so replies already addressed to the question still reach it;
         # it resumes from its last reported state, and a pending answer file is
         # offered again by the watcher's next scan.

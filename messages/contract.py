@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from messages.model import (
+    TERMINAL_STATES,
     AnswerFile,
     Event,
     FreeformAnswer,
@@ -334,7 +335,6 @@ class ForbiddenTransition(ValueError):
 
 
 _OPEN: tuple[State | None, ...] = ("pending", "delivered")
-_TERMINAL: tuple[State | None, ...] = ("answered", "cancelled", "timeout")
 
 
 def transition(state: State | None, event: Event) -> State | None:
@@ -347,7 +347,7 @@ def transition(state: State | None, event: Event) -> State | None:
         return None
     if state in _OPEN and event in ("answered", "cancelled", "timeout"):
         return event
-    if state in _TERMINAL and event == "late_answer":
+    if state in TERMINAL_STATES and event == "late_answer":
         return state
     raise ForbiddenTransition(f"{event} is not allowed in state {state}")
 

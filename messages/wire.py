@@ -12,7 +12,16 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
 
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 Number = StrictInt | StrictFloat
@@ -51,21 +60,36 @@ class WireModel(BaseModel):
         return (self.to_json() + "\n").encode("utf-8")
 
 
+def _lenient_text(value: Any) -> str:
+    """A descriptive field the pool does not check: take what comes, as text."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else dumps(value)
+
+
+LenientText = Annotated[str, BeforeValidator(_lenient_text)]
+
+
 class PromptEnvelope(WireModel):
-    """A question from another peer (W14). Its msg_id becomes the qid (C3)."""
+    """A question from another peer (W14). Its msg_id becomes the qid (C3).
+
+    Only the four fields the pool itself checks are strict; the rest are
+    taken as they come (W18), so a peer that sends `"sender_cwd": null` is
+    asked, not refused.
+    """
 
     type: Literal["prompt"] = "prompt"
     msg_id: StrictStr
-    sender_session: StrictStr = ""
+    sender_session: LenientText = ""
     sender_endpoint: StrictStr
     hops: Number
-    timestamp: StrictStr = ""
+    timestamp: LenientText = ""
     prompt: StrictStr
-    sender_name: StrictStr = ""
-    sender_cwd: StrictStr = ""
-    conversation_id: StrictStr | None = None
-    response_schema: dict[str, JsonValue] | None = None
-    reply_timeout_ms: Number | None = None
+    sender_name: LenientText = ""
+    sender_cwd: LenientText = ""
+    conversation_id: JsonValue = None
+    response_schema: JsonValue = None
+    reply_timeout_ms: JsonValue = None
 
 
 class ResponseEnvelope(WireModel):

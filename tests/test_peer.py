@@ -24,7 +24,6 @@ from actors.peer import PeerActor
 from actors.registry import (
     IdentityError,
     PeerIdentity,
-    default_coms_dir,
     endpoint_accepts,
     heartbeat_fresh,
     is_live,
@@ -488,11 +487,6 @@ def test_identity_places(coms_dir: Path) -> None:  # W1, W2, W3
     )
     again = resolve_identity(root, "proj.x", "user-remote", cwd="/c", pid=42, now=now)
     assert again.session_id != ident.session_id
-
-
-def test_default_coms_dir() -> None:  # W1
-    assert default_coms_dir({"PI_COMS_DIR": "/x/y"}) == Path("/x/y")
-    assert default_coms_dir({}) == Path.home() / ".pi" / "coms"
 
 
 @pytest.mark.parametrize("project", ["", ".", "a/b", "a\\b", "a..b", "..", "-a", ".hidden", "a b"])

@@ -208,3 +208,16 @@ def test_log_record_omits_absent_detail() -> None:
     # C20
     rec = LogRecord(at="2026-11-30T12:00:00.000Z", qid=QID, event="timeout", detail={"timeout_ms": 5})
     assert rec.to_line().endswith('"event":"timeout","detail":{"timeout_ms":5}}\n')
+
+
+def test_prompt_descriptive_fields_are_taken_as_they_come() -> None:
+    # W18: only msg_id, prompt, sender_endpoint and hops are checked
+    env = PromptEnvelope.model_validate(
+        {
+            "type": "prompt", "msg_id": QID, "prompt": "hi", "sender_endpoint": "/s", "hops": 0,
+            "sender_name": None, "sender_cwd": 7, "timestamp": None,
+            "reply_timeout_ms": "30000", "conversation_id": 12, "response_schema": [1],
+        }
+    )  # fmt: skip
+    assert (env.sender_name, env.sender_cwd, env.timestamp) == ("", "7", "")
+    assert env.reply_timeout_ms == "30000" and env.conversation_id == 12

@@ -1,0 +1,63 @@
+"""The command line and environment (C16, W1, W4; the TypeScript daemon's flags)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.config import UsageError, parse_config
+
+ENV = {"HOME": "/home/op"}
+
+
+def test_defaults() -> None:
+    config = parse_config([], ENV)
+    assert (config.name, config.project, config.target) == ("user-remote", "default", "telegram")
+    assert config.hermes_profile is None
+    assert (config.timeout_ms, config.poll_ms, config.send_timeout_ms) == (1_800_000, 1000, 60_000)
+    assert config.coms_dir == Path("/home/op/.pi/coms")  # W1
+    bridge = Path("/home/op/.pi/coms/hermes-bridge")  # W4: from HOME, not PI_COMS_DIR
+    assert config.questions_dir == bridge / "questions"
+    assert config.log_path == bridge / "log.ndjson"
+    assert config.state_path == bridge / "state.sqlite3"
+
+
+def test_environment() -> None:
+    config = parse_config([], {**ENV, "PI_COMS_DIR": "/srv/coms", "PI_COMS_TIMEOUT_MS": "250"})
+    assert config.coms_dir == Path("/srv/coms")  # W1
+    assert config.questions_dir == Path("/home/op/.pi/coms/hermes-bridge/questions")  # W4
+    assert config.timeout_ms == 250  # C16
+
+
+def test_every_flag() -> None:
+    config = parse_config(
+        [
+            "--name", "remote-b", "--project", "p.1", "--to", "telegram:-100:7",
+            "--hermes-profile", "ops", "--timeout", "5000", "--poll-ms", "250",
+            "--questions-dir", "/var/q/answers", "--send-timeout", "9000",
+        ],
+        {**ENV, "PI_COMS_TIMEOUT_MS": "250"},
+    )  # fmt: skip
+    assert (config.name, config.project, config.target) == ("remote-b", "p.1", "telegram:-100:7")
+    assert (config.hermes_profile, config.timeout_ms) == ("ops", 5000)  # C16: flag wins
+    assert (config.poll_ms, config.send_timeout_ms) == (250, 9000)
+    assert config.log_path == Path("/var/q/log.ndjson")  # C20: beside the questions directory
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--to", "a", "--to", "b"], "--to may only be specified once"),
+        (["--to", " "], "--to must not be empty"),
+        (["--timeout", "-5"], "--timeout must be a positive number"),
+        (["--timeout", "nan"], "--timeout must be a positive number"),
+        (["--poll-ms", "0"], "--poll-ms must be a positive number"),
+        (["--hermes-profile", "a b"], "--hermes-profile must be a safe profile name: 'a b'"),
+        (["extra"], "unrecognized arguments: extra"),
+    ],
+)
+def test_bad_values(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_config(argv, ENV)
+    assert str(caught.value) == message
