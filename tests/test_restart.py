@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.bridge_process import Bridge
+from actors.store import Store
+from messages.commands import FileSignature, QuestionSpec, SendResponse
+from messages.contract import parse_prompt
+from messages.wire import PromptEnvelope
+from tests.bridge_process import Bridge, new_qid
 from tests.fakes import wait_for
 
 
@@ -115,3 +121,33 @@ def test_asker_gone_after_restart_is_logged_and_the_question_closed(bridge: Brid
     assert bridge.ping()["agent_card"]["queue_depth"] == 0
     assert bridge.events(qid) == ["question_received", "delivered", "answered", "response_failed"]
     assert any(f"could not deliver response for {qid}" in line for line in bridge.stderr_lines)
+
+
+def test_crash_between_closing_and_responding_loses_nothing(bridge: Bridge) -> None:
+    # The state a SIGKILL leaves if it lands after the answer was stored but before
+    # the asker had it and before the file was removed: seeded into the store here,
+    # since no test can aim a kill at that microsecond.
+    qid = new_qid()
+    prompt = PromptEnvelope.model_validate(bridge.asker.prompt_envelope("Seeded?", qid))
+    spec = QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, time.time() + 60)
+    path = bridge.answer(qid, "kept")
+    st = os.stat(path)
+    owed = SendResponse(prompt, {"kind": "freeform", "text": "kept"})
+    store = Store.open(bridge.bridge_dir / "state.sqlite3")
+    store.put_open(spec, owner="q")
+    store.close(qid, "answered", owner="q", response=owed,
+                answer_file=(path.name, FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)))
+    store.shutdown()
+
+    bridge.start()
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "kept"}
+    wait_for(lambda: not path.exists(), what="the used file removed")
+    # the used file is not a late answer, and no note goes to the human
+    assert "late_answer" not in bridge.events(qid)
+    assert bridge.hermes.calls() == []
+    # and the response is owed no more: a second restart does not send it again
+    assert bridge.signal(signal.SIGTERM) == 0
+    bridge.start()
+    bridge.asker.no_response()
+    assert json.loads(bridge.entry_path().read_text())["name"] == "user-remote"
