@@ -10,6 +10,7 @@ import queue
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -273,6 +274,14 @@ class Bridge:
             return None
 
         return wait_for(found, timeout, f"log event {event} for {qid}")
+
+    def owed(self) -> int:
+        """Responses the daemon has decided but not yet seen acked (its outbox)."""
+        path = self.bridge_dir / "state.sqlite3"
+        if not path.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return int(db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
     def events(self, qid: str) -> list[str]:
         return [r["event"] for r in self.log_records() if r["qid"] == qid]

@@ -84,6 +84,9 @@ def test_answered_question_stays_closed_after_restart(bridge: Bridge) -> None:
     bridge.answer(qid, "first")
     assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "first"}
     bridge.wait_log("answered", qid)
+    # the daemon records the asker's ack a moment after the asker sent it; a kill
+    # before that would (rightly) resend the response after the restart
+    wait_for(lambda: bridge.owed() == 0, what="the response recorded as sent")
     crash(bridge)
     bridge.start()
     path = bridge.answer(qid, "second")
@@ -147,6 +150,7 @@ def test_crash_between_closing_and_responding_loses_nothing(bridge: Bridge) -> N
     assert "late_answer" not in bridge.events(qid)
     assert bridge.hermes.calls() == []
     # and the response is owed no more: a second restart does not send it again
+    wait_for(lambda: bridge.owed() == 0, what="the response recorded as sent")
     assert bridge.signal(signal.SIGTERM) == 0
     bridge.start()
     bridge.asker.no_response()
