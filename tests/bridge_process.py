@@ -22,7 +22,7 @@ from typing import Any
 
 from ulid import ULID
 
-from tests.fakes import wait_for
+from tests.fakes import read_line, wait_for
 from tests.hermes_fake import FakeHermes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,12 +39,7 @@ def request(endpoint: str | Path, message: dict[str, Any] | bytes, timeout: floa
         s.settimeout(timeout)
         s.connect(str(endpoint))
         s.sendall(line)
-        buf = b""
-        while b"\n" not in buf:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
+        buf = read_line(s)
     return json.loads(buf.split(b"\n", 1)[0]) if buf.strip() else None
 
 
@@ -68,12 +63,7 @@ class Asker:
             except OSError:
                 return
             with conn:
-                buf = b""
-                while b"\n" not in buf:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    buf += chunk
+                buf = read_line(conn)
                 if not buf.strip():
                     continue
                 env = json.loads(buf.split(b"\n", 1)[0])

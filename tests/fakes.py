@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -66,3 +67,14 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+def read_line(conn: socket.socket) -> bytes:
+    """Bytes up to and including the first newline, or all there was before EOF."""
+    buf = b""
+    while b"\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf

@@ -41,7 +41,7 @@ from messages.commands import (
 )
 from messages.contract import iso
 from messages.wire import PromptEnvelope, RegistryEntry
-from tests.fakes import FakeRef, wait_for
+from tests.fakes import FakeRef, read_line, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -120,13 +120,7 @@ class FakeAsker:
         conn, _ = self._server.accept()
         with conn:
             conn.settimeout(5)
-            data = b""
-            while b"\n" not in data:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            self.lines.append(data)
+            self.lines.append(read_line(conn))
             self.got.set()
             if self._reply is not None:
                 conn.sendall(self._reply)
