@@ -4,7 +4,7 @@ set positional-arguments
 
 # Launch the daemon (the user-remote coms peer); flags go to coms-hermes-bridge.
 run *args: venv
-    exec .venv/bin/coms-hermes-bridge "$@"
+    @exec .venv/bin/coms-hermes-bridge "$@"
 
 # Run the whole test suite.
 test *args: venv
@@ -17,4 +17,4 @@ check: venv
 
 # Make or refresh the project's virtual environment.
 venv:
-    scripts/ensure-venv
+    @scripts/ensure-venv
