@@ -100,6 +100,10 @@ class Child(pykka.ThreadingActor):
         try:
             self.begin()
         except Exception as exc:
+            # Dead first (as pykka does before on_failure), so nothing told from
+            # now on is accepted into a mailbox that is about to be dropped.
+            pykka.ActorRegistry.unregister(self.actor_ref)
+            self.actor_stopped.set()
             try:
                 self.release()
             finally:

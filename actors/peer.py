@@ -13,6 +13,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -243,8 +244,14 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
     return server
 
 
-def deliver_response(endpoint: str, line: bytes, timeout: float) -> str | None:
-    """Send one envelope line and read the reply (W15); the failure reason, or None on ack."""
+def deliver_response(endpoint: str, line: bytes, timeout: float) -> tuple[str | None, bool]:
+    """Send one envelope line and read the reply (W15).
+
+    Returns the failure reason (None on ack) and whether the outcome is final:
+    an ack, a nack, or a refused or missing socket (W15: the asker is gone).
+    A timeout, a full backlog or a dropped connection may pass, so they are
+    worth another try.
+    """
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
@@ -257,21 +264,23 @@ def deliver_response(endpoint: str, line: bytes, timeout: float) -> str | None:
                     break
                 reply += chunk
     except TimeoutError:
-        return "timed out"
+        return "timed out", False
+    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError) as exc:
+        return str(exc) or type(exc).__name__, True
     except (OSError, ValueError) as exc:
-        return str(exc) or type(exc).__name__
+        return str(exc) or type(exc).__name__, False
     text = reply.partition(b"\n")[0].decode("utf-8", "replace")
     if not text.strip():
-        return "connection closed without a reply"
+        return "connection closed without a reply", False
     try:
         body = json.loads(text)
     except ValueError:
-        return f"unexpected reply: {text[:200]}"
+        return f"unexpected reply: {text[:200]}", True
     if isinstance(body, dict) and body.get("type") == "ack":
-        return None
+        return None, True
     if isinstance(body, dict) and body.get("type") == "nack":
-        return f"nack: {body.get('error')}"
-    return f"unexpected reply: {text[:200]}"
+        return f"nack: {body.get('error')}", True
+    return f"unexpected reply: {text[:200]}", True
 
 
 class PeerActor(Child):
@@ -285,12 +294,13 @@ class PeerActor(Child):
         questions: Address,
         queue_depth: Callable[[], int],
         admit: Callable[[PromptEnvelope], None] | None = None,
-        settled: Callable[[str], None] | None = None,
+        settled: Callable[[str, str | None], None] | None = None,
         logger: Address | None = None,
         name: str = "peer",
         purpose: str = "Remote human via Hermes/Telegram",
         heartbeat_s: float = 30.0,
         response_timeout_s: float = 10.0,
+        retry_pauses_s: tuple[float, ...] = (2.0, 10.0),
     ) -> None:
         super().__init__(name, supervisor)
         self.identity = identity
@@ -302,6 +312,7 @@ class PeerActor(Child):
         self.purpose = purpose
         self.heartbeat_s = heartbeat_s
         self.response_timeout_s = response_timeout_s
+        self.retry_pauses_s = retry_pauses_s
         self._last_depth = 0
         self._listener: Listener | None = None
         self._bound = False
@@ -350,8 +361,8 @@ class PeerActor(Child):
             case Heartbeat(queue_depth=depth):
                 self._last_depth = depth
                 self._publish(depth)
-            case SendResponse(prompt=prompt, response=response, error=error):
-                self._send_response(prompt, response, error)
+            case SendResponse(prompt=prompt, response=response, error=error, owner=owner):
+                self._send_response(prompt, response, error, owner)
             case _:
                 raise UnknownMessage(self.child_name, message)
         return None
@@ -411,6 +422,15 @@ class PeerActor(Child):
             except Exception:  # the actor is gone; so is our reason to beat
                 return
 
+    def _settle(self, qid: str, owner: str | None) -> None:
+        """The response is no longer owed: take it out of the durable outbox."""
+        if self.settled is None:
+            return
+        try:
+            self.settled(qid, owner)
+        except Exception as exc:
+            report(f"could not record the response for {qid} as sent: {exc!r}")
+
     def _undelivered(self, qid: str, reason: str) -> None:
         """The asker is gone: say so on stderr and in the bridge log; the question stays closed."""
         report(f"could not deliver response for {qid}: {reason}")
@@ -420,7 +440,9 @@ class PeerActor(Child):
             )
             self.logger.tell(LogEvent(record))
 
-    def _send_response(self, prompt: PromptEnvelope, response: Any, error: str | None) -> None:
+    def _send_response(
+        self, prompt: PromptEnvelope, response: Any, error: str | None, owner: str | None
+    ) -> None:
         """W15, in a short-lived thread: an asker's socket must never stall our mailbox."""
         try:
             envelope = ResponseEnvelope(
@@ -434,26 +456,28 @@ class PeerActor(Child):
             )
             line = envelope.to_line()
         except Exception as exc:  # it will never serialise: do not owe it forever
-            report(f"could not deliver response for {prompt.msg_id}: {exc!r}")
-            if self.settled is not None:
-                self.settled(prompt.msg_id)
+            self._undelivered(prompt.msg_id, repr(exc))
+            self._settle(prompt.msg_id, owner)
             return
         qid = prompt.msg_id
         endpoint = prompt.sender_endpoint
         timeout = self.response_timeout_s
 
         def send() -> None:
-            try:
-                reason = deliver_response(endpoint, line, timeout)
-            except Exception as exc:
-                reason = repr(exc)
+            reason: str | None = None
+            # Not tied to this actor's life: a restarted Peer must not drop a
+            # response mid-retry. A process exit ends it; the outbox keeps it.
+            for pause in (0.0, *self.retry_pauses_s):
+                time.sleep(pause)
+                try:
+                    reason, final = deliver_response(endpoint, line, timeout)
+                except Exception as exc:
+                    reason, final = repr(exc), True
+                if final:
+                    break
             if reason is not None:
                 self._undelivered(qid, reason)
-            if self.settled is not None:  # answered, or the asker is gone for good
-                try:
-                    self.settled(qid)
-                except Exception as exc:
-                    report(f"could not record the response for {qid} as sent: {exc!r}")
+            self._settle(qid, owner)  # answered, or the asker is gone for good
 
         try:
             threading.Thread(target=send, name=f"peer-response-{qid}", daemon=True).start()

@@ -86,7 +86,8 @@ class QuestionActor(Child):
         # The Supervisor requests the question's delivery itself, in arrival
         # order; the question's threads start in no particular order.
         if self.state is None:
-            self._move("question_received", {"from": self.spec.prompt.sender_name})
+            if not self._move("question_received", {"from": self.spec.prompt.sender_name}):
+                return
         elif not self._is_open():
             # crashed after reaching its end but before reporting it: finish the job
             self._close()
@@ -115,41 +116,40 @@ class QuestionActor(Child):
                     self._move("delivered", {"to": self.target})
             case DeliveryFailed(error=error):
                 if self.state == "pending":
-                    owed = SendResponse(self.spec.prompt, None, error)
-                    self._move("delivery_error", {"error": error}, owed=owed)
-                    self.peer.tell(owed)
-                    self._close()
+                    owed = self._owed(None, error)
+                    if self._move("delivery_error", {"error": error}, owed=owed):
+                        self.peer.tell(owed)
+                        self._close()
             case AnswerArrived(answer=answer, name=name, signature=signature):
                 if self._is_open():
                     mapped = map_answer(answer.answer, self.spec.parsed.options)
-                    owed = SendResponse(self.spec.prompt, mapped.model_dump(mode="json"))
-                    self._move(
+                    owed = self._owed(mapped.model_dump(mode="json"), None)
+                    if self._move(
                         "answered",
                         {"answered_by": answer.answered_by},
                         owed=owed,
                         answer_file=(name, signature),
-                    )
-                    self.peer.tell(owed)
-                    self.watcher.tell(RemoveAnswerFile(name, signature))
-                    self._close()
+                    ):
+                        self.peer.tell(owed)
+                        self.watcher.tell(RemoveAnswerFile(name, signature))
+                        self._close()
                 elif self.state is not None:
                     # closed between the Supervisor's look and ours: a late answer (C15)
                     late = Late(self.qid, self.state)
                     self.watcher.tell(DisposeAnswerFile(name, signature, late))
             case CancelRequested():
-                if self._is_open():
-                    self._move("cancelled", {"reason": "cancel envelope"})
+                if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"}):
                     self.delivery.tell(SendText(self.qid, cancel_note(self.qid), "cancel_note"))
                     self._close()
             case TimedOut():
                 if self._is_open():
                     ms = self.spec.timeout_ms
-                    owed = SendResponse(self.spec.prompt, None, timeout_error(ms))
-                    self._move("timeout", {"timeout_ms": ms}, owed=owed)
-                    note = timeout_note(self.qid, ms)
-                    self.delivery.tell(SendText(self.qid, note, "timeout_note"))
-                    self.peer.tell(owed)
-                    self._close()
+                    owed = self._owed(None, timeout_error(ms))
+                    if self._move("timeout", {"timeout_ms": ms}, owed=owed):
+                        note = timeout_note(self.qid, ms)
+                        self.delivery.tell(SendText(self.qid, note, "timeout_note"))
+                        self.peer.tell(owed)
+                        self._close()
             case _:
                 raise UnknownMessage(self.child_name, message)
 
@@ -165,7 +165,7 @@ class QuestionActor(Child):
         *,
         owed: SendResponse | None = None,
         answer_file: tuple[str, FileSignature] | None = None,
-    ) -> None:
+    ) -> bool:
         """Apply a C19 transition, make it durable, log it (C20) and report it.
 
         The store is written synchronously and first, so that an effect that
@@ -173,21 +173,29 @@ class QuestionActor(Child):
         response the asker is `owed` is stored with the closing state, so a
         crash before it is handed over resends it instead of losing it.
         """
-        self.state = transition(self.state, event)
+        state = transition(self.state, event)
         if self.store is not None:
-            if self.state in ("pending", "delivered"):
-                self.store.set_state(self.qid, self.state, owner=self.child_name)
+            if state == "pending" or state == "delivered":
+                owned = self.store.set_state(self.qid, state, owner=self.child_name)
             else:
-                self.store.close(
-                    self.qid,
-                    self.state,
-                    owner=self.child_name,
-                    response=owed,
-                    answer_file=answer_file,
+                owned = self.store.close(
+                    self.qid, state, owner=self.child_name, response=owed, answer_file=answer_file
                 )
+            if not owned:
+                # A repeated qid replaced this question: the qid is its successor's
+                # now, so this one must do nothing more in its name.
+                self.release()
+                self.stop()
+                return False
+        self.state = state
         self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
         if self.state is not None:
             self.supervisor.tell(StateReported(self.qid, self.state, self.child_name))
+        return True
+
+    def _owed(self, response: Any, error: str | None) -> SendResponse:
+        """The response the asker is owed, tagged with who owes it (for the outbox)."""
+        return SendResponse(self.spec.prompt, response, error, self.child_name)
 
     def _close(self) -> None:
         self.release()

@@ -27,7 +27,7 @@ from messages.commands import FileSignature, QuestionSpec, SendResponse
 from messages.model import ParsedPrompt, State
 from messages.wire import PromptEnvelope, dumps
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CLOSED_MEMORY = 1000
 
 _STATES: frozenset[str] = frozenset(get_args(State))
@@ -53,13 +53,41 @@ CREATE TABLE IF NOT EXISTS closed_questions (
     answer_file TEXT
 );
 CREATE TABLE IF NOT EXISTS outbox (
-    qid TEXT PRIMARY KEY,
+    qid TEXT NOT NULL,
+    owner TEXT NOT NULL,
     prompt TEXT NOT NULL,
     response TEXT NOT NULL,
     error TEXT,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (qid, owner)
+);
+"""
+
+# Version 1 had no owners, no outbox and no memory of the answer file used;
+# a version-1 file is brought up to date in place rather than moved aside.
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS open_questions (
+    qid TEXT PRIMARY KEY,
+    prompt TEXT NOT NULL,
+    parsed TEXT NOT NULL,
+    timeout_ms REAL NOT NULL,
+    deadline REAL NOT NULL,
+    state TEXT,
+    seq INTEGER
+);
+CREATE TABLE IF NOT EXISTS closed_questions (
+    qid TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
     seq INTEGER NOT NULL
 );
 """
+_MIGRATIONS = {
+    1: (
+        "ALTER TABLE open_questions ADD COLUMN owner TEXT",
+        "ALTER TABLE closed_questions ADD COLUMN answer_file TEXT",
+    ),
+}
 
 
 class StoreClosedError(RuntimeError):
@@ -77,11 +105,11 @@ def _table_shapes(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
     return {name: conn.execute(f'PRAGMA table_info("{name}")').fetchall() for name in names}
 
 
-def _expected_shapes() -> dict[str, list[tuple[Any, ...]]]:
-    # Derived from _SCHEMA itself so the check can never drift from what we create.
+def _expected_shapes(version: int = SCHEMA_VERSION) -> dict[str, list[tuple[Any, ...]]]:
+    # Derived from the schema text itself so the check can never drift from what we create.
     conn = sqlite3.connect(":memory:")
     try:
-        conn.executescript(_SCHEMA)
+        conn.executescript(_SCHEMA if version == SCHEMA_VERSION else _SCHEMA_V1)
         return _table_shapes(conn)
     finally:
         conn.close()
@@ -121,9 +149,9 @@ def _problem(path: Path) -> str | None:
             return f"unknown schema version {found[0]!r}"
         if version > SCHEMA_VERSION:
             return f"schema version {version} is newer than this bridge's {SCHEMA_VERSION}"
-        if version != SCHEMA_VERSION:
+        if version != SCHEMA_VERSION and version not in _MIGRATIONS:
             return f"unknown schema version {version}"
-        if shapes != _expected_shapes():
+        if shapes != _expected_shapes(version):
             return "its tables do not match the schema"
         return None
     except sqlite3.Error as exc:
@@ -250,21 +278,24 @@ class Store:
             )
             conn.execute("DELETE FROM closed_questions WHERE qid = ?", (spec.qid,))
 
-    def set_state(self, qid: str, state: State, owner: str | None = None) -> None:
+    def set_state(self, qid: str, state: State, owner: str | None = None) -> bool:
         """Remember how far a question got, so a restart resumes it there.
 
         No row means the question was already closed; reviving it would be wrong.
         With `owner`, only that actor's row is touched: a question replaced by a
-        repeated qid must not overwrite its successor.
+        repeated qid must not overwrite its successor. False when nothing changed.
         """
         with self._transaction() as conn:
             if owner is None:
-                conn.execute("UPDATE open_questions SET state = ? WHERE qid = ?", (state, qid))
+                done = conn.execute(
+                    "UPDATE open_questions SET state = ? WHERE qid = ?", (state, qid)
+                )
             else:
-                conn.execute(
+                done = conn.execute(
                     "UPDATE open_questions SET state = ? WHERE qid = ? AND owner = ?",
                     (state, qid, owner),
                 )
+            return done.rowcount > 0
 
     def close(
         self,
@@ -295,14 +326,20 @@ class Store:
                 row = conn.execute(
                     "SELECT owner FROM open_questions WHERE qid = ?", (qid,)
                 ).fetchone()
-                if row is not None and row[0] != owner:
+                if row is None or row[0] != owner:  # closed already, or someone else's now
                     return False
             conn.execute("DELETE FROM open_questions WHERE qid = ?", (qid,))
             if response is not None:
                 conn.execute(
-                    "INSERT OR REPLACE INTO outbox (qid, prompt, response, error, seq)"
-                    " VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM outbox))",
-                    (qid, response.prompt.to_json(), dumps(response.response), response.error),
+                    "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
+                    " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM outbox))",
+                    (
+                        qid,
+                        owner or "",
+                        response.prompt.to_json(),
+                        dumps(response.response),
+                        response.error,
+                    ),
                 )
             if state is None:
                 return True
@@ -322,22 +359,28 @@ class Store:
             )
         return True
 
-    def sent(self, qid: str) -> None:
-        """The asker was answered (or is gone for good): the response leaves the outbox."""
+    def sent(self, qid: str, owner: str | None = None) -> None:
+        """The asker was answered (or is gone for good): the response leaves the outbox.
+
+        Keyed by owner too, so a response settled late for an old question with
+        the same qid cannot clear the one a newer question owes.
+        """
         with self._transaction() as conn:
-            conn.execute("DELETE FROM outbox WHERE qid = ?", (qid,))
+            conn.execute(
+                "DELETE FROM outbox WHERE qid = ? AND owner = ?", (qid, owner or "")
+            )
 
     def outbox(self) -> list[SendResponse]:
         """Responses decided but not yet handed to their askers, oldest first."""
         with self._transaction() as conn:
             rows = conn.execute(
-                "SELECT qid, prompt, response, error FROM outbox ORDER BY seq"
+                "SELECT qid, owner, prompt, response, error FROM outbox ORDER BY seq"
             ).fetchall()
         owed: list[SendResponse] = []
-        for qid, prompt, response, error in rows:
+        for qid, owner, prompt, response, error in rows:
             try:
                 envelope = PromptEnvelope.model_validate(json.loads(prompt))
-                owed.append(SendResponse(envelope, json.loads(response), error))
+                owed.append(SendResponse(envelope, json.loads(response), error, owner or None))
             except (ValueError, TypeError) as exc:
                 report(f"state database {self.path}: dropped a response owed for {qid!r}: {exc}")
         return owed
@@ -418,11 +461,19 @@ def _connect(path: Path) -> sqlite3.Connection:
             report(f"state database {path}: WAL mode unavailable (journal mode {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("BEGIN IMMEDIATE")
+        found = None
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            found = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(found[0]) if found else SCHEMA_VERSION
+        while version in _MIGRATIONS:  # one step at a time, all in this transaction
+            for statement in _MIGRATIONS[version]:
+                conn.execute(statement)
+            version += 1
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
         conn.execute(
-            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),
         )
         conn.commit()

@@ -299,8 +299,14 @@ class Supervisor(pykka.ThreadingActor):
         question = OpenQuestion(spec, Slot(child), child)
         if self.store is not None:  # the row exists before delivery is requested
             self.store.put_open(spec, owner=child)
+        try:
+            question.slot.bind(self._spawn_question(question))
+        except Exception:
+            # no actor, no question: the asker is nacked, so nothing may linger
+            if self.store is not None:
+                self.store.close(spec.qid, None, owner=child)
+            raise
         self.open[spec.qid] = question
-        question.slot.bind(self._spawn_question(question))
         return question
 
     def _spawn_question(self, question: OpenQuestion) -> pykka.ActorRef[Any]:

@@ -41,7 +41,7 @@ from messages.commands import (
 from messages.contract import Late, Rejected, grace_ms, late_note, log_record, qid_of_name
 from messages.model import Event
 
-_WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO
+_WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
 # The helper blocks in read() at most this long, so release() is never slow.
 _READ_TIMEOUT_MS = 100
 _READ_ATTEMPTS = 3
@@ -129,8 +129,8 @@ class WatcherActor(Child):
                     if not self._rescan_queued.is_set():
                         self._rescan_queued.set()
                         self.actor_ref.tell(Rescan())
-                if any(e.mask & flags.IGNORED for e in events):
-                    raise OSError("the questions directory went away")
+                if any(e.mask & (flags.IGNORED | flags.MOVE_SELF) for e in events):
+                    raise OSError("the questions directory was removed or moved")
         except Exception as exc:
             if not self._halt.is_set():
                 # Without this thread no answer would ever be noticed again: make

@@ -145,11 +145,16 @@ class DeliveryFailed:
 
 @dataclass(frozen=True, slots=True)
 class SendResponse:
-    """Send the asker of `prompt` a response envelope (W15), in the background."""
+    """Send the asker of `prompt` a response envelope (W15), in the background.
+
+    `owner` names the question actor that owes it, which is how the durable
+    outbox knows which row to clear once the asker has it.
+    """
 
     prompt: PromptEnvelope
     response: JsonValue
     error: str | None = None
+    owner: str | None = None
 
 
 # -- answer files -------------------------------------------------------------

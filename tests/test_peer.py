@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -414,10 +415,18 @@ def test_response_nacked_by_the_asker_is_reported(
 def test_response_to_a_silent_asker_times_out(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W15
+    # a timeout may pass: retried, then given up, reported and settled once
     asker = FakeAsker(identity.coms_dir / "asker.sock", None)
+    settled: list[tuple[str, str | None]] = []
     try:
-        ref = start(identity, response_timeout_s=0.1)
-        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes"))
+        ref = start(
+            identity,
+            response_timeout_s=0.1,
+            retry_pauses_s=(0.05, 0.05),
+            settled=lambda qid, owner: settled.append((qid, owner)),
+        )
+        started = time.monotonic()
+        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes", owner="question:q:1"))
         seen: list[str] = []
 
         def reported() -> bool:
@@ -425,8 +434,30 @@ def test_response_to_a_silent_asker_times_out(
             return "timed out" in "".join(seen)
 
         wait_for(reported, what="timeout report")
+        assert time.monotonic() - started >= 0.3  # three tries of 0.1 s each
+        wait_for(lambda: settled, what="settled")
+        assert settled == [(QID, "question:q:1")]
     finally:
         asker.close()
+
+
+def test_settled_once_acked_or_refused(identity: PeerIdentity) -> None:  # W15
+    # restart safety: the outbox is cleared only once the asker took it or is gone
+    settled: list[tuple[str, str | None]] = []
+    ref = start(identity, settled=lambda qid, owner: settled.append((qid, owner)),
+                retry_pauses_s=(30.0,))
+    wait_for(identity.entry_path.exists)
+    asker = FakeAsker(identity.coms_dir / "asker.sock", f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode())
+    try:
+        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes", owner="question:q:1"))
+        wait_for(lambda: settled, what="settled after the ack")
+        assert settled == [(QID, "question:q:1")]
+    finally:
+        asker.close()
+    # refused: final at once, no retry after the 30 s pause
+    ref.tell(SendResponse(prompt_to(str(identity.coms_dir / "gone.sock")), "yes", owner="q2"))
+    wait_for(lambda: len(settled) == 2, timeout=3, what="settled after a refusal")
+    assert settled[1] == (QID, "q2")
 
 
 # -- supervision --------------------------------------------------------------

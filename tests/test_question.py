@@ -136,7 +136,7 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(start: Any) -> 
     rig.slot.tell(DeliveryFailed(QID, "hermes send failed (3): chat not found"))
     assert rig.events(2)[1] == ("delivery_error", {"error": "hermes send failed (3): chat not found"})
     assert rig.peer.expect(SendResponse) == SendResponse(
-        PROMPT, None, "hermes send failed (3): chat not found"
+        PROMPT, None, "hermes send failed (3): chat not found", "question:x:1"
     )
     assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
     wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
@@ -162,7 +162,7 @@ def test_answer_closes_the_question(
     rig.slot.tell(answer(text))
     events = rig.events(3 if delivered else 2)
     assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
-    assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None)
+    assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None, "question:x:1")
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
     assert rig.supervisor.expect(QuestionClosed).state == "answered"
     wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
@@ -195,7 +195,7 @@ def test_timer_expiry(start: Any, delivered: bool) -> None:
     assert note.purpose == "timeout_note"
     assert note.text == f"⌛ [HUB-Q:{QID}] The question timed out after 250ms."
     assert rig.peer.expect(SendResponse) == SendResponse(
-        PROMPT, None, "no remote answer within 250ms"
+        PROMPT, None, "no remote answer within 250ms", "question:x:1"
     )
     assert rig.supervisor.expect(QuestionClosed).state == "timeout"
 
@@ -240,17 +240,57 @@ def test_unknown_message_crashes_loudly_to_the_supervisor(start: Any) -> None:
     assert failed.unread == (Delivered(QID),)
 
 
-def test_answer_is_durable_before_the_response_goes_out(start: Any, tmp_path: Any) -> None:
-    # restart safety: the closed state, the owed response and the used file are stored first
+class SnapshotPeer(FakeRef):
+    """A Peer that notes what the store's outbox held at the moment it was told."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__("peer")
+        self.store = store
+        self.outbox_when_told: list[list[SendResponse]] = []
+
+    def tell(self, message: Any) -> None:
+        self.outbox_when_told.append(self.store.outbox())
+        super().tell(message)
+
+
+@pytest.mark.parametrize("ending", ["answered", "timeout", "delivery_error"])
+def test_the_owed_response_is_durable_before_the_peer_is_told(
+    start: Any, tmp_path: Any, ending: str
+) -> None:
+    # restart safety: the closing state and the owed response are stored first
+    store = Store.open(tmp_path / "state.sqlite3")
+    rig = start(store=store, timeout_s=0.3 if ending == "timeout" else 60)
+    peer = SnapshotPeer(store)
+    rig.ref.proxy().peer = peer  # white-box: swap in the snapshotting collaborator
+    if ending == "answered":
+        rig.slot.tell(Delivered(QID))
+        rig.slot.tell(answer("stop"))
+    elif ending == "delivery_error":
+        rig.slot.tell(DeliveryFailed(QID, "hermes send failed (1)"))
+    sent = peer.expect(SendResponse)
+    assert sent.owner == "question:x:1"
+    assert peer.outbox_when_told == [[sent]]
+    closed = [] if ending == "delivery_error" else [(QID, ending)]
+    assert store.load() == ([], closed)
+    if ending == "answered":
+        assert store.consumed() == {QID: (f"{QID}.answer.json", SIG)}
+    store.shutdown()
+
+
+def test_a_replaced_question_does_nothing_more(start: Any, tmp_path: Any) -> None:
+    # a repeated qid gave the row to a successor: the old actor's timer must not
+    # log, note, answer or close anything in the qid's name
     store = Store.open(tmp_path / "state.sqlite3")
     rig = start(store=store)
-    rig.slot.tell(Delivered(QID))
-    wait_for(lambda: store.load()[0] and store.load()[0][0].state == "delivered", what="delivered")
-    rig.slot.tell(answer("stop"))
-    sent = rig.peer.expect(SendResponse)
-    assert store.load() == ([], [(QID, "answered")])
-    assert store.outbox() == [sent]
-    assert store.consumed() == {QID: (f"{QID}.answer.json", SIG)}
+    rig.events(1)
+    successor = QuestionSpec(QID, PROMPT, parse_prompt(PROMPT), 60_000, time.time() + 60)
+    store.put_open(successor, owner="question:x:2")
+    rig.slot.tell(TimedOut())
+    wait_for(lambda: not rig.ref.is_alive(), what="the replaced actor stops")
+    rig.logger.quiet()
+    rig.peer.quiet(0)
+    rig.delivery.quiet(0)
+    assert [s.qid for s in store.load()[0]] == [QID] and store.outbox() == []
     store.shutdown()
 
 

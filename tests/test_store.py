@@ -299,14 +299,16 @@ def test_writes_survive_a_killed_process(path: Path) -> None:
 
 def test_owed_response_survives_until_sent(store: Store) -> None:
     # a response decided before a crash is resent after it, not lost
-    owed = SendResponse(spec().prompt, {"kind": "freeform", "text": "yes \ud800"}, None)
+    owed = SendResponse(spec().prompt, {"kind": "freeform", "text": "yes \ud800"}, None, "q1")
     store.put_open(spec(), owner="q1")
     assert store.close(QID, "answered", owner="q1", response=owed)
     store.shutdown()
     again = Store.open(store.path)
     try:
         assert again.outbox() == [owed]
-        again.sent(QID)
+        again.sent(QID, "someone else")  # not that question's: stays owed
+        assert again.outbox() == [owed]
+        again.sent(QID, "q1")
         assert again.outbox() == []
     finally:
         again.shutdown()
@@ -341,3 +343,49 @@ def test_rows_are_guarded_by_owner(store: Store) -> None:
     store.set_state(QID, "delivered", owner="new")
     assert store.close(QID, "answered", owner="new")
     assert store.load() == ([], [(QID, "answered")])
+
+
+def test_close_of_a_row_that_is_gone_is_refused_with_an_owner(store: Store) -> None:
+    # a stale actor closing after its successor already did must not write over it
+    store.put_open(spec(), owner="new")
+    assert store.close(QID, None, owner="new")
+    assert not store.close(QID, "timeout", owner="old")
+    assert store.load() == ([], [])
+    assert not store.set_state(QID, "delivered", owner="old")
+
+
+V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE open_questions (qid TEXT PRIMARY KEY, prompt TEXT NOT NULL, parsed TEXT NOT NULL,
+    timeout_ms REAL NOT NULL, deadline REAL NOT NULL, state TEXT, seq INTEGER);
+CREATE TABLE closed_questions (qid TEXT PRIMARY KEY, state TEXT NOT NULL, seq INTEGER NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1');
+"""
+
+
+def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the schema is versioned: an older file is brought up to date, not moved aside
+    path.parent.mkdir(parents=True)
+    old = spec(state="delivered")
+    conn = sqlite3.connect(path)
+    conn.executescript(V1)
+    conn.execute(
+        "INSERT INTO open_questions VALUES (?, ?, ?, ?, ?, ?, 1)",
+        (QID, old.prompt.to_json(), json.dumps(old.parsed.model_dump(mode="json")),
+         old.timeout_ms, old.deadline, "delivered"),
+    )
+    conn.execute("INSERT INTO closed_questions VALUES (?, 'answered', 1)", (QID2,))
+    conn.commit()
+    conn.close()
+    store = Store.open(path)
+    try:
+        specs, closed = store.load()
+        assert [(s.qid, s.state) for s in specs] == [(QID, "delivered")]
+        assert closed == [(QID2, "answered")]
+        assert store.outbox() == [] and store.consumed() == {}
+        assert capsys.readouterr().err == ""  # nothing moved aside
+        assert not list(path.parent.glob("*.corrupt-*"))
+    finally:
+        store.shutdown()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta").fetchall() == [(str(SCHEMA_VERSION),)]
