@@ -118,8 +118,8 @@ class QuestionActor(Child):
                 if self.state == "pending":
                     owed = self._owed(None, error)
                     if self._move("delivery_error", {"error": error}, owed=owed):
-                        self.peer.tell(owed)
                         self._close()
+                        self.peer.tell(owed)
             case AnswerArrived(answer=answer, name=name, signature=signature):
                 if self._is_open():
                     mapped = map_answer(answer.answer, self.spec.parsed.options)
@@ -130,26 +130,26 @@ class QuestionActor(Child):
                         owed=owed,
                         answer_file=(name, signature),
                     ):
+                        self._close()
                         self.peer.tell(owed)
                         self.watcher.tell(RemoveAnswerFile(name, signature))
-                        self._close()
                 elif self.state is not None:
                     # closed between the Supervisor's look and ours: a late answer (C15)
                     late = Late(self.qid, self.state)
                     self.watcher.tell(DisposeAnswerFile(name, signature, late))
             case CancelRequested():
                 if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"}):
-                    self.delivery.tell(SendText(self.qid, cancel_note(self.qid), "cancel_note"))
                     self._close()
+                    self.delivery.tell(SendText(self.qid, cancel_note(self.qid), "cancel_note"))
             case TimedOut():
                 if self._is_open():
                     ms = self.spec.timeout_ms
                     owed = self._owed(None, timeout_error(ms))
                     if self._move("timeout", {"timeout_ms": ms}, owed=owed):
+                        self._close()
                         note = timeout_note(self.qid, ms)
                         self.delivery.tell(SendText(self.qid, note, "timeout_note"))
                         self.peer.tell(owed)
-                        self._close()
             case _:
                 raise UnknownMessage(self.child_name, message)
 
@@ -198,6 +198,8 @@ class QuestionActor(Child):
         return SendResponse(self.spec.prompt, response, error, self.child_name)
 
     def _close(self) -> None:
+        """Report the end first, so the open count (ping, C21) is right before anyone
+        hears of it; the effects follow in the same message, then the actor stops."""
         self.release()
         self.supervisor.tell(QuestionClosed(self.qid, self.state, self.child_name))
         self.stop()

@@ -53,6 +53,7 @@ def test_plain_round_trip(bridge: Bridge) -> None:
     path = bridge.answer(qid, "  yes, ship it ")
     expect_response(bridge, qid, {"kind": "freeform", "text": "yes, ship it"}, None)
     wait_for(lambda: not path.exists(), what="answer file removed")
+    bridge.wait_log("answered", qid)  # the log is written by its own actor, in parallel
     assert bridge.events(qid) == ["question_received", "delivered", "answered"]
     records = [r for r in bridge.log_records() if r["qid"] == qid]
     assert records[0]["detail"] == {"from": "builder"}
@@ -213,6 +214,7 @@ def test_partial_write_is_accepted(bridge: Bridge) -> None:
     with open(target, "a") as f:
         f.write(text[20:])
     expect_response(bridge, qid, {"kind": "freeform", "text": "two steps"}, None)
+    bridge.wait_log("answered", qid)
     assert "answer_rejected" not in bridge.events(qid)
 
 
