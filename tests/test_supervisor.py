@@ -132,12 +132,19 @@ def test_crashed_question_is_restarted_and_still_answered(tree: Tree) -> None:
 
 def test_a_crash_in_one_question_does_not_touch_another(tree: Tree) -> None:
     a, b = tree.ask("a?"), tree.ask("b?")
-    wait_for(lambda: len(tree.hermes.calls()) == 2, what="both delivered")
-    other = tree.sup.open[b].slot.ref
-    tree.sup.open[a].slot.tell(Boom())
+    wait_for(lambda: all(tree.sup.open[q].spec.state == "delivered" for q in (a, b)),
+             what="both delivered")
+    crashed = tree.sup.open[a].slot
+    before = crashed.ref
+    crashed.tell(Boom())
     tree.answer(b, "b answered")
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "b answered"}
-    assert tree.sup.open.get(b) is None and other is not None
+    wait_for(lambda: b not in tree.sup.open, what="b closed")
+    # a was restarted in place and is still open and answerable
+    wait_for(lambda: crashed.ref is not before, what="a restarted")
+    assert tree.sup.open[a].spec.state == "delivered"
+    tree.answer(a, "a answered")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "a answered"}
 
 
 def test_restart_bound_exceeded_is_fatal(tree: Tree) -> None:
