@@ -7,13 +7,15 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.bridge_process import Bridge, new_qid, request
+from tests.bridge_process import ROOT, Bridge, new_qid, request
 from tests.fakes import wait_for
 
 QUESTION = "\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
@@ -320,6 +322,12 @@ def test_help_and_version(bridge: Bridge) -> None:
     assert done.returncode == 0 and "--questions-dir" in done.stdout and "--send-timeout" in done.stdout
     done = bridge.run("--version")
     assert done.returncode == 0 and done.stdout.startswith("coms-hermes-bridge ")
+    # the same command straight from a checkout
+    script = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "coms-hermes-bridge"), "--version"],
+        capture_output=True, text=True, timeout=20, check=False,
+    )
+    assert script.returncode == 0 and script.stdout == done.stdout
 
 
 def test_questions_dir_flag_moves_the_log_beside_it(bridge: Bridge) -> None:
