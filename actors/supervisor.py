@@ -295,7 +295,9 @@ class Supervisor(pykka.ThreadingActor):
         self.delivery.tell(SendText(qid, text, "question", reply_to=question.slot))
 
     def _start_question(self, spec: QuestionSpec) -> OpenQuestion:
-        child = f"question:{spec.qid}:{next(self._serial)}"
+        # The run tag keeps names unique across restarts too: the outbox still
+        # holds responses owed by the previous run's question actors.
+        child = f"question:{spec.qid}:{self.identity.session_id[-8:]}.{next(self._serial)}"
         question = OpenQuestion(spec, Slot(child), child)
         if self.store is not None:  # the row exists before delivery is requested
             self.store.put_open(spec, owner=child)
