@@ -176,5 +176,3 @@ class RegistryEntry(WireModel):
         """The entry as the pool writes it: two-space indented JSON."""
         return dumps(self.model_dump(mode="json"), indent=2)
 
-
-Inbound = PromptEnvelope | CancelEnvelope | PingEnvelope
