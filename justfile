@@ -12,8 +12,8 @@ test *args: venv
 
 # Lint and type-check what ships.
 check: venv
-    .venv/bin/ruff check actors messages scripts tests
-    .venv/bin/mypy --strict actors messages $(ls scripts/*.py 2>/dev/null)
+    .venv/bin/ruff check coms_hermes_bridge actors messages scripts tests
+    .venv/bin/mypy --strict coms_hermes_bridge $(ls scripts/*.py 2>/dev/null)
 
 # Make or refresh the project's virtual environment.
 venv:

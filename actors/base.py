@@ -17,7 +17,7 @@ from typing import Any
 
 import pykka
 
-from messages.commands import Address, ChildFailed
+from coms_hermes_bridge.messages.commands import Address, ChildFailed
 
 
 class Slot:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from messages.contract import parse_positive_ms, resolve_timeout_ms
+from coms_hermes_bridge import __version__
+from coms_hermes_bridge.messages.contract import parse_positive_ms, resolve_timeout_ms
 
-VERSION = "0.1.0"
+VERSION = __version__
 DEFAULT_NAME = "user-remote"
 DEFAULT_PROJECT = "default"
 DEFAULT_TARGET = "telegram"

@@ -18,11 +18,11 @@ from types import FrameType
 
 import pykka
 
-from actors.base import report, utc_now
-from actors.config import BridgeConfig, UsageError, parse_config
-from actors.peer import IdentityError, PeerActor, resolve_identity
-from actors.store import Store
-from actors.supervisor import Supervisor
+from coms_hermes_bridge.actors.base import report, utc_now
+from coms_hermes_bridge.actors.config import BridgeConfig, UsageError, parse_config
+from coms_hermes_bridge.actors.peer import IdentityError, PeerActor, resolve_identity
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervisor import Supervisor
 
 SHUTDOWN_BUDGET_S = 1.5
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from actors.base import Child, report, utc_now
-from messages.commands import (
+from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.messages.commands import (
     Address,
     Delivered,
     DeliveryFailed,
@@ -27,7 +27,7 @@ from messages.commands import (
     SendText,
     UnknownMessage,
 )
-from messages.contract import delivery_error, format_ms, log_record
+from coms_hermes_bridge.messages.contract import delivery_error, format_ms, log_record
 
 # How long release() waits for the worker to notice; the daemon has 2 s to exit.
 _RELEASE_JOIN_S = 0.4

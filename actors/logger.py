@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.base import Child, report
-from messages.commands import Address, LogEvent, UnknownMessage
+from coms_hermes_bridge.actors.base import Child, report
+from coms_hermes_bridge.messages.commands import Address, LogEvent, UnknownMessage
 
 
 class LoggerActor(Child):

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from actors.base import Child, report, utc_now
-from actors.registry import (
+from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.actors.registry import (
     PROBE_TIMEOUT_S,
     IdentityError,
     PeerIdentity,
@@ -30,7 +30,7 @@ from actors.registry import (
     resolve_identity,
     write_entry,
 )
-from messages.commands import (
+from coms_hermes_bridge.messages.commands import (
     Address,
     CancelQuestion,
     Heartbeat,
@@ -39,9 +39,9 @@ from messages.commands import (
     SendResponse,
     UnknownMessage,
 )
-from messages.contract import iso, log_record
-from messages.model import is_valid_qid
-from messages.wire import (
+from coms_hermes_bridge.messages.contract import iso, log_record
+from coms_hermes_bridge.messages.model import is_valid_qid
+from coms_hermes_bridge.messages.wire import (
     Ack,
     AgentCard,
     CancelEnvelope,

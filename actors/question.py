@@ -14,9 +14,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from actors.base import Child, utc_now
-from actors.store import Store
-from messages.commands import (
+from coms_hermes_bridge.actors.base import Child, utc_now
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
     CancelRequested,
@@ -34,7 +34,7 @@ from messages.commands import (
     TimedOut,
     UnknownMessage,
 )
-from messages.contract import (
+from coms_hermes_bridge.messages.contract import (
     Late,
     cancel_note,
     log_record,
@@ -43,7 +43,7 @@ from messages.contract import (
     timeout_note,
     transition,
 )
-from messages.model import Event, State
+from coms_hermes_bridge.messages.model import Event, State
 
 
 class QuestionActor(Child):

@@ -22,10 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from actors.base import report
-from messages.commands import FileSignature, QuestionSpec, SendResponse
-from messages.model import ParsedPrompt, State
-from messages.wire import PromptEnvelope, dumps
+from coms_hermes_bridge.actors.base import report
+from coms_hermes_bridge.messages.commands import FileSignature, QuestionSpec, SendResponse
+from coms_hermes_bridge.messages.model import ParsedPrompt, State
+from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps
 
 SCHEMA_VERSION = 2
 CLOSED_MEMORY = 1000

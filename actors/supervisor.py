@@ -21,15 +21,15 @@ from typing import Any
 
 import pykka
 
-from actors.base import Slot, report, utc_now
-from actors.config import BridgeConfig
-from actors.delivery import DeliveryActor
-from actors.logger import LoggerActor
-from actors.peer import PeerActor, PeerIdentity
-from actors.question import QuestionActor
-from actors.store import CLOSED_MEMORY, Store
-from actors.watcher import WatcherActor
-from messages.commands import (
+from coms_hermes_bridge.actors.base import Slot, report, utc_now
+from coms_hermes_bridge.actors.config import BridgeConfig
+from coms_hermes_bridge.actors.delivery import DeliveryActor
+from coms_hermes_bridge.actors.logger import LoggerActor
+from coms_hermes_bridge.actors.peer import PeerActor, PeerIdentity
+from coms_hermes_bridge.actors.question import QuestionActor
+from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store
+from coms_hermes_bridge.actors.watcher import WatcherActor
+from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
     AnswerFileSeen,
     CancelQuestion,
@@ -47,7 +47,7 @@ from messages.commands import (
     StateReported,
     UnknownMessage,
 )
-from messages.contract import (
+from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
     Accepted,
     Late,
@@ -56,8 +56,8 @@ from messages.contract import (
     parse_prompt,
     qid_of,
 )
-from messages.model import State
-from messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.model import State
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 ADMIT_TIMEOUT_S = 5.0
 PERMANENT = ("logger", "delivery", "watcher", "peer")

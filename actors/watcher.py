@@ -24,8 +24,8 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
-from actors.base import Child, report, utc_now
-from messages.commands import (
+from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerFileSeen,
     DisposeAnswerFile,
@@ -38,8 +38,15 @@ from messages.commands import (
     UnknownMessage,
     WatchLost,
 )
-from messages.contract import Late, Rejected, grace_ms, late_note, log_record, qid_of_name
-from messages.model import Event
+from coms_hermes_bridge.messages.contract import (
+    Late,
+    Rejected,
+    grace_ms,
+    late_note,
+    log_record,
+    qid_of_name,
+)
+from coms_hermes_bridge.messages.model import Event
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
 # The helper blocks in read() at most this long, so release() is never slow.

@@ -26,9 +26,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
 
-from messages.contract import Late, Rejected
-from messages.model import AnswerFile, LogRecord, ParsedPrompt, State
-from messages.wire import CancelEnvelope, PromptEnvelope
+from coms_hermes_bridge.messages.contract import Late, Rejected
+from coms_hermes_bridge.messages.model import AnswerFile, LogRecord, ParsedPrompt, State
+from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
 
 class Address(Protocol):

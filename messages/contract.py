@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from messages.model import (
+from coms_hermes_bridge.messages.model import (
     TERMINAL_STATES,
     AnswerFile,
     Event,
@@ -32,7 +32,7 @@ from messages.model import (
     State,
     is_valid_qid,
 )
-from messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 TELEGRAM_TEXT_LIMIT = 4096
 DEFAULT_TIMEOUT_MS = 1_800_000

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
-from messages.wire import WireModel, dumps
+from coms_hermes_bridge.messages.wire import WireModel, dumps
 
 QID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
 

@@ -139,7 +139,7 @@ class Bridge:
 
     def start(self, *args: str, wait: bool = True, **env: str) -> Bridge:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.daemon", *args],
+            [sys.executable, "-m", "coms_hermes_bridge", *args],
             cwd=str(ROOT),
             env=self.env(**env),
             stdin=subprocess.DEVNULL,
@@ -160,7 +160,7 @@ class Bridge:
     def run(self, *args: str, timeout: float = 10.0, **env: str) -> subprocess.CompletedProcess[str]:
         """Run the daemon to completion (for flags that make it exit)."""
         return subprocess.run(
-            [sys.executable, "-m", "actors.daemon", *args],
+            [sys.executable, "-m", "coms_hermes_bridge", *args],
             cwd=str(ROOT),
             env=self.env(**env),
             capture_output=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.config import UsageError, parse_config
+from coms_hermes_bridge.actors.config import UsageError, parse_config
 
 ENV = {"HOME": "/home/op"}
 

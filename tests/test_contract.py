@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from messages.contract import (
+from coms_hermes_bridge.messages.contract import (
     DEFAULT_TIMEOUT_MS,
     INVALID_QID_ERROR,
     Accepted,
@@ -33,8 +33,13 @@ from messages.contract import (
     utf16_len,
     validate_answer,
 )
-from messages.model import FreeformAnswer, ParsedPrompt, QuestionOption, SelectionAnswer
-from messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.model import (
+    FreeformAnswer,
+    ParsedPrompt,
+    QuestionOption,
+    SelectionAnswer,
+)
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 OTHER = "01ARZ3NDEKTSV4RRFFQ69G5FAW"

@@ -14,9 +14,9 @@ import pytest
 from fakes import FakeRef, wait_for
 from hermes_fake import FakeHermes
 
-from actors.delivery import DeliveryActor
-from messages.commands import Delivered, DeliveryFailed, LogEvent, SendText
-from messages.contract import cancel_note
+from coms_hermes_bridge.actors.delivery import DeliveryActor
+from coms_hermes_bridge.messages.commands import Delivered, DeliveryFailed, LogEvent, SendText
+from coms_hermes_bridge.messages.contract import cancel_note
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -9,9 +9,9 @@ import pykka
 import pytest
 from fakes import FakeRef, wait_for
 
-from actors.logger import LoggerActor
-from messages.commands import LogEvent
-from messages.contract import log_record
+from coms_hermes_bridge.actors.logger import LoggerActor
+from coms_hermes_bridge.messages.commands import LogEvent
+from coms_hermes_bridge.messages.contract import log_record
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)

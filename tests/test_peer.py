@@ -21,8 +21,8 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.peer import PeerActor
-from actors.registry import (
+from coms_hermes_bridge.actors.peer import PeerActor
+from coms_hermes_bridge.actors.registry import (
     IdentityError,
     PeerIdentity,
     endpoint_accepts,
@@ -32,7 +32,7 @@ from actors.registry import (
     resolve_identity,
     write_entry,
 )
-from messages.commands import (
+from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
     ChildFailed,
     Heartbeat,
@@ -40,8 +40,8 @@ from messages.commands import (
     NewQuestion,
     SendResponse,
 )
-from messages.contract import iso
-from messages.wire import PromptEnvelope, RegistryEntry
+from coms_hermes_bridge.messages.contract import iso
+from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
 from tests.fakes import FakeRef, read_line, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from actors.peer import EndpointInUse, PeerActor, bind_endpoint
-from actors.registry import PeerIdentity, resolve_identity
-from messages.commands import CancelQuestion, NewQuestion
+from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoint
+from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
+from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion
 from tests.fakes import FakeRef, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

@@ -12,10 +12,10 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.base import Slot
-from actors.question import QuestionActor
-from actors.store import Store
-from messages.commands import (
+from coms_hermes_bridge.actors.base import Slot
+from coms_hermes_bridge.actors.question import QuestionActor
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
     CancelRequested,
     ChildFailed,
@@ -32,9 +32,9 @@ from messages.commands import (
     StateReported,
     TimedOut,
 )
-from messages.contract import Late, parse_prompt
-from messages.model import AnswerFile, State
-from messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.contract import Late, parse_prompt
+from coms_hermes_bridge.messages.model import AnswerFile, State
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 from tests.fakes import FakeRef, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

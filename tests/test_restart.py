@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from actors.store import Store
-from messages.commands import FileSignature, QuestionSpec, SendResponse
-from messages.contract import parse_prompt
-from messages.wire import PromptEnvelope
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import FileSignature, QuestionSpec, SendResponse
+from coms_hermes_bridge.messages.contract import parse_prompt
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 from tests.bridge_process import Bridge, new_qid
 from tests.fakes import wait_for
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.store import CLOSED_MEMORY, SCHEMA_VERSION, Store, StoreClosedError
-from messages.commands import FileSignature, QuestionSpec, SendResponse
-from messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
-from messages.wire import PromptEnvelope
+from coms_hermes_bridge.actors.store import CLOSED_MEMORY, SCHEMA_VERSION, Store, StoreClosedError
+from coms_hermes_bridge.messages.commands import FileSignature, QuestionSpec, SendResponse
+from coms_hermes_bridge.messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
@@ -280,7 +280,7 @@ def test_writes_survive_a_killed_process(path: Path) -> None:
     script = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from actors.store import Store\n"
+        "from coms_hermes_bridge.actors.store import Store\n"
         "from tests.test_store import QID, QID2, spec\n"
         "store = Store.open(Path(sys.argv[1]))\n"
         "store.put_open(spec(QID, state='delivered'))\n"

@@ -15,9 +15,9 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.config import parse_config
-from actors.peer import resolve_identity
-from actors.supervisor import Supervisor
+from coms_hermes_bridge.actors.config import parse_config
+from coms_hermes_bridge.actors.peer import resolve_identity
+from coms_hermes_bridge.actors.supervisor import Supervisor
 from tests.bridge_process import Asker, request
 from tests.fakes import wait_for
 from tests.hermes_fake import FakeHermes

@@ -21,8 +21,8 @@ import pykka
 import pytest
 from fakes import FakeRef, wait_for
 
-from actors.watcher import WatcherActor
-from messages.commands import (
+from coms_hermes_bridge.actors.watcher import WatcherActor
+from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
     DisposeAnswerFile,
     FilesChanged,
@@ -32,8 +32,8 @@ from messages.commands import (
     Rescan,
     SendText,
 )
-from messages.contract import NO_QID, Late, Rejected, late_note
-from messages.model import LogRecord, RejectReason, State
+from coms_hermes_bridge.messages.contract import NO_QID, Late, Rejected, late_note
+from coms_hermes_bridge.messages.model import LogRecord, RejectReason, State
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 NAME = f"{QID}.answer.json"

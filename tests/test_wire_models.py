@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from messages.model import AnswerFile, LogRecord
-from messages.wire import (
+from coms_hermes_bridge.messages.model import AnswerFile, LogRecord
+from coms_hermes_bridge.messages.wire import (
     Ack,
     AgentCard,
     CancelEnvelope,

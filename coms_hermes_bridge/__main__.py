@@ -1,0 +1,8 @@
+"""`python -m coms_hermes_bridge`: the same command as the console script."""
+
+import sys
+
+from coms_hermes_bridge.actors.daemon import main
+
+if __name__ == "__main__":
+    sys.exit(main())
