@@ -1,0 +1,69 @@
+"""Private places on disk: the bridge's directories and files, whatever the umask.
+
+Question texts, answers and the state database are the user's private
+conversation, and an answer file another local user could write would be a
+forged answer. So everything the bridge owns is created 0700/0600 by these two
+helpers (never by a bare `mkdir` or `open`, which the caller's umask widens),
+and found-looser modes are tightened with one stderr line.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from coms_hermes_bridge.actors.base import report
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def private_dir(path: Path, *, tighten: bool = True) -> None:
+    """Make `path` and any missing parents as 0700; tighten `path` itself if found looser.
+
+    Parents that already exist are left alone: they may be shared (a home
+    directory, `~/.pi`). Raises OSError when the directory cannot be made.
+    """
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            continue  # made meanwhile by someone else; judged below if it is ours
+        os.chmod(directory, DIR_MODE)  # mkdir's mode passed through the umask
+    if tighten:
+        tighten_mode(path, DIR_MODE)
+
+
+def tighten_mode(path: Path, mode: int) -> None:
+    """Drop group/other bits beyond `mode` from an existing path, saying so once."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        return  # never chmod through a link someone else may have planted
+    current = stat.S_IMODE(st.st_mode)
+    if current & ~mode & 0o777:
+        os.chmod(path, current & mode)
+        report(f"{path} was mode {current:04o}; tightened to {current & mode:04o}")
+
+
+def open_private(path: Path, flags: int) -> int:
+    """os.open a file of ours: created 0600 (a umask only removes bits), and an
+    existing one found looser is tightened with one stderr line. Returns the fd."""
+    fd = os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
+    try:
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if current & 0o077:
+            os.fchmod(fd, current & FILE_MODE)
+            report(f"{path} was mode {current:04o}; tightened to {current & FILE_MODE:04o}")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
