@@ -18,3 +18,8 @@ check: venv
 # Make or refresh the project's virtual environment.
 venv:
     @scripts/ensure-venv
+
+# Mutation testing (mutmut) of the contract rules, the question actor and the supervisors;
+# a few minutes. Scores and surviving mutants go to .mutate/report.txt (docs/testing.md).
+mutate *modules: venv
+    scripts/mutate "$@"

@@ -1,0 +1,89 @@
+"""Score a finished mutmut run per module, minus the mutants known to be equivalent.
+
+A score only means something if every survivor is either killed by a new test
+or written down as equivalent (no test could tell it from the original) with
+the reason. `scripts/mutation_equivalents.txt` is that list: one mutant key per
+line, then ` # why`. A listed key that no longer exists is reported, so the list
+cannot silently go stale when the code moves.
+
+Usage: python scripts/mutation_report.py STAGE_DIR MODULE.py [MODULE.py ...]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENTS = ROOT / "scripts" / "mutation_equivalents.txt"
+KILLED = {1, 3}
+SURVIVED = 0
+
+
+def equivalents() -> dict[str, str]:
+    """Mutant key -> why it is equivalent."""
+    found: dict[str, str] = {}
+    if not EQUIVALENTS.exists():
+        return found
+    for raw in EQUIVALENTS.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, why = line.partition("#")
+        found[key.strip()] = why.strip()
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    stage = Path(argv[0])
+    modules = argv[1:]
+    known = equivalents()
+    seen_keys: set[str] = set()
+    worst = 100.0
+    survivors: list[str] = []
+    print(f"{'module':<32} {'mutants':>7} {'killed':>6} {'equiv':>5} {'left':>4} {'score':>7}")
+    for module in modules:
+        meta = stage / "mutants" / "coms_hermes_bridge" / f"{module}.meta"
+        if not meta.exists():
+            print(f"{module:<32} no mutation data (no test covers it, or it was not run)")
+            worst = 0.0
+            continue
+        codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+        seen_keys.update(codes)
+        status = Counter(
+            "killed" if code in KILLED else "survived" if code == SURVIVED else "other"
+            for code in codes.values()
+        )
+        left = [k for k, code in codes.items() if code not in KILLED and k not in known]
+        equiv = sum(1 for k, code in codes.items() if code not in KILLED and k in known)
+        counted = len(codes) - equiv
+        score = 100.0 * status["killed"] / counted if counted else 100.0
+        worst = min(worst, score)
+        survivors.extend(left)
+        print(f"{module:<32} {len(codes):>7} {status['killed']:>6} {equiv:>5} {len(left):>4} "
+              f"{score:>6.1f}%")
+    stale = sorted(set(known) - seen_keys)
+    if stale:
+        print("\nlisted as equivalent but no longer generated (remove from the list):")
+        for key in stale:
+            print(f"  {key}")
+    if survivors:
+        print("\nsurvivors (kill each with a test, or list it as equivalent with the reason):")
+        for key in survivors:
+            shown = subprocess.run(
+                [str(Path(sys.executable).parent / "mutmut"), "show", key],
+                cwd=stage, capture_output=True, text=True, check=False,
+            )
+            print(f"\n## {key}\n{shown.stdout.strip()}")
+    print(f"\nlowest module score: {worst:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
