@@ -24,6 +24,7 @@ DEFAULT_PROJECT = "default"
 DEFAULT_TARGET = "telegram"
 DEFAULT_POLL_MS = 1000
 DEFAULT_SEND_TIMEOUT_MS = 60_000
+SHARED_STATE_NAME = "state.sqlite3"
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -45,6 +46,11 @@ class BridgeConfig:
     state_path: Path
     coms_dir: Path
     hermes: str = "hermes"
+
+    @property
+    def shared_state_path(self) -> Path:
+        """Where every bridge on the host kept its state before it became per project."""
+        return self.state_path.with_name(SHARED_STATE_NAME)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,6 +121,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         send_timeout_ms=send_timeout,
         questions_dir=questions,
         log_path=questions.parent / "log.ndjson",
-        state_path=questions.parent / "state.sqlite3",
+        # one file per project, so that bridges of two projects sharing the
+        # questions directory never restore each other's questions (issue 12.3)
+        state_path=questions.parent / f"state-{args.project}.sqlite3",
         coms_dir=coms_dir,
     )

@@ -21,7 +21,7 @@ import pykka
 from coms_hermes_bridge.actors.base import report, utc_now
 from coms_hermes_bridge.actors.config import BridgeConfig, UsageError, parse_config
 from coms_hermes_bridge.actors.peer import IdentityError, PeerActor, resolve_identity
-from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.store import Store, adopt_shared_state
 from coms_hermes_bridge.actors.supervisor import Supervisor
 
 SHUTDOWN_BUDGET_S = 1.5
@@ -65,6 +65,9 @@ def run(config: BridgeConfig) -> int:
         report(f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}")
         return 1
     try:
+        if adopt_shared_state(config.shared_state_path, config.state_path):
+            report(f"adopted the shared state file {config.shared_state_path} "
+                   f"as project {config.project}'s: {config.state_path}")
         store = Store.open(config.state_path)
     except OSError as exc:
         report(f"cannot open the state database {config.state_path}: {exc}")

@@ -181,6 +181,34 @@ def _move_aside(path: Path) -> Path:
     return aside
 
 
+def adopt_shared_state(shared: Path, own: Path) -> bool:
+    """Take over the host's old shared state file as this project's, once.
+
+    Before state was kept per project, every bridge on a host used one file.
+    The first bridge to start afterwards, whatever its project, adopts it:
+    renaming is atomic, so of several bridges starting at once exactly one
+    gets it, and the others start with their own empty file. That is safe
+    because an open question needs no particular project to finish: its
+    answer file is found by qid and its response goes to the asker's own
+    endpoint. Nothing happens when this project already has its own file.
+    Returns whether this call adopted the file.
+    """
+    if own.exists() or not shared.exists():
+        return False
+    try:
+        os.rename(shared, own)
+    except FileNotFoundError:  # another bridge took it first
+        return False
+    # The sidecars follow the file (nobody else can open the old name any more):
+    # the WAL may hold the last commits of a bridge that was killed.
+    for suffix in _SIDECARS:
+        try:
+            os.replace(f"{shared}{suffix}", f"{own}{suffix}")
+        except FileNotFoundError:
+            pass
+    return True
+
+
 def _restrict(path: Path) -> None:
     # Prompts may carry private text: only the daemon's user may read them.
     for name in (str(path), *(f"{path}{suffix}" for suffix in _SIDECARS)):

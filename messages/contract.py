@@ -11,7 +11,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Container, Mapping
+import unicodedata
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +33,7 @@ from coms_hermes_bridge.messages.model import (
     State,
     is_valid_qid,
 )
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
 TELEGRAM_TEXT_LIMIT = 4096
 DEFAULT_TIMEOUT_MS = 1_800_000
@@ -90,6 +91,89 @@ def resolve_timeout_ms(flag: float | None, env: Mapping[str, str] = os.environ) 
         return flag
     from_env = parse_positive_ms(env.get("PI_COMS_TIMEOUT_MS"))
     return from_env if from_env is not None else DEFAULT_TIMEOUT_MS
+
+
+MAX_REPLY_TIMEOUT_MS = 86_400_000
+
+
+def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
+    """X5: the asker's own positive `reply_timeout_ms` (at most 24 h), else C16's.
+
+    Only a JSON number counts (not a string, not a boolean): the pool's client
+    sends a number or null.
+    """
+    raw = prompt.reply_timeout_ms
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return default_ms
+    if not math.isfinite(raw) or raw <= 0:
+        return default_ms
+    capped = min(raw, MAX_REPLY_TIMEOUT_MS)
+    return int(capped) if float(capped).is_integer() else float(capped)
+
+
+# -- ownership (X2) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """A new qid: open the question."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyOpen:
+    """Its own asker sent the open prompt again (a retry after a lost ack): ack, nothing more."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Someone else's qid, or one closed too recently to reuse: nack with `error`."""
+
+    error: str
+    reason: str  # "open" or "closed", for the duplicate_refused log detail
+
+
+Admission = Admit | AlreadyOpen | Refused
+
+
+def duplicate_error(qid: str) -> str:
+    """X2: the nack a prompt gets for reusing a qid that is not its own to use."""
+    return f"qid {qid} is already in use"
+
+
+def same_asker(prompt: PromptEnvelope, open_prompt: PromptEnvelope) -> bool:
+    """X2: the same endpoint asking the same thing is the same asker retrying."""
+    return (
+        prompt.sender_endpoint == open_prompt.sender_endpoint
+        and prompt.prompt == open_prompt.prompt
+    )
+
+
+def admission(
+    qid: str, prompt: PromptEnvelope, open_prompt: PromptEnvelope | None, recently_closed: bool
+) -> Admission:
+    """X2: may this prompt open question `qid`?
+
+    `open_prompt` is the prompt of the question open under `qid`, if any;
+    `recently_closed` says the qid is in the closed-qid memory (its human may
+    still be answering it, and a new question must not inherit that answer).
+    """
+    if open_prompt is not None:
+        if same_asker(prompt, open_prompt):
+            return AlreadyOpen()
+        return Refused(duplicate_error(qid), "open")
+    if recently_closed:
+        return Refused(duplicate_error(qid), "closed")
+    return Admit()
+
+
+def may_cancel(cancel: CancelEnvelope, open_prompt: PromptEnvelope) -> bool:
+    """X2: only the asker cancels: the cancel's `from` is the prompt's `sender_name`.
+
+    Peers of one user can claim any name, so this stops mistakes and casual
+    abuse, not a determined attacker running as the same user. A prompt that
+    named no sender can be cancelled by nobody.
+    """
+    return open_prompt.sender_name != "" and cancel.from_ == open_prompt.sender_name
 
 
 # -- prompts (C3, C6) ---------------------------------------------------------
@@ -172,30 +256,122 @@ def hub_tag(qid: str) -> str:
     return f"[HUB-Q:{qid}]"
 
 
-def format_question(qid: str, parsed: ParsedPrompt, limit: int = TELEGRAM_TEXT_LIMIT) -> str:
-    """C4, C5: the Telegram text for a question, at most `limit` UTF-16 units.
+# -- markers only the bridge writes (X3) --------------------------------------
 
-    The context takes what the header, options and reply instruction leave.
-    If those alone do not fit, the context is dropped and the header and
-    options are cut so that the qid at the start and the reply instruction at
-    the end (which the gateway and the human need) both survive.
+# Letters of other scripts that a reader (or a lenient matcher) takes for
+# H, U, B or Q. The replacement we write, Ɋ (Latin Q with hook tail), is not
+# among them and has no compatibility decomposition, so it never reads as Q.
+_LOOKALIKES = {
+    "Η": "h", "Н": "h", "н": "h", "Һ": "h", "һ": "h", "Ꮋ": "h",
+    "Ս": "u", "ս": "u", "υ": "u", "ᑌ": "u",
+    "Β": "b", "В": "b", "в": "b", "Ᏼ": "b", "ᗷ": "b",
+    "Ԛ": "q", "ԛ": "q",
+}
+_INVISIBLE = frozenset({"Cf", "Mn", "Me"})
+_COLONS = ":∶꞉˸ː׃፡᠄⁚"
+# On the folded text: HUB, then Q, then a colon or a qid-like run close after it.
+_MARKER = re.compile(
+    r"h[\W_]{0,2}u[\W_]{0,2}b[\W_]{0,3}(q)"
+    rf"(?=[\W_]{{0,3}}(?:[{_COLONS}]|[0-9a-z]{{26}}(?![0-9a-z])))"
+)
+
+
+def _fold(ch: str) -> str:
+    """How a lenient matcher would read one character: invisible marks gone,
+    compatibility forms (full-width, mathematical) to plain, case folded."""
+    if unicodedata.category(ch) in _INVISIBLE:
+        return ""
+    lookalike = _LOOKALIKES.get(ch)
+    if lookalike is not None:
+        return lookalike
+    return unicodedata.normalize("NFKC", ch).casefold()
+
+
+def defuse_markers(text: str, keep: Sequence[tuple[int, int]] = ()) -> str:
+    """X3: break every `HUB-Q:`-like marker in `text` except those in `keep`.
+
+    `keep` holds [start, end) index ranges the bridge wrote itself. Matching
+    is generous on purpose: any case, full-width or mathematical letters,
+    zero-width characters inside, look-alike letters of other scripts, dashes,
+    spaces or underscores between the parts, an ASCII, full-width or other
+    colon, or a qid-like run instead of a colon. The Q of each marker becomes
+    Ɋ/ɋ: still readable, visibly not the marker, and one UTF-16 unit, so the
+    text never grows (C5).
     """
-    header = f"❓ {hub_tag(qid)} {scrub(parsed.question)}"
+    folded: list[str] = []
+    source: list[int] = []  # index in `text` of each folded character
+    for index, ch in enumerate(text):
+        for piece in _fold(ch):
+            folded.append(piece)
+            source.append(index)
+    chars = list(text)
+    for match in _MARKER.finditer("".join(folded)):
+        index = source[match.start(1)]
+        if any(start <= index < end for start, end in keep):
+            continue
+        chars[index] = "ɋ" if text[index].islower() else "Ɋ"
+    return "".join(chars)
+
+
+# -- question text (C4, C5, X3, X4) -------------------------------------------
+
+PROJECT_LIMIT = 128
+_SPACES = re.compile(r"\s+")
+
+
+def project_label(project: str) -> str:
+    """X4: whitespace collapsed, at most 128 UTF-16 units, `default` when empty."""
+    label = _SPACES.sub(" ", scrub(project)).strip()
+    return truncate_utf16(label, PROJECT_LIMIT) if label else "default"
+
+
+def format_question(
+    qid: str,
+    parsed: ParsedPrompt,
+    limit: int = TELEGRAM_TEXT_LIMIT,
+    *,
+    project: str | None = None,
+) -> str:
+    """C4, C5, X3, X4: the Telegram text for a question, at most `limit` UTF-16 units.
+
+    With a `project`, the `📁 Project:` line follows the header (X4). The
+    context takes what the header, project line, options and reply
+    instruction leave. If those alone do not fit, the context is dropped and
+    the question is cut; if even that is not enough, the header, project line
+    and options are cut together, so that the qid at the start and the reply
+    instruction at the end (which the gateway and the human need) survive.
+    Every agent-supplied word is defused (X3): the only markers left are the
+    bridge's own, in the header and the reply instruction.
+    """
+    tag = f"❓ {hub_tag(qid)} "
+    question = scrub(parsed.question)
+    project_line = f"\n\n📁 Project: {project_label(project)}" if project is not None else ""
     lines = [
         f"{i}. {scrub(o.title)}" + (f" — {scrub(o.description)}" if o.description else "")
         for i, o in enumerate(parsed.options, start=1)
     ]
     options = "\n\nOptions:\n" + "\n".join(lines) if lines else ""
     instruction = f"\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
-    fixed = utf16_len(header) + utf16_len(options) + utf16_len(instruction)
+    rest = project_line + options + instruction
+    fixed = utf16_len(tag) + utf16_len(question) + utf16_len(rest)
     context = scrub(parsed.context) if parsed.context else ""
     prefix = "\n\nContext: "
+    room = limit - utf16_len(tag) - utf16_len(rest)
     if context and fixed + utf16_len(prefix) < limit:
         budget = limit - fixed - utf16_len(prefix)
-        return header + prefix + truncate_utf16(context, budget) + options + instruction
-    if fixed <= limit:
-        return header + options + instruction
-    return truncate_utf16(header + options, limit - utf16_len(instruction)) + instruction
+        clipped = truncate_utf16(context, budget)
+        body = tag + question + project_line + prefix + clipped + options
+    elif fixed <= limit:
+        body = tag + question + project_line + options
+    elif room >= utf16_len(ELLIPSIS):
+        body = tag + truncate_utf16(question, room) + project_line + options
+    else:
+        body = truncate_utf16(
+            tag + question + project_line + options, limit - utf16_len(instruction)
+        )
+    text = body + instruction
+    ours = ((0, min(len(tag), len(body))), (len(body), len(text)))
+    return defuse_markers(text, keep=ours)
 
 
 # -- notes and errors (C13, C15, C17, C18) ------------------------------------
@@ -322,7 +498,9 @@ def map_answer(answer: str, options: tuple[QuestionOption, ...]) -> MappedAnswer
                 return SelectionAnswer(selections=(options[index].title,))
         wanted = text.lower()
         for option in options:
-            if option.title.lower() == wanted:
+            # the title as sent (X3 may have defused it) picks the option too
+            shown = defuse_markers(scrub(option.title))
+            if wanted in (option.title.lower(), shown.lower()):
                 return SelectionAnswer(selections=(option.title,))
     return FreeformAnswer(text=text)
 

@@ -10,6 +10,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
+from dateutil import parser as dateutil_parser
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
 from coms_hermes_bridge.messages.wire import WireModel, dumps
@@ -29,6 +30,8 @@ Event = Literal[
     "late_answer",
     "answer_rejected",
     "response_failed",
+    "duplicate_refused",
+    "cancel_refused",
 ]
 
 RejectReason = Literal[
@@ -46,13 +49,61 @@ def is_valid_qid(value: object) -> bool:
     return isinstance(value, str) and QID_PATTERN.fullmatch(value) is not None
 
 
-def parse_timestamp(value: str) -> datetime:
-    """Parse an ISO 8601 timestamp, as the gateway writes `at` (C8).
+# JavaScript's Date.parse knows these zone names and no others (X4).
+_JS_ZONES = {
+    "UT": 0, "UTC": 0, "GMT": 0, "Z": 0,
+    "EST": -5, "EDT": -4, "CST": -6, "CDT": -5,
+    "MST": -7, "MDT": -6, "PST": -8, "PDT": -7,
+}
+_MAX_TIMESTAMP = 100
+_COMMENT = re.compile(r"\([^()]*\)")
+# "GMT+0100" as JavaScript's Date.toString() writes it: the sign is the offset's
+# (dateutil would read it the POSIX way round), so the label goes.
+_LABELLED_OFFSET = re.compile(r"\b(?:GMT|UTC|UT)(?=[+-]\d)", re.IGNORECASE)
+_YEAR_OR_MONTH = re.compile(r"\d{4}(?:-\d{2})?")
+# Two different defaults: a field the text does not carry shows up as a difference.
+_PROBES = (datetime(2000, 1, 1), datetime(2001, 2, 2))
 
-    A trailing `Z` and a date alone are accepted, as JavaScript's Date.parse
-    accepts them; anything else that does not parse raises ValueError.
+
+def _zone(name: str | None, offset: int | None) -> int | None:
+    """dateutil's zone hook: the names JavaScript knows, else the written offset.
+
+    An unknown name (CET, as `date` prints on a European host) leaves the time
+    without a zone instead of failing: `at` is checked, never computed with,
+    and refusing it would throw away a real answer.
     """
-    return datetime.fromisoformat(value)
+    if name is not None and name.upper() in _JS_ZONES:
+        return _JS_ZONES[name.upper()] * 3600
+    return offset
+
+
+def parse_timestamp(value: str) -> datetime:
+    """Parse `at` as JavaScript's Date.parse does in practice (C8, X4).
+
+    ISO 8601 in its usual variants (`T` or a space, `Z` or an offset, a
+    fraction with `.` or `,`), RFC 2822 (`date -R`), `date`'s default output
+    (`Mon Nov 30 18:00:00 UTC 2026`), JavaScript's own `Date.toString()`, and
+    the ISO year or year-month alone. The text must name a whole date (year,
+    month and day) unless it is such an ISO year or year-month, so words like
+    `Monday` or a bare time are refused; so is anything that is not a real
+    date (`2026-13-45`). Raises ValueError when the value is refused.
+    """
+    if len(value) > _MAX_TIMESTAMP:  # bounded work, whatever the writer sent
+        raise ValueError("timestamp too long")
+    text = _LABELLED_OFFSET.sub("", _COMMENT.sub(" ", value)).strip()
+    if not text:
+        raise ValueError("not a timestamp")
+    if _YEAR_OR_MONTH.fullmatch(text):
+        return datetime.fromisoformat(text + "-01" * (3 - len(text.split("-"))))
+    try:
+        first, second = (
+            dateutil_parser.parse(text, default=probe, tzinfos=_zone) for probe in _PROBES
+        )
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"not a timestamp: {exc}") from exc
+    if first.date() != second.date():
+        raise ValueError("not a whole date")
+    return first
 
 
 def _qid(value: str) -> str:

@@ -20,7 +20,17 @@ def test_defaults() -> None:
     bridge = Path("/home/op/.pi/coms/hermes-bridge")  # W4: from HOME, not PI_COMS_DIR
     assert config.questions_dir == bridge / "questions"
     assert config.log_path == bridge / "log.ndjson"
-    assert config.state_path == bridge / "state.sqlite3"
+    assert config.state_path == bridge / "state-default.sqlite3"  # issue 12.3
+    assert config.shared_state_path == bridge / "state.sqlite3"
+
+
+def test_state_is_kept_per_project() -> None:
+    # issue 12.3: two projects on one HOME never share a state file
+    a = parse_config(["--project", "a"], ENV)
+    b = parse_config(["--project", "b"], ENV)
+    assert a.state_path.name == "state-a.sqlite3" and b.state_path.name == "state-b.sqlite3"
+    assert a.state_path.parent == b.state_path.parent == a.log_path.parent
+    assert a.shared_state_path == b.shared_state_path
 
 
 def test_environment() -> None:

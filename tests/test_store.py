@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.store import CLOSED_MEMORY, SCHEMA_VERSION, Store, StoreClosedError
+from coms_hermes_bridge.actors.store import (
+    CLOSED_MEMORY,
+    SCHEMA_VERSION,
+    Store,
+    StoreClosedError,
+    adopt_shared_state,
+)
 from coms_hermes_bridge.messages.commands import FileSignature, QuestionSpec, SendResponse
 from coms_hermes_bridge.messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope
@@ -389,3 +395,73 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
         store.shutdown()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT value FROM meta").fetchall() == [(str(SCHEMA_VERSION),)]
+
+
+# issue 12.3: state per project; the old shared file is adopted once ---------
+
+
+def test_shared_state_is_adopted_once_with_what_a_killed_bridge_left(tmp_path: Path) -> None:
+    shared = tmp_path / "state.sqlite3"
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from coms_hermes_bridge.actors.store import Store\n"
+        "from tests.test_store import QID, QID2, spec\n"
+        "store = Store.open(Path(sys.argv[1]))\n"
+        "store.put_open(spec(QID, state='delivered'))\n"
+        "store.close(QID2, 'timeout')\n"
+        "os._exit(0)\n"  # killed: the last commits may be in the WAL only
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", script, str(shared)], cwd=root, check=True, timeout=30)
+    a, b = tmp_path / "state-a.sqlite3", tmp_path / "state-b.sqlite3"
+    assert adopt_shared_state(shared, a) is True
+    assert adopt_shared_state(shared, b) is False  # exactly one bridge adopts it
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("state.")) == []
+    adopted = Store.open(a)
+    try:
+        assert adopted.load() == ([spec(QID, state="delivered")], [(QID2, "timeout")])
+    finally:
+        adopted.shutdown()
+    fresh = Store.open(b)
+    try:
+        assert fresh.load() == ([], [])  # the other project does not restore them
+    finally:
+        fresh.shutdown()
+
+
+def test_own_state_is_never_replaced_by_the_shared_file(tmp_path: Path) -> None:
+    shared, own = tmp_path / "state.sqlite3", tmp_path / "state-a.sqlite3"
+    mine = Store.open(own)
+    mine.put_open(spec(QID2))
+    mine.shutdown()
+    old = Store.open(shared)
+    old.put_open(spec(QID))
+    old.shutdown()
+    assert adopt_shared_state(shared, own) is False
+    assert shared.exists()
+    again = Store.open(own)
+    try:
+        assert [s.qid for s in again.load()[0]] == [QID2]
+    finally:
+        again.shutdown()
+    assert adopt_shared_state(tmp_path / "absent.sqlite3", tmp_path / "state-c.sqlite3") is False
+
+
+def test_bridges_racing_for_the_shared_file_adopt_it_once(tmp_path: Path) -> None:
+    shared = tmp_path / "state.sqlite3"
+    Store.open(shared).shutdown()
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def adopt(project: str) -> None:
+        won = adopt_shared_state(shared, tmp_path / f"state-{project}.sqlite3")
+        with lock:
+            results.append(won)
+
+    threads = [threading.Thread(target=adopt, args=(f"p{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
