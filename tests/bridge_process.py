@@ -265,9 +265,13 @@ class Bridge:
 
         return wait_for(found, timeout, f"log event {event} for {qid}")
 
-    def owed(self) -> int:
+    def state_path(self, project: str = "default") -> Path:
+        """The project's own state file (issue 12.3)."""
+        return self.bridge_dir / f"state-{project}.sqlite3"
+
+    def owed(self, project: str = "default") -> int:
         """Responses the daemon has decided but not yet seen acked (its outbox)."""
-        path = self.bridge_dir / "state.sqlite3"
+        path = self.state_path(project)
         if not path.exists():
             return 0
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:

@@ -137,7 +137,7 @@ def test_crash_between_closing_and_responding_loses_nothing(bridge: Bridge) -> N
     path = bridge.answer(qid, "kept")
     st = os.stat(path)
     owed = SendResponse(prompt, {"kind": "freeform", "text": "kept"})
-    store = Store.open(bridge.bridge_dir / "state.sqlite3")
+    store = Store.open(bridge.state_path())
     store.put_open(spec, owner="q")
     store.close(qid, "answered", owner="q", response=owed,
                 answer_file=(path.name, FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)))
