@@ -25,6 +25,7 @@ DEFAULT_TARGET = "telegram"
 DEFAULT_POLL_MS = 1000
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 SHARED_STATE_NAME = "state.sqlite3"
+DEFAULT_CLAIM_MS = 10_000
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -46,6 +47,7 @@ class BridgeConfig:
     state_path: Path
     coms_dir: Path
     hermes: str = "hermes"
+    claim_ms: float = DEFAULT_CLAIM_MS
 
     @property
     def shared_state_path(self) -> Path:
@@ -75,6 +77,11 @@ def _parser() -> _Parser:
     p.add_argument("--poll-ms", metavar="MS", help="rescan interval in ms (default: 1000)")
     p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
     p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
+    p.add_argument(
+        "--claim-ms", metavar="MS",
+        help="how long an answer file for an unknown qid is left for another bridge "
+        "sharing the questions directory (default: 10000)",
+    )
     p.add_argument("--version", action="version", version=f"coms-hermes-bridge {VERSION}")
     return p
 
@@ -102,7 +109,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     timeout = _positive("--timeout", args.timeout, None)
     poll = _positive("--poll-ms", args.poll_ms, DEFAULT_POLL_MS)
     send_timeout = _positive("--send-timeout", args.send_timeout, DEFAULT_SEND_TIMEOUT_MS)
-    assert poll is not None and send_timeout is not None
+    claim = _positive("--claim-ms", args.claim_ms, DEFAULT_CLAIM_MS)
+    assert poll is not None and send_timeout is not None and claim is not None
     home = env.get("HOME") or os.path.expanduser("~")
     if not home or home == "~":
         raise UsageError("HOME is not set")
@@ -125,4 +133,5 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         # questions directory never restore each other's questions (issue 12.3)
         state_path=questions.parent / f"state-{args.project}.sqlite3",
         coms_dir=coms_dir,
+        claim_ms=claim,
     )

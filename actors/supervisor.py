@@ -148,6 +148,7 @@ class Supervisor(pykka.ThreadingActor):
                 delivery=self.delivery,
                 questions_dir=c.questions_dir,
                 poll_ms=c.poll_ms,
+                claim_s=c.claim_ms / 1000,
                 now=now,
             ),
         )
@@ -328,7 +329,7 @@ class Supervisor(pykka.ThreadingActor):
             clock=self.clock,
         )
 
-    def _route_answer(self, name: str, content: bytes, signature: Any) -> None:
+    def _route_answer(self, name: str, content: bytes | None, signature: Any) -> None:
         verdict = classify_answer(name, content, self.open, self.closed)
         if isinstance(verdict, Accepted):
             question = self.open[verdict.qid]

@@ -1,13 +1,16 @@
-"""WatcherActor: the answer-file wire (C7-C10, C15, W21).
+"""WatcherActor: the answer-file wire (C7-C10, C15, W21, X6, X7).
 
-It owns the questions directory: it notices files (inotify, plus a slow
-rescan as a safety net for missed events), reads them, and removes them. It
-does not know which questions are open; the Supervisor does, so every file
-with a well-formed name goes to the router, which answers with a verdict
+It owns the questions directory: it keeps it in being (0700, made again when
+it is deleted or moved away), notices files (inotify, plus a slow rescan as a
+safety net for missed events), reads them within a size bound, and removes
+them. It does not know which questions are open; the router does, so every
+file with a well-formed name goes to the router, which answers with a verdict
 when the file is not an answer to an open question.
 
-The grace table (first sighting per name) lives here because only the owner
-of the directory can tell "still being written" from "broken" (C10, W21).
+Per name it remembers when the file was first seen (C10's grace and X6's claim
+window run from then) and which version it last handed on, so that a rescan
+re-reads only what changed or what waited long enough, not every file still
+there (issue 14.4). Both memories are bounded.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,7 @@ from typing import Any
 from inotify_simple import INotify, flags
 
 from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.actors.files import private_dir
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerFileSeen,
@@ -36,27 +42,50 @@ from coms_hermes_bridge.messages.commands import (
     Rescan,
     SendText,
     UnknownMessage,
+    WatchEnded,
     WatchLost,
 )
 from coms_hermes_bridge.messages.contract import (
+    ANSWER_FILE_LIMIT,
+    UNREADABLE_REASONS,
     Late,
     Rejected,
     grace_ms,
     late_note,
     log_record,
     qid_of_name,
+    unreadable_note,
 )
-from coms_hermes_bridge.messages.model import Event
+from coms_hermes_bridge.messages.model import Event, RejectReason
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
 # The helper blocks in read() at most this long, so release() is never slow.
 _READ_TIMEOUT_MS = 100
 _READ_ATTEMPTS = 3
-
+# X6: how long a file for a qid this bridge does not know is left for its owner.
+DEFAULT_CLAIM_S = 10.0
+# A file handed on and not yet disposed of is offered again after this long, in
+# case the question it went to crashed with it (at-least-once, not every rescan).
+DEFAULT_REOFFER_S = 30.0
+# Bounds: names remembered, names looked at per rescan, notes remembered.
+TRACK_LIMIT = 10_000
+SCAN_LIMIT = 10_000
+NOTE_INTERVAL_S = 60.0  # X7: at most one unreadable-answer note per question per minute
+NOTE_MEMORY = 1_000
+HEAL_REPORT_INTERVAL_S = 10.0
 
 
 def _signature(st: os.stat_result) -> FileSignature:
     return FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class _Tracked:
+    """What the watcher knows of one name in the directory."""
+
+    first_seen: float
+    handed: FileSignature | None = None  # the version last sent to the router
+    resend_at: float = 0.0  # that version is not sent again before this
 
 
 class WatcherActor(Child):
@@ -71,6 +100,8 @@ class WatcherActor(Child):
         delivery: Address,
         questions_dir: Path,
         poll_ms: float,
+        claim_s: float = DEFAULT_CLAIM_S,
+        reoffer_s: float = DEFAULT_REOFFER_S,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utc_now,
         name: str = "watcher",
@@ -81,10 +112,19 @@ class WatcherActor(Child):
         self.delivery = delivery
         self.questions_dir = questions_dir
         self.poll_ms = poll_ms
+        self.claim_s = claim_s
+        self.reoffer_s = reoffer_s
         self.clock = clock
         self.now = now
-        self._first_seen: dict[str, float] = {}
+        self._tracked: OrderedDict[str, _Tracked] = OrderedDict()
+        self._noted: OrderedDict[str, float] = OrderedDict()
         self._inotify: INotify | None = None
+        self._wd: int | None = None
+        self._watched: tuple[int, int] | None = None  # (st_dev, st_ino) of the watched dir
+        self._heal_failing = False
+        self._heals_unreported = 0
+        self._last_heal_report = float("-inf")
+        self._scan_cut_reported = False
         self._halt = threading.Event()
         self._rescan_queued = threading.Event()
         self._helper: threading.Thread | None = None
@@ -92,9 +132,11 @@ class WatcherActor(Child):
     # -- life cycle -----------------------------------------------------------
 
     def begin(self) -> None:
-        self.questions_dir.mkdir(parents=True, exist_ok=True)
         self._inotify = INotify()
-        self._inotify.add_watch(str(self.questions_dir), _WATCH_MASK)
+        # Made (or tightened to) 0700 before the first look: another local user
+        # who could write here could forge answers. A directory that cannot be
+        # made at start is a setup fault: fail, and let supervision decide.
+        self._make_and_watch()
         self._helper = threading.Thread(
             target=self._watch, args=(self._inotify,), name=f"{self.child_name}-inotify",
             daemon=True,
@@ -115,6 +157,7 @@ class WatcherActor(Child):
             except OSError:
                 pass
             self._inotify = None
+            self._wd = None
 
     def _watch(self, inotify: INotify) -> None:
         """Helper thread: inotify events and the rescan beat, as messages to the actor."""
@@ -129,6 +172,11 @@ class WatcherActor(Child):
                 names = tuple(dict.fromkeys(e.name for e in events if e.name))
                 if names:
                     self.actor_ref.tell(FilesChanged(names))
+                for wd in dict.fromkeys(
+                    e.wd for e in events if e.mask & (flags.IGNORED | flags.MOVE_SELF)
+                ):
+                    # The directory was deleted or moved away: the actor makes it again.
+                    self.actor_ref.tell(WatchEnded(wd))
                 overflowed = any(e.mask & flags.Q_OVERFLOW for e in events)
                 if overflowed or time.monotonic() >= next_rescan:
                     next_rescan = time.monotonic() + interval
@@ -136,8 +184,6 @@ class WatcherActor(Child):
                     if not self._rescan_queued.is_set():
                         self._rescan_queued.set()
                         self.actor_ref.tell(Rescan())
-                if any(e.mask & (flags.IGNORED | flags.MOVE_SELF) for e in events):
-                    raise OSError("the questions directory was removed or moved")
         except Exception as exc:
             if not self._halt.is_set():
                 # Without this thread no answer would ever be noticed again: make
@@ -157,44 +203,133 @@ class WatcherActor(Child):
                 self._rescan()
             case DisposeAnswerFile(name=name, signature=signature, verdict=verdict):
                 self._dispose(name, signature, verdict)
-            case WatchLost(error=error):
-                raise RuntimeError(f"inotify watch lost: {error}")
             case RemoveAnswerFile(name=name, signature=signature):
                 current = self._current(name)
                 if current == signature:
                     self._remove(name)
                 elif current is None:
-                    self._first_seen.pop(name, None)
+                    self._tracked.pop(name, None)
                 # else: a newer answer replaced it; its own events bring it here.
+            case WatchEnded(wd=wd):
+                if wd == self._wd:
+                    self._ensure_watch(force=True)
+                    self._rescan()  # finds what was written while there was no watch
+            case WatchLost(error=error):
+                raise RuntimeError(f"inotify watch lost: {error}")
             case _:
                 raise UnknownMessage(self.child_name, message)
+
+    # -- the directory ----------------------------------------------------------
+
+    def _ensure_watch(self, *, force: bool = False) -> bool:
+        """The directory exists, is 0700 and is watched; False when it cannot be, for now.
+
+        A failure while running is reported once and retried at every rescan
+        beat: the watcher lives on (no restart loop), polling if it must.
+        """
+        try:
+            st: os.stat_result | None = os.stat(self.questions_dir)
+        except OSError:
+            st = None
+        watched = st is not None and self._watched == (st.st_dev, st.st_ino)
+        if watched and self._wd is not None and not force:
+            return True
+        try:
+            self._make_and_watch()
+        except OSError as exc:
+            if not self._heal_failing:
+                self._heal_failing = True
+                report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
+                       f"retrying every {self.poll_ms:g}ms")
+            return False
+        if self._heal_failing:
+            self._heal_failing = False
+            report(f"{self.child_name}: watching {self.questions_dir} again")
+        else:
+            self._report_heal(gone=st is None)
+        return True
+
+    def _make_and_watch(self) -> None:
+        """Make the directory (0700, or tighten it) and watch it, dropping any old watch."""
+        inotify = self._inotify
+        if inotify is None:
+            raise OSError("the watcher is stopping")
+        if self._wd is not None:  # deleted, moved away or replaced: stop following the old one
+            with contextlib.suppress(OSError):
+                inotify.rm_watch(self._wd)
+            self._wd = None
+        private_dir(self.questions_dir)
+        if not self.questions_dir.is_dir():
+            raise NotADirectoryError(f"{self.questions_dir} is not a directory")
+        # Watch first, list after (the caller rescans): a file written in
+        # between raises an event or is in the listing, never neither.
+        wd = inotify.add_watch(str(self.questions_dir), _WATCH_MASK)
+        st = os.stat(self.questions_dir)
+        self._wd, self._watched = wd, (st.st_dev, st.st_ino)
+
+    def _report_heal(self, *, gone: bool) -> None:
+        """One stderr line per heal, at most one per HEAL_REPORT_INTERVAL_S (with a count)."""
+        self._heals_unreported += 1
+        now = self.clock()
+        if now - self._last_heal_report < HEAL_REPORT_INTERVAL_S:
+            return
+        what = "was gone; made it again (0700)" if gone else "was replaced; watching the new one"
+        more = self._heals_unreported - 1
+        extra = f" ({more} more time(s) since the last report)" if more else ""
+        report(f"{self.child_name}: {self.questions_dir} {what}{extra}")
+        self._heals_unreported = 0
+        self._last_heal_report = now
 
     # -- examining files ------------------------------------------------------
 
     def _rescan(self) -> None:
+        if not self._ensure_watch() and not self.questions_dir.is_dir():
+            return  # reported once by _ensure_watch; tried again at the next beat
+        names: list[str] = []
+        complete = True
         try:
-            names = sorted(os.listdir(self.questions_dir))
-        except FileNotFoundError as exc:  # deleted under us: a restart makes it again
-            raise RuntimeError(f"questions directory is gone: {exc}") from exc
+            with os.scandir(self.questions_dir) as entries:
+                for entry in entries:
+                    if len(names) >= SCAN_LIMIT:
+                        complete = False
+                        break
+                    names.append(entry.name)
         except OSError as exc:
             report(f"{self.child_name}: cannot list {self.questions_dir}: {exc}")
             return
-        for gone in self._first_seen.keys() - set(names):
-            del self._first_seen[gone]
-        for name in names:
+        if not complete and not self._scan_cut_reported:
+            self._scan_cut_reported = True
+            report(f"{self.child_name}: {self.questions_dir} holds more than {SCAN_LIMIT} "
+                   f"entries; each rescan looks at {SCAN_LIMIT} of them")
+        if complete:
+            for gone in self._tracked.keys() - set(names):
+                del self._tracked[gone]
+        for name in sorted(names):
             self._examine(name)
+
+    def _track(self, name: str) -> _Tracked:
+        tracked = self._tracked.get(name)
+        if tracked is None:
+            tracked = self._tracked[name] = _Tracked(first_seen=self.clock())
+            while len(self._tracked) > TRACK_LIMIT:
+                # Forgetting costs at most a re-read and a fresh grace: never a crash.
+                self._tracked.popitem(last=False)
+        return tracked
+
+    def _waited(self, name: str, window_s: float) -> bool:
+        """Has the file been here `window_s` since it was first seen?"""
+        return self.clock() - self._track(name).first_seen >= window_s
 
     def _grace_over(self, name: str) -> bool:
         """C10: has the file had its grace window since it was first seen?"""
-        first = self._first_seen.setdefault(name, self.clock())
-        return (self.clock() - first) * 1000 >= grace_ms(self.poll_ms)
+        return self._waited(name, grace_ms(self.poll_ms) / 1000)
 
     def _examine(self, name: str) -> None:
         path = self.questions_dir / name
         try:
             st = os.lstat(path)
         except OSError:
-            self._first_seen.pop(name, None)
+            self._tracked.pop(name, None)
             return
         if stat.S_ISDIR(st.st_mode):
             return  # not ours to remove; nothing the gateway writes
@@ -209,27 +344,32 @@ class WatcherActor(Child):
             if self._grace_over(name):
                 self._reject(name, qid.reason, None)
             return
-        self._first_seen.setdefault(name, self.clock())
+        tracked = self._track(name)
+        if tracked.handed == _signature(st) and self.clock() < tracked.resend_at:
+            return  # handed on already and not due again: no re-read, no re-parse
         read = self._read(name)
         if read is not None:
             content, signature = read
+            tracked.handed, tracked.resend_at = signature, self.clock() + self.reoffer_s
             self.router.tell(AnswerFileSeen(name, content, signature))
 
-    def _read(self, name: str) -> tuple[bytes, FileSignature] | None:
-        """The file's bytes and the version they came from; None if gone or unsteady."""
+    def _read(self, name: str) -> tuple[bytes | None, FileSignature] | None:
+        """The file's bytes (None if over the limit: not read) and the version they
+        came from; None if gone or unsteady."""
         path = self.questions_dir / name
         for _ in range(_READ_ATTEMPTS):
             try:
                 # O_NONBLOCK and O_NOFOLLOW: a FIFO or a symlink swapped in is not an answer.
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError:
                 return None
             try:
                 before = os.fstat(fd)
                 if not stat.S_ISREG(before.st_mode):
                     return None
-                with os.fdopen(fd, "rb", closefd=False) as file:
-                    content = file.read()
+                content: bytes | None = None
+                if before.st_size <= ANSWER_FILE_LIMIT:
+                    content = _read_at_most(fd, ANSWER_FILE_LIMIT)
                 after = os.fstat(fd)
             except OSError:
                 return None
@@ -251,7 +391,7 @@ class WatcherActor(Child):
     def _dispose(self, name: str, signature: FileSignature, verdict: Rejected | Late) -> None:
         current = self._current(name)
         if current is None:
-            self._first_seen.pop(name, None)
+            self._tracked.pop(name, None)
             return
         if current != signature:
             # The verdict was about an older version; judge the new one instead.
@@ -259,27 +399,91 @@ class WatcherActor(Child):
             return
         match verdict:
             case Late(qid=qid, state=state):
-                self._remove(name)
-                self._log(qid, "late_answer", {"state": state})
-                self.delivery.tell(SendText(qid, late_note(qid), "late_note"))  # C15
-            case Rejected(reason="invalid_json") if not self._grace_over(name):
-                pass  # C10: maybe half written; a later event or rescan sends it again
+                if self._remove(name):
+                    self._log(qid, "late_answer", {"state": state})
+                    self.delivery.tell(SendText(qid, late_note(qid), "late_note"))  # C15
+            case Rejected(reason="invalid_json"):
+                self._hold_or_reject(name, signature, verdict, grace_ms(self.poll_ms) / 1000)
+            case Rejected(reason="foreign_qid"):
+                # X6: another bridge sharing this directory may own it: leave it for a while.
+                self._hold_or_reject(name, signature, verdict, self.claim_s)
             case Rejected(reason=reason, qid=qid):
-                self._reject(name, reason, qid)
+                self._reject(name, reason, qid, signature)
 
-    def _reject(self, name: str, reason: str, qid: str | None) -> None:
-        """C9: a rejected file is removed and logged as answer_rejected."""
-        self._remove(name)
-        self._log(qid, "answer_rejected", {"reason": reason, "file": name})
+    def _hold_or_reject(
+        self, name: str, signature: FileSignature, verdict: Rejected, window_s: float
+    ) -> None:
+        """Leave the file until `window_s` after its first sighting, then reject it.
 
-    def _remove(self, name: str) -> None:
-        self._first_seen.pop(name, None)
+        While held, this version is not sent again; once the window is over it
+        is, so the verdict is given afresh (the qid may have become known).
+        """
+        if self._waited(name, window_s):
+            self._reject(name, verdict.reason, verdict.qid, signature)
+            return
+        tracked = self._track(name)
+        tracked.handed = signature
+        tracked.resend_at = tracked.first_seen + window_s
+
+    def _reject(
+        self,
+        name: str,
+        reason: RejectReason,
+        qid: str | None,
+        signature: FileSignature | None = None,
+    ) -> None:
+        """C9: a rejected file is removed and logged as answer_rejected.
+
+        Only the remover logs: bridges sharing the directory may reject the
+        same file, and it must be logged once.
+        """
+        if not self._remove(name):
+            return
+        detail: dict[str, Any] = {"reason": reason, "file": name}
+        if signature is not None and signature.size > ANSWER_FILE_LIMIT:
+            detail.update(size=signature.size, limit=ANSWER_FILE_LIMIT)  # never read
+        self._log(qid, "answer_rejected", detail)
+        if qid is not None and reason in UNREADABLE_REASONS:
+            self._note_unreadable(qid, reason)
+
+    def _note_unreadable(self, qid: str, reason: RejectReason) -> None:
+        """X7: tell the human their answer to an open question was refused, at most
+        once per question per NOTE_INTERVAL_S; the question stays open."""
+        now = self.clock()
+        while self._noted and (
+            len(self._noted) >= NOTE_MEMORY
+            or now - next(iter(self._noted.values())) >= NOTE_INTERVAL_S
+        ):
+            self._noted.popitem(last=False)
+        if qid in self._noted:
+            return
+        self._noted[qid] = now
+        self.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
+
+    def _remove(self, name: str) -> bool:
+        """Remove the file; True if this call removed it."""
+        self._tracked.pop(name, None)
         try:
             os.remove(self.questions_dir / name)
         except FileNotFoundError:
-            pass
+            return False
         except OSError as exc:
             report(f"{self.child_name}: cannot remove {name}: {exc}")
+            return False
+        return True
 
-    def _log(self, qid: str | None, event: Event, detail: dict[str, str]) -> None:
+    def _log(self, qid: str | None, event: Event, detail: dict[str, Any]) -> None:
         self.logger.tell(LogEvent(log_record(self.now(), qid, event, detail)))
+
+
+def _read_at_most(fd: int, limit: int) -> bytes | None:
+    """Up to `limit` bytes from `fd`; None if there are more (the file grew past it)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, limit + 1 - got)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+    return None

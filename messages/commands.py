@@ -14,9 +14,11 @@ Who sends what (see docs/architecture.md for the picture):
     Question  -> Peer       : SendResponse
     Question  -> Watcher    : RemoveAnswerFile
     Watcher   -> Supervisor : AnswerFileSeen    Supervisor -> Watcher : DisposeAnswerFile
+    Watcher   -> Delivery   : SendText (late and unreadable-answer notes)
     anyone    -> Logger     : LogEvent
     child     -> Supervisor : ChildFailed
-    helper threads -> their own actor: FilesChanged, Rescan, TimedOut, Heartbeat
+    helper threads -> their own actor: FilesChanged, Rescan, WatchEnded, WatchLost,
+                                       TimedOut, Heartbeat
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ class QuestionClosed:
 
 # -- delivery through hermes --------------------------------------------------
 
-TextPurpose = Literal["question", "cancel_note", "late_note", "timeout_note"]
+TextPurpose = Literal["question", "cancel_note", "late_note", "timeout_note", "unreadable_note"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +173,14 @@ class FileSignature:
 
 @dataclass(frozen=True, slots=True)
 class AnswerFileSeen:
-    """An answer file whose name carries a valid qid, and what it held when read."""
+    """An answer file whose name carries a valid qid, and what it held when read.
+
+    `content` is None when the file was over ANSWER_FILE_LIMIT and so was not
+    read at all; `signature.size` says how big it was.
+    """
 
     name: str
-    content: bytes
+    content: bytes | None
     signature: FileSignature
 
 
@@ -200,6 +206,13 @@ class FilesChanged:
     """inotify saw these names change in the questions directory."""
 
     names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEnded:
+    """The kernel ended inotify watch `wd` (its directory was deleted or moved)."""
+
+    wd: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ from coms_hermes_bridge.messages.model import (
 from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
 TELEGRAM_TEXT_LIMIT = 4096
+# An answer is one short JSON object; a file larger than this is never read (it
+# is refused from its fstat size alone), so no file can make the daemon grow.
+ANSWER_FILE_LIMIT = 64 * 1024
 DEFAULT_TIMEOUT_MS = 1_800_000
 ANSWER_SUFFIX = ".answer.json"
 ELLIPSIS = "…"
@@ -387,6 +390,11 @@ def late_note(qid: str) -> str:
     return f"ℹ {hub_tag(qid)} This question is already closed; the late answer was ignored."
 
 
+def unreadable_note(qid: str, reason: RejectReason) -> str:
+    """X7: told to the human when their answer to an open question was refused."""
+    return f"⚠ {hub_tag(qid)} Your answer could not be read ({reason}); please reply again."
+
+
 def timeout_note(qid: str, timeout_ms: float) -> str:
     """C17: told to the human when nobody answered in time."""
     return f"⌛ {hub_tag(qid)} The question timed out after {format_ms(timeout_ms)}ms."
@@ -447,13 +455,22 @@ def qid_of_name(name: str) -> str | Rejected:
     return qid if is_valid_qid(qid) else Rejected("invalid_qid")
 
 
-def validate_answer(name: str, content: bytes, pending: Container[str]) -> Accepted | Rejected:
-    """C9: accept the file, or name the first rule it breaks, in C9's order."""
+def validate_answer(
+    name: str, content: bytes | None, pending: Container[str]
+) -> Accepted | Rejected:
+    """C9: accept the file, or name the first rule it breaks, in C9's order.
+
+    `content` is None for a file over ANSWER_FILE_LIMIT, which was not read:
+    the name still decides foreign_qid first, and an open qid's oversized file
+    is invalid_schema (no answer is that long).
+    """
     qid = qid_of_name(name)
     if isinstance(qid, Rejected):
         return qid
     if qid not in pending:
         return Rejected("foreign_qid", qid)
+    if content is None:
+        return Rejected("invalid_schema", qid)
     try:
         body = json.loads(content.decode("utf-8"))
     except (ValueError, RecursionError):
@@ -469,7 +486,7 @@ def validate_answer(name: str, content: bytes, pending: Container[str]) -> Accep
 
 def classify_answer(
     name: str,
-    content: bytes,
+    content: bytes | None,
     pending: Container[str],
     closed: Mapping[str, State],
 ) -> Verdict:
@@ -483,6 +500,13 @@ def classify_answer(
 def grace_ms(poll_ms: float) -> float:
     """C10: how long a file that is not JSON yet may stay, from its first sighting."""
     return max(2 * poll_ms, 1000)
+
+
+# X7: the reasons that can only be given for an open question's file (C9's
+# order puts foreign_qid first), so the human who wrote it is told.
+UNREADABLE_REASONS: frozenset[RejectReason] = frozenset(
+    {"invalid_json", "invalid_schema", "qid_mismatch"}
+)
 
 
 # -- answers (C11) ------------------------------------------------------------

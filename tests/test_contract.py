@@ -10,6 +10,7 @@ import pytest
 from coms_hermes_bridge.messages.contract import (
     DEFAULT_TIMEOUT_MS,
     INVALID_QID_ERROR,
+    UNREADABLE_REASONS,
     Accepted,
     ForbiddenTransition,
     Late,
@@ -30,6 +31,7 @@ from coms_hermes_bridge.messages.contract import (
     timeout_note,
     transition,
     truncate_utf16,
+    unreadable_note,
     utf16_len,
     validate_answer,
 )
@@ -284,6 +286,11 @@ def test_notes_and_errors_exact_text() -> None:
     assert timeout_note(QID, 250) == f"⌛ [HUB-Q:{QID}] The question timed out after 250ms."
     assert timeout_error(1_800_000) == "no remote answer within 1800000ms"
     assert timeout_error(250.5) == "no remote answer within 250.5ms"
+    # X7
+    assert unreadable_note(QID, "invalid_schema") == (
+        f"⚠ [HUB-Q:{QID}] Your answer could not be read (invalid_schema); please reply again."
+    )
+    assert {"invalid_json", "invalid_schema", "qid_mismatch"} == UNREADABLE_REASONS
 
 
 @pytest.mark.parametrize(
@@ -354,10 +361,17 @@ def test_valid_answer_is_accepted() -> None:
         (NAME, b"not json", {OTHER}, Rejected("foreign_qid", QID)),
         (NAME, b"not json", set(), Rejected("foreign_qid", QID)),
         (NAME, body(answer=5, qid=OTHER), {QID}, Rejected("invalid_schema", QID)),
+        # issue 9.5: a file over the size limit is not read (content None); its
+        # name alone decides up to foreign_qid, and an open qid's is invalid_schema
+        (NAME, None, {QID}, Rejected("invalid_schema", QID)),
+        (NAME, None, {OTHER}, Rejected("foreign_qid", QID)),
+        (NAME, None, set(), Rejected("foreign_qid", QID)),
+        ("bad.answer.json", None, {QID}, Rejected("invalid_qid")),
+        (f"{QID}.json", None, {QID}, Rejected("invalid_path")),
     ],
 )
 def test_rejection_reasons_and_their_order(
-    name: str, content: bytes, pending: set[str], expected: Rejected
+    name: str, content: bytes | None, pending: set[str], expected: Rejected
 ) -> None:
     # C9
     assert validate_answer(name, content, pending) == expected
@@ -380,6 +394,7 @@ def test_closed_qid_is_late_before_any_other_check(state: str) -> None:
     closed = {QID: state}
     assert classify_answer(NAME, b"garbage", set(), closed) == Late(QID, state)  # type: ignore[arg-type]
     assert classify_answer(NAME, body(), set(), closed) == Late(QID, state)  # type: ignore[arg-type]
+    assert classify_answer(NAME, None, set(), closed) == Late(QID, state)  # type: ignore[arg-type]
 
 
 def test_classify_falls_through_to_c9() -> None:

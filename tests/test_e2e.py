@@ -131,7 +131,7 @@ def test_cancel_of_unknown_or_invalid_qid_is_only_acked(bridge: Bridge) -> None:
 def test_delivery_failure(bridge: Bridge) -> None:
     # C18: dropped, logged, error response at once with exit code and stderr
     bridge.hermes.configure(exit=3, stderr="chat not found\n")
-    bridge.start()
+    bridge.start("--claim-ms", "300")  # X6's claim window, shortened
     qid = bridge.ask("Anyone?")
     expect_response(bridge, qid, None, "hermes send failed (3): chat not found")
     record = bridge.wait_log("delivery_error", qid)
@@ -169,7 +169,8 @@ def test_timeout(bridge: Bridge, how: str) -> None:
 
 def test_every_rejection_reason(bridge: Bridge) -> None:
     # C9, C10, C20: logged as answer_rejected with reason and file, and removed
-    bridge.start("--poll-ms", "100")
+    # (a foreign file after X6's claim window, shortened here)
+    bridge.start("--poll-ms", "100", "--claim-ms", "300")
     qid = bridge.ask("Which?")
     bridge.wait_log("delivered", qid)
     foreign = new_qid()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pykka
 import pytest
 from fakes import FakeRef, wait_for
 
+from coms_hermes_bridge.actors import watcher as watcher_module
 from coms_hermes_bridge.actors.watcher import WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
@@ -32,7 +34,14 @@ from coms_hermes_bridge.messages.commands import (
     Rescan,
     SendText,
 )
-from coms_hermes_bridge.messages.contract import NO_QID, Late, Rejected, late_note
+from coms_hermes_bridge.messages.contract import (
+    ANSWER_FILE_LIMIT,
+    NO_QID,
+    Late,
+    Rejected,
+    late_note,
+    unreadable_note,
+)
 from coms_hermes_bridge.messages.model import LogRecord, RejectReason, State
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
@@ -55,7 +64,9 @@ class Clock:
 
 
 class Rig:
-    def __init__(self, directory: Path, poll_ms: float, clock: Clock | None) -> None:
+    def __init__(
+        self, directory: Path, poll_ms: float, clock: Clock | None, **options: float
+    ) -> None:
         self.dir = directory
         self.router = FakeRef("router")
         self.logger = FakeRef("logger")
@@ -71,6 +82,7 @@ class Rig:
             poll_ms=poll_ms,
             now=lambda: AT,
             **extra,
+            **options,
         )
 
     def sync(self) -> None:
@@ -95,8 +107,10 @@ def write(path: Path, content: bytes) -> FileSignature:
     return FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def start(tmp_path: Path, poll_ms: float = SLOW_POLL_MS, clock: Clock | None = None) -> Rig:
-    return Rig(tmp_path / "questions", poll_ms, clock)
+def start(
+    tmp_path: Path, poll_ms: float = SLOW_POLL_MS, clock: Clock | None = None, **options: float
+) -> Rig:
+    return Rig(tmp_path / "questions", poll_ms, clock, **options)
 
 
 # -- seeing files ----------------------------------------------------------------
@@ -124,13 +138,29 @@ def test_a_file_written_while_stopped_is_picked_up_by_the_start_scan(tmp_path: P
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
 
 
-def test_rescan_sends_every_file_again(tmp_path: Path) -> None:
-    rig = start(tmp_path)
+def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # issue 14.4
+    reads: list[int] = []
+    real = watcher_module._read_at_most
+    monkeypatch.setattr(watcher_module, "_read_at_most", lambda fd, n: reads.append(fd) or real(fd, n))
+    clock = Clock()
+    rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
+    rig.sync()
+    read_once = len(reads)
+    for _ in range(3):
+        rig.ref.tell(Rescan())
+    rig.sync()
+    rig.router.quiet(0.1)
+    assert len(reads) == read_once  # not re-read, so not re-parsed either
+    clock.now += 30  # still there after the re-offer age: its question may have crashed
     rig.ref.tell(Rescan())
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+    newer = write(rig.dir / NAME, ANSWER.replace(b'"yes"', b'"no"'))  # a new version goes at once
+    assert rig.seen().signature == newer
 
 
 def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
@@ -151,7 +181,7 @@ def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
     "reason", ["foreign_qid", "invalid_schema", "qid_mismatch", "invalid_path", "invalid_qid"]
 )
 def test_a_rejected_file_is_logged_and_removed(tmp_path: Path, reason: RejectReason) -> None:  # C9, C20
-    rig = start(tmp_path)
+    rig = start(tmp_path, claim_s=0)  # X6's claim window is tested on its own below
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
@@ -192,7 +222,7 @@ def test_a_bad_name_is_rejected_by_the_watcher_after_the_grace(
 
 def test_a_temporary_name_renamed_in_time_is_never_rejected(tmp_path: Path) -> None:  # C10, W21
     clock = Clock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig = start(tmp_path, poll_ms=500, clock=clock, reoffer_s=1)
     rig.sync()
     temp = rig.dir / ".answer.tmp"
     temp.write_bytes(ANSWER)
@@ -309,6 +339,273 @@ def test_remove_answer_file_removes_only_the_version_that_was_read(tmp_path: Pat
     assert not (rig.dir / NAME).exists()
     rig.ref.ask(RemoveAnswerFile(NAME, second))  # gone already: nothing to do
     rig.logger.quiet(0.0)
+
+
+# -- the directory: private, and it heals (issue 9.3, 9.4) -----------------------
+
+
+def mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_start_makes_the_directory_0700_whatever_the_umask(tmp_path: Path) -> None:  # issue 9.4
+    old = os.umask(0)
+    try:
+        rig = start(tmp_path)
+        rig.sync()
+    finally:
+        os.umask(old)
+    assert mode(rig.dir) == 0o700
+
+
+def test_start_tightens_a_looser_directory_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # issue 9.4
+    directory = tmp_path / "questions"
+    directory.mkdir()
+    directory.chmod(0o777)
+    rig = start(tmp_path)
+    rig.sync()
+    assert mode(directory) == 0o700
+    assert f"{directory} was mode 0777; tightened to 0700" in capsys.readouterr().err
+
+
+def test_a_deleted_directory_is_made_again_and_watched_without_a_restart(
+    tmp_path: Path,
+) -> None:  # issue 9.3
+    rig = start(tmp_path)
+    rig.sync()
+    for round_ in range(8):
+        write(rig.dir / f"{round_}.tmp", b"x")  # rmtree, as an operator's rm -r would
+        shutil.rmtree(rig.dir)
+        wait_for(lambda: rig.dir.is_dir() and mode(rig.dir) == 0o700, what="directory back")
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)  # only inotify can bring it: no rescan beat
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
+    rig.supervisor.quiet(0.0)  # never failed, so never restarted
+
+
+def test_a_file_written_while_the_watch_is_remade_is_found(tmp_path: Path) -> None:  # issue 9.3
+    rig = start(tmp_path)
+    rig.sync()
+    shutil.rmtree(rig.dir)
+    # Someone makes it again first and writes at once: before the new watch
+    # exists or after it, the file must be found either way.
+    rig.dir.mkdir(mode=0o755, exist_ok=True)
+    signature = write(rig.dir / NAME, ANSWER)
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
+    wait_for(lambda: mode(rig.dir) == 0o700, what="the directory tightened")
+    rig.supervisor.quiet(0.0)
+
+
+def test_a_directory_moved_away_is_replaced_and_the_old_one_forgotten(tmp_path: Path) -> None:  # 9.3
+    rig = start(tmp_path)
+    rig.sync()
+    moved = tmp_path / "moved"
+    os.rename(rig.dir, moved)
+    wait_for(rig.dir.is_dir, what="a new directory")
+    rig.sync()
+    write(moved / NAME, ANSWER)  # no longer the questions directory
+    other = "01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"
+    write(rig.dir / other, ANSWER)
+    assert rig.seen().name == other
+    rig.router.quiet(0.1)
+    assert (moved / NAME).exists()
+
+
+def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # issue 9.3
+    rig = start(tmp_path, poll_ms=50)
+    rig.sync()
+    for _ in range(100):  # the watcher races to make it again; put a file in the way first
+        shutil.rmtree(rig.dir, ignore_errors=True)
+        try:
+            os.close(os.open(rig.dir, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except (FileExistsError, IsADirectoryError):
+            continue
+    wait_for(lambda: "cannot make or watch" in capsys.readouterr().err, what="one report")
+    time.sleep(0.3)  # several rescan beats fail meanwhile (part of the scenario)
+    assert "cannot make or watch" not in capsys.readouterr().err  # said once
+    rig.dir.unlink()
+    wait_for(rig.dir.is_dir, what="the directory made at the next beat")
+    wait_for(lambda: "watching" in capsys.readouterr().err, what="the recovery line")
+    write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.supervisor.quiet(0.0)
+
+
+def test_a_directory_that_cannot_be_made_at_start_fails_the_start(tmp_path: Path) -> None:
+    (tmp_path / "questions").write_bytes(b"in the way")  # a setup fault: supervision decides
+    rig = start(tmp_path)
+    assert "NotADirectoryError" in repr(rig.supervisor.next())
+
+
+# -- bounded reads (issue 9.5) ---------------------------------------------------
+
+
+def sparse(path: Path, size: int) -> FileSignature:
+    with path.open("wb") as file:
+        file.truncate(size)
+    st = os.stat(path)
+    return FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def test_a_file_over_the_limit_is_handed_on_unread(tmp_path: Path) -> None:  # issue 9.5
+    rig = start(tmp_path)
+    rig.sync()
+    signature = sparse(tmp_path / "big", 200 * 1024 * 1024)
+    os.rename(tmp_path / "big", rig.dir / NAME)
+    assert rig.seen() == AnswerFileSeen(NAME, None, signature)
+    at_limit = "01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"
+    content = b" " * ANSWER_FILE_LIMIT
+    write(rig.dir / at_limit, content)
+    assert rig.seen(content).name == at_limit  # up to the limit it is read
+
+
+def test_an_oversized_answer_is_rejected_with_its_size(tmp_path: Path) -> None:  # issue 9.5
+    rig = start(tmp_path)
+    rig.sync()
+    signature = sparse(rig.dir / NAME, ANSWER_FILE_LIMIT + 1)
+    rig.seen()
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
+    record = rig.logged()
+    assert (record.qid, record.event) == (QID, "answer_rejected")
+    assert record.detail == {
+        "reason": "invalid_schema", "file": NAME, "size": ANSWER_FILE_LIMIT + 1,
+        "limit": ANSWER_FILE_LIMIT,
+    }
+    assert not (rig.dir / NAME).exists()
+
+
+def test_reads_stop_past_the_limit() -> None:  # issue 9.5: a file that grows while read
+    for size, expected in [(0, b""), (10, b"x" * 10), (100, b"x" * 100), (101, None)]:
+        read_end, write_end = os.pipe()
+        os.write(write_end, b"x" * size)
+        os.close(write_end)
+        try:
+            assert watcher_module._read_at_most(read_end, 100) == expected
+        finally:
+            os.close(read_end)
+
+
+# -- several bridges, one directory (X6) ----------------------------------------
+
+
+def test_a_foreign_file_is_left_for_the_claim_window(tmp_path: Path) -> None:  # X6
+    clock = Clock()
+    rig = start(tmp_path, clock=clock, claim_s=10)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    clock.now += 9.9
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert (rig.dir / NAME).exists()  # another bridge may own it
+    rig.router.quiet(0.1)  # held, so not handed on again meanwhile
+    rig.logger.quiet(0.0)
+    clock.now += 0.1
+    rig.ref.tell(Rescan())  # the window is over: judged afresh
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    record = rig.logged()
+    assert (record.event, record.detail) == ("answer_rejected", {"reason": "foreign_qid", "file": NAME})
+    assert not (rig.dir / NAME).exists()
+    rig.delivery.quiet(0.1)  # X7 is for open questions only
+
+
+def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -> None:  # X6
+    clock = Clock()
+    a = start(tmp_path, clock=clock, claim_s=10)
+    b = start(tmp_path, clock=clock, claim_s=10)
+    for rig in (a, b):
+        rig.sync()
+    signature = write(a.dir / NAME, ANSWER)
+    a.seen(ANSWER)
+    b.seen(ANSWER)
+    clock.now += 10
+    for rig in (a, b):
+        rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+        rig.sync()
+    assert not (a.dir / NAME).exists()
+    assert a.logged().detail == {"reason": "foreign_qid", "file": NAME}
+    b.logger.quiet(0.1)
+
+
+def test_a_file_the_owner_takes_within_the_window_is_forgotten(tmp_path: Path) -> None:  # X6
+    clock = Clock()
+    rig = start(tmp_path, clock=clock, claim_s=10)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    (rig.dir / NAME).unlink()  # the other bridge answered its question with it
+    clock.now += 11
+    rig.ref.tell(Rescan())
+    rig.sync()
+    rig.logger.quiet(0.1)
+    rig.router.quiet(0.0)
+
+
+# -- telling the human (X7) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["invalid_schema", "qid_mismatch"])
+def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
+    tmp_path: Path, reason: RejectReason
+) -> None:  # X7
+    clock = Clock()
+    rig = start(tmp_path, clock=clock)
+    rig.sync()
+    note = SendText(QID, unreadable_note(QID, reason), "unreadable_note", None)
+    for step in (0.0, 59.9, 0.1):
+        clock.now += step
+        signature = write(rig.dir / NAME, b"{}")
+        rig.seen(b"{}")
+        rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected(reason, QID)))
+        assert rig.logged().detail == {"reason": reason, "file": NAME}
+        if step != 59.9:
+            assert rig.delivery.next() == note
+        else:
+            rig.delivery.quiet(0.1)  # the second refusal within the minute: no second note
+
+
+def test_invalid_json_is_noted_only_after_its_grace(tmp_path: Path) -> None:  # X7, C10
+    clock = Clock()
+    rig = start(tmp_path, poll_ms=100, clock=clock)
+    rig.sync()
+    signature = write(rig.dir / NAME, b"{")
+    rig.seen(b"{")
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.sync()
+    rig.delivery.quiet(0.1)
+    clock.now += 1
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    assert rig.delivery.next() == SendText(
+        QID, unreadable_note(QID, "invalid_json"), "unreadable_note", None
+    )
+
+
+def test_the_note_memory_is_bounded(tmp_path: Path) -> None:  # X7: bounded memory
+    delivery = FakeRef("delivery")
+    clock = Clock()
+    watcher = WatcherActor(  # never started: the method alone, in this thread
+        supervisor=FakeRef(), router=FakeRef(), logger=FakeRef(), delivery=delivery,
+        questions_dir=tmp_path, poll_ms=SLOW_POLL_MS, clock=clock,
+    )
+    qids = [f"01HZY3K4M5N6P7Q8R9S{i:07d}" for i in range(watcher_module.NOTE_MEMORY + 5)]
+    for qid in qids:
+        watcher._note_unreadable(qid, "invalid_schema")
+    assert len(watcher._noted) == watcher_module.NOTE_MEMORY
+    assert delivery.inbox.qsize() == len(qids)
+    watcher._note_unreadable(qids[-1], "invalid_schema")  # remembered: not noted again
+    assert delivery.inbox.qsize() == len(qids)
+    clock.now += watcher_module.NOTE_INTERVAL_S
+    watcher._note_unreadable(qids[-1], "invalid_schema")  # a minute later it is
+    assert delivery.inbox.qsize() == len(qids) + 1
+    assert len(watcher._noted) == 1  # the expired ones are dropped
 
 
 # -- life cycle -----------------------------------------------------------------
