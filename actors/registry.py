@@ -129,18 +129,24 @@ def heartbeat_fresh(heartbeat_at: str | None, now: datetime) -> bool:
 
 
 def is_live(entry: RegistryEntry, now: datetime) -> bool:
-    """W9 plus the takeover rule of W10.
+    """W9 exactly: a fresh heartbeat, or else a pid that still exists.
 
-    A dead pid whose socket refuses connections is a crashed holder, however
-    fresh its last heartbeat: without this a bridge restarted after SIGKILL
-    would come back as `user-remote2`, where no asker looks.
+    An entry with no usable pid (0, negative) is judged by its heartbeat alone.
     """
-    alive = pid_alive(entry.pid)
-    if alive:
+    if heartbeat_fresh(entry.heartbeat_at, now):
         return True
-    if alive is False and not endpoint_accepts(entry.endpoint):
-        return False
-    return heartbeat_fresh(entry.heartbeat_at, now)
+    return bool(pid_alive(entry.pid))
+
+
+def crashed_holder(entry: RegistryEntry) -> bool:
+    """W10's takeover: the holder's pid is dead and its socket refuses connections.
+
+    Such a holder is gone however fresh its last heartbeat: without this a
+    bridge restarted after SIGKILL would come back as `user-remote2`, where no
+    asker looks. Used only for the names we are about to claim, never to prune
+    other peers' entries (W9 calls those live while their heartbeat is fresh).
+    """
+    return pid_alive(entry.pid) is False and not endpoint_accepts(entry.endpoint)
 
 
 def read_entry(path: Path) -> RegistryEntry | None:
@@ -151,8 +157,13 @@ def read_entry(path: Path) -> RegistryEntry | None:
         return None
 
 
-def live_names(directory: Path, now: datetime) -> set[str]:
-    """Names held by live entries; dead entries are pruned on the way (W9)."""
+def live_names(directory: Path, now: datetime, claiming: str | None = None) -> set[str]:
+    """Names held by live entries; dead entries are pruned on the way (W9).
+
+    An entry for `claiming` or one of its suffixed names (`claiming2`, ...)
+    whose holder crashed (W10) does not hold its name, and is removed so that
+    we can take the name over.
+    """
     held: set[str] = set()
     try:
         paths = sorted(directory.glob("*.json"))
@@ -162,13 +173,23 @@ def live_names(directory: Path, now: datetime) -> set[str]:
         entry = read_entry(path)
         if entry is None:
             continue
-        if is_live(entry, now):
+        ours = claiming is not None and _is_claim(claiming, path.stem, entry.name)
+        if is_live(entry, now) and not (ours and crashed_holder(entry)):
             held.add(entry.name)
             held.add(path.stem)
         else:
             with contextlib.suppress(OSError):
                 path.unlink()
     return held
+
+
+def _is_claim(requested: str, *names: str) -> bool:
+    """Whether every name is `requested` or `requested` with W10's numeric suffix."""
+    for name in names:
+        suffix = name[len(requested):] if name.startswith(requested) else None
+        if suffix is None or not (suffix == "" or (suffix.isdigit() and suffix[0] != "0")):
+            return False
+    return True
 
 
 def unique_name(requested: str, held: set[str]) -> str:
@@ -200,7 +221,7 @@ def resolve_identity(
     directory.mkdir(parents=True, exist_ok=True)
     sockets = coms_dir / "sockets"
     sockets.mkdir(parents=True, exist_ok=True)
-    name = unique_name(requested_name, live_names(directory, now))
+    name = unique_name(requested_name, live_names(directory, now, requested_name))
     session_id = str(ULID())
     return PeerIdentity(
         coms_dir=coms_dir,

@@ -27,6 +27,7 @@ from coms_hermes_bridge.actors.registry import (
     PeerIdentity,
     endpoint_accepts,
     heartbeat_fresh,
+    crashed_holder,
     is_live,
     read_entry,
     resolve_identity,
@@ -606,25 +607,57 @@ def entry(pid: int, endpoint: str = "", heartbeat_at: str | None = None) -> Regi
                          heartbeat_at=heartbeat_at)
 
 
-def test_liveness_rules(coms_dir: Path) -> None:  # W9, W10
+def test_liveness_rules(coms_dir: Path) -> None:  # W9
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     fresh, old = iso(now - timedelta(seconds=90)), iso(now - timedelta(seconds=91))
     gone = dead_pid()
     assert is_live(entry(os.getpid()), now)  # pid exists
     assert is_live(entry(1), now)  # pid 1: exists (EPERM counts as alive)
-    assert not is_live(entry(gone, heartbeat_at=fresh), now)  # crash takeover
+    assert is_live(entry(os.getpid(), heartbeat_at=old), now)  # pid exists, heartbeat old
+    assert is_live(entry(gone, heartbeat_at=fresh), now)  # fresh heartbeat, pid unseen
     assert not is_live(entry(gone, heartbeat_at=old), now)
     assert is_live(entry(0, heartbeat_at=fresh), now)  # no pid: the heartbeat decides
     assert not is_live(entry(0, heartbeat_at=old), now)
+
+
+def test_crashed_holder_rule(coms_dir: Path) -> None:  # W10
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    fresh = iso(now)
+    gone = dead_pid()
+    assert crashed_holder(entry(gone, heartbeat_at=fresh))  # dead pid, no socket
+    assert not crashed_holder(entry(os.getpid(), heartbeat_at=fresh))
+    assert not crashed_holder(entry(0, heartbeat_at=fresh))  # no pid: cannot tell
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     path = coms_dir / "l.sock"
     listening.bind(str(path))
     listening.listen(1)
     try:
-        assert is_live(entry(gone, str(path), fresh), now)  # socket still answers
-        assert not is_live(entry(gone, str(path), old), now)
+        assert not crashed_holder(entry(gone, str(path), fresh))  # socket still answers
     finally:
         listening.close()
+
+
+def test_other_peers_with_fresh_heartbeat_are_kept(coms_dir: Path) -> None:  # W9, issue 9.9
+    now = datetime.now(UTC)
+    # e.g. a peer in another pid namespace: its pid is not visible here
+    other = plant(coms_dir, "builder", pid=dead_pid(), endpoint="", heartbeat_at=iso(now))
+    unseen = plant(coms_dir, "reviewer", pid=dead_pid(), endpoint="",
+                   heartbeat_at=iso(now - timedelta(seconds=89)))
+    ident = resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now)
+    assert ident.name == "user-remote"
+    assert other.exists()
+    assert unseen.exists()
+
+
+def test_crashed_suffixed_holder_is_taken_over(coms_dir: Path) -> None:  # W10
+    now = datetime.now(UTC)
+    plant(coms_dir, "user-remote", pid=os.getpid(), endpoint="", heartbeat_at=iso(now))
+    stale = plant(coms_dir, "user-remote2", pid=dead_pid(), endpoint="", heartbeat_at=iso(now))
+    other = plant(coms_dir, "user-remoteX", pid=dead_pid(), endpoint="", heartbeat_at=iso(now))
+    ident = resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now)
+    assert ident.name == "user-remote2"
+    assert not stale.exists()
+    assert other.exists()  # not a name we claim: W9 alone decides, and it is fresh
 
 
 def test_heartbeat_freshness_window() -> None:  # W9
