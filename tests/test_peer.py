@@ -25,9 +25,9 @@ from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import (
     IdentityError,
     PeerIdentity,
+    crashed_holder,
     endpoint_accepts,
     heartbeat_fresh,
-    crashed_holder,
     is_live,
     read_entry,
     resolve_identity,
