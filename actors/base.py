@@ -3,14 +3,17 @@
 `Slot` is a child's stable address: collaborators hold the slot, never the
 actor ref, so a restarted child is reachable at once and nothing told to it
 while it was down is lost. `Child` is the base of every supervised actor: when
-it dies of an exception it hands what was still in its mailbox to its
-supervisor, which restarts it and replays those messages in order.
+it dies of an exception it hands what was still in its mailbox (and whatever
+work it had taken out of it) to its supervisor, which restarts it and replays
+those messages in order.
 """
 
 from __future__ import annotations
 
+import errno
 import sys
 import threading
+import weakref
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
@@ -19,9 +22,21 @@ import pykka
 
 from coms_hermes_bridge.messages.commands import Address, ChildFailed
 
+# Which slot feeds which mailbox, so that a dying child can close its own slot
+# (see Child._hand_over). Keyed by the inbox, a public attribute of every ref.
+_SLOT_OF_INBOX: weakref.WeakKeyDictionary[Any, Slot] = weakref.WeakKeyDictionary()
+_SLOT_OF_INBOX_LOCK = threading.Lock()
+
 
 class Slot:
-    """A stable, thread-safe address for one supervised child."""
+    """A stable, thread-safe address for one supervised child.
+
+    Every delivery through the slot happens under its lock, so a child that
+    detaches its slot (under the same lock) before it drains its mailbox can
+    be sure that no message told through the slot lands in a mailbox nobody
+    will read: it is either in the mailbox already (and handed over) or held
+    here for the successor.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -40,16 +55,37 @@ class Slot:
                     self._ref.tell(message)
                     return
                 except pykka.ActorDeadError:
-                    pass
+                    self._ref = None
             self._held.append(message)
 
     def bind(self, ref: pykka.ActorRef[Any], unread: tuple[Any, ...] = ()) -> None:
-        """Point the slot at a (new) actor: replay `unread`, then what was held."""
+        """Point the slot at a (new) actor: replay `unread`, then what was held.
+
+        A child may die before it is bound (its start failed): then whatever
+        could not be delivered stays held, in order, for the rebind that its
+        ChildFailed brings; bind never raises for it.
+        """
+        with _SLOT_OF_INBOX_LOCK:
+            _SLOT_OF_INBOX[ref.actor_inbox] = self
         with self._lock:
+            if self._retired:
+                return
+            pending = [*unread, *self._held]
+            self._held = []
             self._ref = ref
-            for message in (*unread, *self._held):
-                ref.tell(message)
-            self._held.clear()
+            for index, message in enumerate(pending):
+                try:
+                    ref.tell(message)
+                except pykka.ActorDeadError:
+                    self._ref = None
+                    self._held = pending[index:]
+                    return
+
+    def detach(self, ref: pykka.ActorRef[Any]) -> None:
+        """`ref` is dying: hold whatever is told from now on (if the slot still points at it)."""
+        with self._lock:
+            if self._ref is not None and self._ref.actor_urn == ref.actor_urn:
+                self._ref = None
 
     def retire(self) -> None:
         """The child is gone for good: drop whatever is told to it from now on."""
@@ -63,8 +99,20 @@ class Slot:
         with self._lock:
             return self._ref
 
+    @property
+    def held(self) -> tuple[Any, ...]:
+        """What waits for the next bind (for tests and reports)."""
+        with self._lock:
+            return tuple(self._held)
+
     def __repr__(self) -> str:
         return f"Slot({self.name})"
+
+
+def slot_of(ref: pykka.ActorRef[Any]) -> Slot | None:
+    """The slot last bound to `ref`, if any."""
+    with _SLOT_OF_INBOX_LOCK:
+        return _SLOT_OF_INBOX.get(ref.actor_inbox)
 
 
 def utc_now() -> datetime:
@@ -80,8 +128,31 @@ def report(message: str) -> None:
         pass
 
 
+_SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
+
+
+def is_resource_shortage(exc: BaseException | None) -> bool:
+    """Did this crash come from the machine running short (fds, memory, disk, threads)?
+
+    Such a crash is no bug of the child's: restarting at once would fail the same
+    way, so it is retried with backoff and not counted as a crash loop. The cause
+    chain is followed, since wrappers (e.g. "cannot create ...: [Errno 24]") are common.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _SHORTAGE_ERRNOS:
+            return True
+        if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class Child(pykka.ThreadingActor):
-    """A supervised actor: on a crash it tells its supervisor and hands over its mailbox."""
+    """A supervised actor: on a crash it tells its supervisor and hands over its work."""
 
     # The daemon must be able to exit even if an actor thread is wedged.
     use_daemon_thread = True
@@ -107,7 +178,7 @@ class Child(pykka.ThreadingActor):
             try:
                 self.release()
             finally:
-                self._hand_over(f"{type(exc).__name__}: {exc}")
+                self._hand_over(exc)
             raise
 
     def release(self) -> None:
@@ -116,6 +187,14 @@ class Child(pykka.ThreadingActor):
         Called on orderly stop and after a crash, so a restarted successor can
         take the same resources over. Subclasses extend it; it must not raise.
         """
+
+    def taken(self) -> tuple[Any, ...]:
+        """Work this actor took out of its mailbox but had not finished when it crashed.
+
+        Called after `release()`; handed over ahead of the unread mailbox, so
+        the successor does it first, in the order it was asked for.
+        """
+        return ()
 
     def on_stop(self) -> None:
         self.release()
@@ -129,12 +208,18 @@ class Child(pykka.ThreadingActor):
         try:
             self.release()
         finally:
-            kind = exception_type.__name__ if exception_type else "Error"
-            self._hand_over(f"{kind}: {exception_value}")
+            self._hand_over(exception_value)
 
-    def _hand_over(self, error: str) -> None:
-        """Give the supervisor what this actor had not read yet, so its successor gets it."""
-        unread: list[Any] = []
+    def _hand_over(self, exc: BaseException | None) -> None:
+        """Give the supervisor what this actor had not done yet, so its successor does it."""
+        error = f"{type(exc).__name__}: {exc}" if exc is not None else "Error: None"
+        slot = slot_of(self.actor_ref)
+        if slot is not None:  # from here on, what is told through the slot is held
+            slot.detach(self.actor_ref)
+        try:
+            unread: list[Any] = list(self.taken())
+        except Exception:  # must not keep the mailbox from being handed over
+            unread = []
         while not self.actor_inbox.empty():
             envelope = self.actor_inbox.get()
             if envelope.reply_to is None:
@@ -143,4 +228,6 @@ class Child(pykka.ThreadingActor):
                 envelope.reply_to.set_exception(
                     exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(self.child_name), None)
                 )
-        self.supervisor.tell(ChildFailed(self.child_name, error, tuple(unread)))
+        self.supervisor.tell(
+            ChildFailed(self.child_name, error, tuple(unread), is_resource_shortage(exc))
+        )

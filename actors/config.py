@@ -26,6 +26,7 @@ DEFAULT_POLL_MS = 1000
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 SHARED_STATE_NAME = "state.sqlite3"
 DEFAULT_CLAIM_MS = 10_000
+DEFAULT_MAX_OPEN = 10_000
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -48,6 +49,7 @@ class BridgeConfig:
     coms_dir: Path
     hermes: str = "hermes"
     claim_ms: float = DEFAULT_CLAIM_MS
+    max_open: int = DEFAULT_MAX_OPEN
 
     @property
     def shared_state_path(self) -> Path:
@@ -82,6 +84,9 @@ def _parser() -> _Parser:
         help="how long an answer file for an unknown qid is left for another bridge "
         "sharing the questions directory (default: 10000)",
     )
+    p.add_argument(
+        "--max-open", metavar="N", help="open questions past which prompts are refused (10000)"
+    )
     p.add_argument("--version", action="version", version=f"coms-hermes-bridge {VERSION}")
     return p
 
@@ -111,6 +116,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     send_timeout = _positive("--send-timeout", args.send_timeout, DEFAULT_SEND_TIMEOUT_MS)
     claim = _positive("--claim-ms", args.claim_ms, DEFAULT_CLAIM_MS)
     assert poll is not None and send_timeout is not None and claim is not None
+    max_open = DEFAULT_MAX_OPEN
+    if args.max_open is not None:
+        if not args.max_open.isascii() or not args.max_open.isdigit() or int(args.max_open) < 1:
+            raise UsageError("--max-open must be a positive whole number")
+        max_open = int(args.max_open)
     home = env.get("HOME") or os.path.expanduser("~")
     if not home or home == "~":
         raise UsageError("HOME is not set")
@@ -134,4 +144,5 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         state_path=questions.parent / f"state-{args.project}.sqlite3",
         coms_dir=coms_dir,
         claim_ms=claim,
+        max_open=max_open,
     )

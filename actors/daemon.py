@@ -22,7 +22,7 @@ from coms_hermes_bridge.actors.base import report, utc_now
 from coms_hermes_bridge.actors.config import BridgeConfig, UsageError, parse_config
 from coms_hermes_bridge.actors.peer import IdentityError, PeerActor, resolve_identity
 from coms_hermes_bridge.actors.store import Store, adopt_shared_state
-from coms_hermes_bridge.actors.supervisor import Supervisor
+from coms_hermes_bridge.actors.tree import start_tree
 
 SHUTDOWN_BUDGET_S = 1.5
 
@@ -72,9 +72,8 @@ def run(config: BridgeConfig) -> int:
     except OSError as exc:
         report(f"cannot open the state database {config.state_path}: {exc}")
         return 1
-    supervisor = Supervisor.start(
-        config=config, identity=identity, on_fatal=on_fatal, store=store
-    )
+    tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
+    supervisor = tree.root  # tree.queue_depth(timeout) is the bounded "how many open?" ask
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})")
     while not stop.wait(0.2):
         pass

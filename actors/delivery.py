@@ -10,10 +10,10 @@ most one send timeout, after which its whole process group is killed.
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -57,6 +57,7 @@ class DeliveryActor(Child):
         send_timeout_ms: float,
         hermes: str = "hermes",
         now: Callable[[], datetime] = utc_now,
+        note_sent: Callable[[str], None] | None = None,
         name: str = "delivery",
     ) -> None:
         super().__init__(name, supervisor)
@@ -66,8 +67,13 @@ class DeliveryActor(Child):
         self.send_timeout_ms = send_timeout_ms
         self.hermes = hermes
         self.now = now
-        self._jobs: queue.SimpleQueue[SendText | None] = queue.SimpleQueue()
+        self.note_sent = note_sent
+        # The jobs and the one being run, under one lock with the stop flag, so
+        # that a crash can hand every unfinished job over (see taken()).
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._jobs: deque[SendText] = deque()
+        self._current: SendText | None = None
         self._stopping = False
         self._running: subprocess.Popen[bytes] | None = None
         self._worker = threading.Thread(
@@ -78,19 +84,33 @@ class DeliveryActor(Child):
     def on_receive(self, message: Any) -> None:
         match message:
             case SendText():
-                self._jobs.put(message)
+                with self._wake:
+                    self._jobs.append(message)
+                    self._wake.notify()
             case _:
                 raise UnknownMessage(self.child_name, message)
 
     def release(self) -> None:
-        with self._lock:
+        with self._wake:
             self._stopping = True
             running = self._running
-        self._jobs.put(None)
+            self._wake.notify_all()
         if running is not None:
             _kill_group(running)
         if threading.current_thread() is not self._worker:
             self._worker.join(timeout=_RELEASE_JOIN_S)
+
+    def taken(self) -> tuple[SendText, ...]:
+        """On a crash: the send that was cut short, then the queue, for the successor.
+
+        The cut-short send may have reached the chat already; it is sent again
+        (at least once) rather than risk that a question never does.
+        """
+        with self._lock:
+            jobs = ([self._current] if self._current is not None else []) + list(self._jobs)
+            self._current = None
+            self._jobs.clear()
+        return tuple(jobs)
 
     def argv(self, text: str) -> list[str]:
         """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
@@ -101,16 +121,21 @@ class DeliveryActor(Child):
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None or self._stopped():
-                return
+            with self._wake:
+                while not self._jobs and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                job = self._current = self._jobs.popleft()
             try:
                 error = self._run(job.text)
             except Exception as exc:  # the worker must outlive any one bad send
                 error = delivery_error(None, f"{type(exc).__name__}: {exc}")
             if self._stopped():
-                return  # killed by release(): nobody is left to tell
+                return  # killed by release(): the job goes to the successor (taken())
             self._settle(job, error)
+            with self._lock:
+                self._current = None
 
     def _stopped(self) -> bool:
         with self._lock:
@@ -177,3 +202,9 @@ class DeliveryActor(Child):
                 self.logger.tell(LogEvent(record))
         except Exception as exc:  # e.g. the question stopped meanwhile
             report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
+        if job.note_id is not None and self.note_sent is not None:
+            # hermes ran it (sent, or failed and logged above): no longer owed (9.7)
+            try:
+                self.note_sent(job.note_id)
+            except Exception as exc:
+                report(f"could not record the {job.purpose} for {job.qid} as sent: {exc!r}")

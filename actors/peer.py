@@ -32,6 +32,7 @@ from coms_hermes_bridge.actors.registry import (
 )
 from coms_hermes_bridge.messages.commands import (
     Address,
+    AdmissionRefused,
     CancelQuestion,
     Heartbeat,
     LogEvent,
@@ -212,6 +213,8 @@ class Listener:
                 return Nack(msg_id=msg_id, error=INVALID_PROMPT), None
             try:
                 self._admit(prompt)
+            except AdmissionRefused as exc:  # full (issue 9.10): the reason, word for word
+                return Nack(msg_id=prompt.msg_id, error=str(exc)), None
             except Exception as exc:  # the bridge could not take it: say so, never ack
                 return Nack(msg_id=prompt.msg_id, error=f"{NOT_ADMITTED}: {exc}"), None
             return Ack(msg_id=prompt.msg_id), None

@@ -1,9 +1,10 @@
 """One QuestionActor per open question: its state machine and its timer (C13-C19).
 
 The actor is the only place a question's state changes. Each transition goes
-through the pure `transition` table, is logged, and is reported to the
-Supervisor (which keeps the table of open questions and restarts a crashed
-question from its last reported state). A terminal question stops itself.
+through the pure `transition` table, is written to the question's store row
+(the one record of its state: a restarted question resumes from that row), and
+is logged. A terminal question tells the Router (which keeps the table of open
+questions) and its QuestionSupervisor, and stops itself.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from coms_hermes_bridge.messages.commands import (
     RemoveAnswerFile,
     SendResponse,
     SendText,
-    StateReported,
+    TextPurpose,
     TimedOut,
     UnknownMessage,
 )
@@ -54,6 +55,7 @@ class QuestionActor(Child):
         *,
         spec: QuestionSpec,
         supervisor: Address,
+        router: Address,
         me: Address,
         peer: Address,
         delivery: Address,
@@ -70,6 +72,7 @@ class QuestionActor(Child):
         self.qid = spec.qid
         self.state: State | None = spec.state
         self.me = me
+        self.router = router
         self.peer = peer
         self.delivery = delivery
         self.logger = logger
@@ -138,17 +141,20 @@ class QuestionActor(Child):
                     late = Late(self.qid, self.state)
                     self.watcher.tell(DisposeAnswerFile(name, signature, late))
             case CancelRequested():
-                if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"}):
+                note = self._note(cancel_note(self.qid), "cancel_note")
+                if self._is_open() and self._move(
+                    "cancelled", {"reason": "cancel envelope"}, note=note
+                ):
                     self._close()
-                    self.delivery.tell(SendText(self.qid, cancel_note(self.qid), "cancel_note"))
+                    self.delivery.tell(note)
             case TimedOut():
                 if self._is_open():
                     ms = self.spec.timeout_ms
                     owed = self._owed(None, timeout_error(ms))
-                    if self._move("timeout", {"timeout_ms": ms}, owed=owed):
+                    note = self._note(timeout_note(self.qid, ms), "timeout_note")
+                    if self._move("timeout", {"timeout_ms": ms}, owed=owed, note=note):
                         self._close()
-                        note = timeout_note(self.qid, ms)
-                        self.delivery.tell(SendText(self.qid, note, "timeout_note"))
+                        self.delivery.tell(note)
                         self.peer.tell(owed)
             case _:
                 raise UnknownMessage(self.child_name, message)
@@ -165,13 +171,15 @@ class QuestionActor(Child):
         *,
         owed: SendResponse | None = None,
         answer_file: tuple[str, FileSignature] | None = None,
+        note: SendText | None = None,
     ) -> bool:
-        """Apply a C19 transition, make it durable, log it (C20) and report it.
+        """Apply a C19 transition, make it durable and log it (C20).
 
         The store is written synchronously and first, so that an effect that
         follows is never done for a state a restart would not know about; a
-        response the asker is `owed` is stored with the closing state, so a
-        crash before it is handed over resends it instead of losing it.
+        response the asker is `owed` and a `note` the human is owed are stored
+        with the closing state, so a crash before they are handed over sends
+        them at the next start instead of losing them (issue 9.7).
         """
         state = transition(self.state, event)
         if self.store is not None:
@@ -179,7 +187,12 @@ class QuestionActor(Child):
                 owned = self.store.set_state(self.qid, state, owner=self.child_name)
             else:
                 owned = self.store.close(
-                    self.qid, state, owner=self.child_name, response=owed, answer_file=answer_file
+                    self.qid,
+                    state,
+                    owner=self.child_name,
+                    response=owed,
+                    answer_file=answer_file,
+                    note=note,
                 )
             if not owned:
                 # A repeated qid replaced this question: the qid is its successor's
@@ -189,9 +202,11 @@ class QuestionActor(Child):
                 return False
         self.state = state
         self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
-        if self.state is not None:
-            self.supervisor.tell(StateReported(self.qid, self.state, self.child_name))
         return True
+
+    def _note(self, text: str, purpose: TextPurpose) -> SendText:
+        """A note for the human, with the id under which the store keeps it until sent."""
+        return SendText(self.qid, text, purpose, note_id=f"{self.child_name}:{purpose}")
 
     def _owed(self, response: Any, error: str | None) -> SendResponse:
         """The response the asker is owed, tagged with who owes it (for the outbox)."""
@@ -201,5 +216,7 @@ class QuestionActor(Child):
         """Report the end first, so the open count (ping, C21) is right before anyone
         hears of it; the effects follow in the same message, then the actor stops."""
         self.release()
-        self.supervisor.tell(QuestionClosed(self.qid, self.state, self.child_name))
+        closed = QuestionClosed(self.qid, self.state, self.child_name)
+        self.router.tell(closed)
+        self.supervisor.tell(closed)  # so it stops watching over this question
         self.stop()

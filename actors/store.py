@@ -23,18 +23,23 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 from coms_hermes_bridge.actors.base import report
-from coms_hermes_bridge.messages.commands import FileSignature, QuestionSpec, SendResponse
+from coms_hermes_bridge.messages.commands import (
+    FileSignature,
+    QuestionSpec,
+    SendResponse,
+    SendText,
+)
 from coms_hermes_bridge.messages.model import ParsedPrompt, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CLOSED_MEMORY = 1000
 
 _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
 _BUSY_TIMEOUT_S = 5.0
 
-_SCHEMA = """
+_SCHEMA_V2 = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS open_questions (
     qid TEXT PRIMARY KEY,
@@ -63,6 +68,18 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 """
 
+# Version 3 adds the notes the human is owed (cancel, timeout, late), kept
+# until hermes has run them, so that a kill in between sends them at start.
+_NOTES_TABLE = """
+CREATE TABLE IF NOT EXISTS notes (
+    id TEXT PRIMARY KEY,
+    qid TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    text TEXT NOT NULL,
+    seq INTEGER NOT NULL
+)"""
+_SCHEMA = _SCHEMA_V2 + _NOTES_TABLE + ";\n"
+
 # Version 1 had no owners, no outbox and no memory of the answer file used;
 # a version-1 file is brought up to date in place rather than moved aside.
 _SCHEMA_V1 = """
@@ -87,7 +104,10 @@ _MIGRATIONS = {
         "ALTER TABLE open_questions ADD COLUMN owner TEXT",
         "ALTER TABLE closed_questions ADD COLUMN answer_file TEXT",
     ),
+    2: (_NOTES_TABLE,),
 }
+_SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, SCHEMA_VERSION: _SCHEMA}
+_NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note")
 
 
 class StoreClosedError(RuntimeError):
@@ -109,7 +129,7 @@ def _expected_shapes(version: int = SCHEMA_VERSION) -> dict[str, list[tuple[Any,
     # Derived from the schema text itself so the check can never drift from what we create.
     conn = sqlite3.connect(":memory:")
     try:
-        conn.executescript(_SCHEMA if version == SCHEMA_VERSION else _SCHEMA_V1)
+        conn.executescript(_SCHEMAS[version])
         return _table_shapes(conn)
     finally:
         conn.close()
@@ -333,6 +353,7 @@ class Store:
         owner: str | None = None,
         response: SendResponse | None = None,
         answer_file: tuple[str, FileSignature] | None = None,
+        note: SendText | None = None,
     ) -> bool:
         """Forget an open question, remembering how it ended unless `state` is None.
 
@@ -346,6 +367,8 @@ class Store:
         over, so a crash in between resends it rather than losing it.
         `answer_file` names the file the answer came from, so that a restart
         before the file was removed does not take it for a late answer.
+        `note` is a Telegram note the human is now owed (cancel, timeout): it
+        is kept, in the same transaction, until `note_sent` says hermes ran it.
         With `owner`, a question that is no longer that actor's is left alone
         and False is returned.
         """
@@ -369,6 +392,8 @@ class Store:
                         response.error,
                     ),
                 )
+            if note is not None:
+                self._owe_note(conn, note)
             if state is None:
                 return True
             consumed = None
@@ -386,6 +411,71 @@ class Store:
                 (CLOSED_MEMORY,),
             )
         return True
+
+    @staticmethod
+    def _owe_note(conn: sqlite3.Connection, note: SendText) -> None:
+        if note.note_id is None:
+            raise ValueError("a note kept in the store needs a note_id")
+        conn.execute(
+            "INSERT OR REPLACE INTO notes (id, qid, purpose, text, seq)"
+            " VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM notes))",
+            (note.note_id, note.qid, note.purpose, note.text),
+        )
+
+    def owe_note(self, note: SendText) -> None:
+        """A note decided on its own (a late answer): kept until `note_sent`."""
+        with self._transaction() as conn:
+            self._owe_note(conn, note)
+
+    def note_sent(self, note_id: str) -> None:
+        """hermes has run the note (sent, or failed for good and logged): no longer owed."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM notes WHERE id = ?", (note_id,))
+
+    def owed_notes(self) -> list[SendText]:
+        """Notes decided but not yet run by hermes, oldest first (sent again at start)."""
+        with self._transaction() as conn:
+            rows = conn.execute("SELECT id, qid, purpose, text FROM notes ORDER BY seq").fetchall()
+        notes: list[SendText] = []
+        bad: list[str] = []
+        for note_id, qid, purpose, text in rows:
+            if all(isinstance(v, str) for v in (note_id, qid, text)) and purpose in _NOTE_PURPOSES:
+                notes.append(SendText(qid, text, purpose, note_id=note_id))
+            else:
+                bad.append(note_id)
+                report(f"state database {self.path}: dropped a note owed for {qid!r}")
+        if bad:
+            with self._transaction() as conn:
+                conn.executemany("DELETE FROM notes WHERE id = ?", [(b,) for b in bad])
+        return notes
+
+    def open_spec(self, qid: str, owner: str) -> QuestionSpec | None:
+        """The row of an open question owned by `owner`: what a restarted question resumes from.
+
+        None when the row is gone (the question closed) or is someone else's
+        (a repeated qid replaced it), or when it no longer decodes.
+        """
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT qid, prompt, parsed, timeout_ms, deadline, state FROM open_questions"
+                " WHERE qid = ? AND owner = ?",
+                (qid, owner),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            return _spec(*row)
+        except Exception as exc:
+            report(f"state database {self.path}: cannot read open question {qid!r}: {exc!r:.200}")
+            return None
+
+    def claim(self, qid: str, owner: str) -> bool:
+        """Make `owner` the actor that answers for this open question (restore, restart)."""
+        with self._transaction() as conn:
+            done = conn.execute(
+                "UPDATE open_questions SET owner = ? WHERE qid = ?", (owner, qid)
+            )
+            return done.rowcount > 0
 
     def sent(self, qid: str, owner: str | None = None) -> None:
         """The asker was answered (or is gone for good): the response leaves the outbox.
@@ -409,8 +499,10 @@ class Store:
             try:
                 envelope = PromptEnvelope.model_validate(json.loads(prompt))
                 owed.append(SendResponse(envelope, json.loads(response), error, owner or None))
-            except (ValueError, TypeError) as exc:
-                report(f"state database {self.path}: dropped a response owed for {qid!r}: {exc}")
+            except Exception as exc:  # whatever the decoder raises (RecursionError too)
+                report(
+                    f"state database {self.path}: dropped a response owed for {qid!r}: {exc!r:.200}"
+                )
         return owed
 
     def consumed(self) -> dict[str, tuple[str, FileSignature]]:
@@ -424,7 +516,7 @@ class Store:
             try:
                 name, inode, size, mtime_ns = json.loads(text)
                 used[qid] = (str(name), FileSignature(int(inode), int(size), int(mtime_ns)))
-            except (ValueError, TypeError):
+            except Exception:  # a damaged memory only makes the file look late
                 continue
         return used
 
@@ -437,16 +529,18 @@ class Store:
         """
         with self._transaction() as conn:
             specs: list[QuestionSpec] = []
-            bad_open: list[str] = []
+            bad_open: list[Any] = []
             for qid, prompt, parsed, timeout_ms, deadline, state in conn.execute(
                 "SELECT qid, prompt, parsed, timeout_ms, deadline, state"
                 " FROM open_questions ORDER BY seq, rowid"
             ).fetchall():
                 try:
                     specs.append(_spec(qid, prompt, parsed, timeout_ms, deadline, state))
-                except (ValueError, TypeError) as exc:
-                    bad_open.append(str(qid))
-                    report(f"state database {self.path}: dropped open question {qid!r}: {exc}")
+                except Exception as exc:  # 9.8: RecursionError, MemoryError... never block a start
+                    bad_open.append(qid)
+                    report(
+                        f"state database {self.path}: dropped open question {qid!r}: {exc!r:.200}"
+                    )
             closed: list[tuple[str, State]] = []
             bad_closed: list[str] = []
             for qid, state in conn.execute(

@@ -1,229 +1,192 @@
-"""The Supervisor: the root of the actor tree and the owner of the question table.
+"""The root supervisor: starts its children from child specs and restarts what crashes.
 
-It starts the four permanent children with their collaborators' slots, one
-QuestionActor per open qid, and restarts whatever crashes: permanent children
-always, a question from the state it last reported with its deadline intact.
-Restarts are bounded as in OTP (at most `max_restarts` per child within
-`restart_window_s`); past that the daemon gives up and exits 1 so that its
-service manager starts it afresh.
+Shaped like an OTP supervisor with the `one_for_one` strategy. It holds no
+business state (no questions, no files): only the specs, one slot per child,
+the restart history and the pending backoff timers. Everything it does is
+driven by messages, so it is tested with fake children and a fake clock.
+
+- **Restart types.** `permanent` children are always restarted after a crash,
+  `transient` ones too (a crash is never a normal exit; a child that stops
+  normally sends nothing), `temporary` ones never.
+- **Intensity.** One bound over all children, as OTP's MaxR in MaxT: more than
+  `max_restarts` restarts within `window_s` seconds means a crash loop, and
+  the daemon gives up (`on_fatal`), so that its service manager starts it
+  afresh.
+- **Resource shortages** (out of file descriptors, threads, memory or disk)
+  are not crash loops: restarting at once would fail the same way. Such a
+  child is restarted after an exponential backoff (0.1 s doubling up to 30 s),
+  reported once per episode, and its restarts are not counted. The delay is a
+  message scheduled for later, never a sleep in the supervisor's turn.
+- **Hand-over.** A crashed child's unread messages (and the work it had taken
+  out of its mailbox) come back in its ChildFailed and are replayed, in order,
+  to its successor ahead of anything told to the slot meanwhile.
 """
 
 from __future__ import annotations
 
-import itertools
+import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 
-from coms_hermes_bridge.actors.base import Slot, report, utc_now
-from coms_hermes_bridge.actors.config import BridgeConfig
-from coms_hermes_bridge.actors.delivery import DeliveryActor
-from coms_hermes_bridge.actors.logger import LoggerActor
-from coms_hermes_bridge.actors.peer import PeerActor, PeerIdentity
-from coms_hermes_bridge.actors.question import QuestionActor
-from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store
-from coms_hermes_bridge.actors.watcher import WatcherActor
-from coms_hermes_bridge.messages.commands import (
-    AnswerArrived,
-    AnswerFileSeen,
-    CancelQuestion,
-    CancelRequested,
-    ChildFailed,
-    DisposeAnswerFile,
-    FileSignature,
-    NewQuestion,
-    QuestionClosed,
-    QuestionSpec,
-    QueueDepthQuery,
-    RemoveAnswerFile,
-    SendResponse,
-    SendText,
-    StateReported,
-    UnknownMessage,
-)
-from coms_hermes_bridge.messages.contract import (
-    INVALID_QID_ERROR,
-    Accepted,
-    Late,
-    classify_answer,
-    format_question,
-    parse_prompt,
-    qid_of,
-)
-from coms_hermes_bridge.messages.model import State
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.actors.base import Slot, is_resource_shortage, report
+from coms_hermes_bridge.messages.commands import Address, ChildFailed, RestartChild, UnknownMessage
 
-ADMIT_TIMEOUT_S = 5.0
-PERMANENT = ("logger", "delivery", "watcher", "peer")
+Restart = Literal["permanent", "transient", "temporary"]
+
+# (delay in seconds, what to run then) -> a function that cancels it
+Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]
+
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 30.0
 
 
+def timer_schedule(delay: float, action: Callable[[], None]) -> Callable[[], None]:
+    """The default scheduler: one daemon timer thread per pending restart (there are few)."""
+    timer = threading.Timer(delay, action)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
 
-@dataclass
+
+@dataclass(frozen=True)
 class ChildSpec:
-    """How to (re)start one permanent child, and when it last had to be."""
+    """How to start one child: `start(supervisor, incarnation)` returns its ref.
+
+    `incarnation` counts starts from 0, so a child can tell its first start
+    (resume what the last run left) from a restart. Children are started in
+    the order of the specs and stopped in the reverse order, each given
+    `shutdown_s` to finish.
+    """
 
     slot: Slot
-    start: Callable[[], pykka.ActorRef[Any]]
-    restarts: deque[float] = field(default_factory=deque)
+    start: Callable[[Address, int], pykka.ActorRef[Any]]
+    restart: Restart = "permanent"
+    shutdown_s: float = 1.0
+
+    @property
+    def id(self) -> str:
+        return self.slot.name
 
 
-@dataclass
-class OpenQuestion:
-    """The Supervisor's view of one open question."""
+class Intensity:
+    """MaxR restarts in MaxT seconds, over a monotonic clock; pure and injectable."""
 
-    spec: QuestionSpec
-    slot: Slot
-    child: str
-    answering: bool = False
-    restarts: deque[float] = field(default_factory=deque)
+    def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float]) -> None:
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.clock = clock
+        self._times: deque[tuple[float, str]] = deque()
+
+    def allow(self, who: str = "") -> bool:
+        """Record one restart (of `who`) now; False when it is one too many in the window."""
+        now = self.clock()
+        while self._times and now - self._times[0][0] >= self.window_s:
+            self._times.popleft()
+        self._times.append((now, who))
+        return len(self._times) <= self.max_restarts
+
+    @property
+    def recent(self) -> int:
+        """Restarts recorded within the window (as of the last `allow`)."""
+        return len(self._times)
+
+    def verdict(self) -> str:
+        """Why the bound was passed, for the operator: who crashed how often, and how fast."""
+        whos = {who for _, who in self._times}
+        window = f"{self.window_s:g}s"
+        if len(whos) == 1:
+            return f"{whos.pop()} crashed {len(self._times)} times within {window}"
+        last = self._times[-1][1] if self._times else "?"
+        names = ", ".join(sorted(whos))
+        return f"{len(self._times)} crashes within {window} ({names}; last {last})"
 
 
-class Supervisor(pykka.ThreadingActor):
-    """Root of the tree; never asks a child anything, only tells."""
+class Backoff:
+    """Delays for restarts after resource shortages, per child, with episodes.
+
+    The delay doubles from `first_s` up to `max_s`. An episode (one stderr
+    line) ends when the child has gone `max_s` past its last delay without
+    another shortage.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        first_s: float = BACKOFF_FIRST_S,
+        max_s: float = BACKOFF_MAX_S,
+    ) -> None:
+        self.clock = clock
+        self.first_s = first_s
+        self.max_s = max_s
+        self._state: dict[str, tuple[int, float, float]] = {}  # id -> (attempt, at, delay)
+
+    def next(self, child: str) -> tuple[float, bool]:
+        """The delay before the next restart of `child`, and whether a new episode began."""
+        now = self.clock()
+        attempt, at, delay = self._state.get(child, (0, 0.0, 0.0))
+        fresh = child not in self._state or now - at > delay + self.max_s
+        attempt = 0 if fresh else attempt + 1
+        delay = min(self.first_s * (2**attempt), self.max_s)
+        self._state[child] = (attempt, now, delay)
+        return delay, fresh
+
+    def forget(self, child: str) -> None:
+        self._state.pop(child, None)
+
+
+class RootSupervisor(pykka.ThreadingActor):
+    """one_for_one over child specs; the only business it knows is how to start them."""
 
     use_daemon_thread = True
 
     def __init__(
         self,
         *,
-        config: BridgeConfig,
-        identity: PeerIdentity,
+        specs: Sequence[ChildSpec],
         on_fatal: Callable[[str], None],
-        store: Store | None = None,
         max_restarts: int = 5,
-        restart_window_s: float = 10.0,
-        now: Callable[[], datetime] = utc_now,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        schedule: Schedule = timer_schedule,
     ) -> None:
         super().__init__()
-        self.config = config
-        self.identity = identity
+        self.specs = {spec.id: spec for spec in specs}
+        self.order = [spec.id for spec in specs]
         self.on_fatal = on_fatal
-        self.store = store
-        self.max_restarts = max_restarts
-        self.restart_window_s = restart_window_s
-        self.now = now
-        self.clock = clock
-        self.monotonic = monotonic
-        self.open: dict[str, OpenQuestion] = {}
-        self.consumed: dict[str, tuple[str, FileSignature]] = {}
-        self.closed: OrderedDict[str, State] = OrderedDict()
-        self.children: dict[str, ChildSpec] = {}
-        self._serial = itertools.count(1)
+        self.intensity = Intensity(max_restarts, window_s, clock)
+        self.backoff = Backoff(clock)
+        self.schedule = schedule
+        self.incarnations: dict[str, int] = {}
+        self._pending: dict[str, Callable[[], None]] = {}
         self._failed = False
-        me = self.actor_ref
-        self.logger = Slot("logger")
-        self.delivery = Slot("delivery")
-        self.watcher = Slot("watcher")
-        self.peer = Slot("peer")
-        c = config
-        self._permanent(
-            self.logger, lambda: LoggerActor.start(supervisor=me, log_path=c.log_path)
-        )
-        self._permanent(
-            self.delivery,
-            lambda: DeliveryActor.start(
-                supervisor=me,
-                logger=self.logger,
-                target=c.target,
-                profile=c.hermes_profile,
-                send_timeout_ms=c.send_timeout_ms,
-                hermes=c.hermes,
-                now=now,
-            ),
-        )
-        self._permanent(
-            self.watcher,
-            lambda: WatcherActor.start(
-                supervisor=me,
-                router=me,
-                logger=self.logger,
-                delivery=self.delivery,
-                questions_dir=c.questions_dir,
-                poll_ms=c.poll_ms,
-                claim_s=c.claim_ms / 1000,
-                now=now,
-            ),
-        )
-        self._permanent(
-            self.peer,
-            lambda: PeerActor.start(
-                supervisor=me,
-                identity=identity,
-                questions=me,
-                queue_depth=self._ask_queue_depth,
-                admit=self._admit,
-                settled=store.sent if store is not None else None,
-                logger=self.logger,
-            ),
-        )
-
-    def _permanent(self, slot: Slot, start: Callable[[], pykka.ActorRef[Any]]) -> None:
-        self.children[slot.name] = ChildSpec(slot, start)
-
-    def _admit(self, envelope: PromptEnvelope) -> None:
-        """For the Peer's socket threads: return once the question is stored, so the ack
-        means "durable". An error storing it comes back here, and the asker gets a nack."""
-        try:
-            self.actor_ref.ask(NewQuestion(envelope), block=True, timeout=ADMIT_TIMEOUT_S)
-        except pykka.Timeout:
-            report(f"question {envelope.msg_id} is queued but was not stored within "
-                   f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
-
-    def _ask_queue_depth(self) -> int:
-        """For the Peer's socket and heartbeat threads: a bounded ask, never from an actor."""
-        return int(self.actor_ref.ask(QueueDepthQuery(), block=True, timeout=2.0))
+        self._stopping = False
 
     # -- life ---------------------------------------------------------------
 
     def on_start(self) -> None:
-        # Restore before the watcher's first scan, so that answers written while
-        # the daemon was down find their questions; the Peer goes last: its
-        # registry entry is the daemon's readiness (W7).
-        try:
-            for name in PERMANENT:
-                if name == "watcher":
-                    self._restore()
-                spec = self.children[name]
-                spec.slot.bind(spec.start())
-        except Exception as exc:  # pykka would stop us silently; the daemon must exit
-            self._fatal(f"could not start: {exc!r}")
-            raise
-
-    def _restore(self) -> None:
-        """Reopen what the last run left open, and remember what it closed."""
-        if self.store is None:
-            return
-        open_specs, closed = self.store.load()
-        for qid, state in closed:
-            self._remember_closed(qid, state)
-        self.consumed = self.store.consumed()
-        for owed in self.store.outbox():  # decided before the crash, never handed over
-            self.peer.tell(owed)
-        for spec in open_specs:
-            question = self._start_question(spec)
-            # A question that never got past `pending` may or may not have reached
-            # Telegram: send it again (at-least-once). A fresh one (no state yet)
-            # logs question_received as it starts.
-            if spec.state in (None, "pending"):
-                text = format_question(spec.qid, spec.parsed)
-                self.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
-        if open_specs or closed:
-            report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)")
+        for child in self.order:
+            self._start(child, ())
 
     def on_stop(self) -> None:
-        # The Peer goes first: no new questions while the rest winds down.
-        for name in reversed(PERMANENT):
-            self._stop_ref(self.children[name].slot)
-        for question in list(self.open.values()):
-            self._stop_ref(question.slot)
+        self._stopping = True
+        for cancel in self._pending.values():
+            cancel()
+        self._pending.clear()
+        for child in reversed(self.order):
+            spec = self.specs[child]
+            ref = spec.slot.ref
+            spec.slot.retire()
+            if ref is not None:
+                try:
+                    ref.stop(block=True, timeout=spec.shutdown_s)
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    pass
 
     def on_failure(
         self,
@@ -233,165 +196,62 @@ class Supervisor(pykka.ThreadingActor):
     ) -> None:
         self._fatal(f"supervisor failed: {exception_value!r}")
 
-    @staticmethod
-    def _stop_ref(slot: Slot) -> None:
-        ref = slot.ref
-        slot.retire()
-        if ref is not None:
-            try:
-                ref.stop(block=True, timeout=1.0)
-            except (pykka.ActorDeadError, pykka.Timeout):
-                pass
-
     # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case NewQuestion(envelope=envelope):
-                self._new_question(envelope)
-            case CancelQuestion(envelope=envelope):
-                # C14: anything but an open qid is acked and otherwise ignored
-                question = self.open.get(envelope.ref_msg_id)
-                if question is not None:
-                    question.slot.tell(CancelRequested())
-            case QueueDepthQuery():
-                return len(self.open)
-            case AnswerFileSeen(name=name, content=content, signature=signature):
-                self._route_answer(name, content, signature)
-            case StateReported(qid=qid, state=state, child=child):
-                question = self.open.get(qid)
-                if question is not None and question.child == child:
-                    question.spec = replace(question.spec, state=state)
-            case QuestionClosed(qid=qid, state=state, child=child):
-                self._closed(qid, state, child)
-            case ChildFailed(child=child, error=error, unread=unread):
-                self._child_failed(child, error, unread)
+            case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
+                self._child_failed(child, error, unread, shortage)
+            case RestartChild(child=child, unread=unread):
+                self._pending.pop(child, None)
+                if not self._stopping and not self._failed:
+                    self._start(child, unread)
             case _:
                 raise UnknownMessage("supervisor", message)
         return None
 
-    def _new_question(self, envelope: Any) -> None:
-        qid = qid_of(envelope)
-        if qid is None:  # C3: never reaches Telegram
-            self.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
+    def _child_failed(
+        self, child: str, error: str, unread: tuple[Any, ...], shortage: bool
+    ) -> None:
+        spec = self.specs.get(child)
+        if spec is None or self._failed or self._stopping:
             return
-        replaced = self.open.pop(qid, None)
-        if replaced is not None:  # a repeated qid replaces the old question and its timer
-            # Without waiting: its store rows are guarded by owner, so it cannot
-            # touch its successor's, and its slot drops whatever is told to it now.
-            ref = replaced.slot.ref
-            replaced.slot.retire()
-            if ref is not None:
-                ref.stop(block=False)
-        self.closed.pop(qid, None)
-        spec = QuestionSpec(
-            qid=qid,
-            prompt=envelope,
-            parsed=parse_prompt(envelope),
-            timeout_ms=self.config.timeout_ms,
-            deadline=self.clock() + self.config.timeout_ms / 1000,
-        )
-        question = self._start_question(spec)
-        text = format_question(qid, spec.parsed)
-        self.delivery.tell(SendText(qid, text, "question", reply_to=question.slot))
-
-    def _start_question(self, spec: QuestionSpec) -> OpenQuestion:
-        # The run tag keeps names unique across restarts too: the outbox still
-        # holds responses owed by the previous run's question actors.
-        child = f"question:{spec.qid}:{self.identity.session_id[-8:]}.{next(self._serial)}"
-        question = OpenQuestion(spec, Slot(child), child)
-        if self.store is not None:  # the row exists before delivery is requested
-            self.store.put_open(spec, owner=child)
-        try:
-            question.slot.bind(self._spawn_question(question))
-        except Exception:
-            # no actor, no question: the asker is nacked, so nothing may linger
-            if self.store is not None:
-                self.store.close(spec.qid, None, owner=child)
-            raise
-        self.open[spec.qid] = question
-        return question
-
-    def _spawn_question(self, question: OpenQuestion) -> pykka.ActorRef[Any]:
-        spec, slot, child = question.spec, question.slot, question.child
-        return QuestionActor.start(
-            spec=spec,
-            supervisor=self.actor_ref,
-            me=slot,
-            peer=self.peer,
-            delivery=self.delivery,
-            logger=self.logger,
-            watcher=self.watcher,
-            target=self.config.target,
-            name=child,
-            store=self.store,
-            now=self.now,
-            clock=self.clock,
-        )
-
-    def _route_answer(self, name: str, content: bytes | None, signature: Any) -> None:
-        verdict = classify_answer(name, content, self.open, self.closed)
-        if isinstance(verdict, Accepted):
-            question = self.open[verdict.qid]
-            if not question.answering:  # the same file seen twice is handled once
-                question.answering = True
-                question.slot.tell(AnswerArrived(verdict.answer, name, signature))
-        elif isinstance(verdict, Late) and self.consumed.get(verdict.qid) == (name, signature):
-            # the very file that answered it, left behind by a crash: not a late answer
-            del self.consumed[verdict.qid]
-            self.watcher.tell(RemoveAnswerFile(name, signature))
-        else:
-            self.watcher.tell(DisposeAnswerFile(name, signature, verdict))
-
-    def _closed(self, qid: str, state: State | None, child: str) -> None:
-        question = self.open.get(qid)
-        if question is None or question.child != child:
+        if spec.restart == "temporary":
+            report(f"{child} crashed ({error}); not restarted")
+            spec.slot.retire()
             return
-        del self.open[qid]
-        question.slot.retire()
-        if state is not None:  # C18: a failed delivery leaves no trace of the qid
-            self._remember_closed(qid, state)
-
-    def _remember_closed(self, qid: str, state: State) -> None:
-        self.closed[qid] = state
-        self.closed.move_to_end(qid)
-        while len(self.closed) > CLOSED_MEMORY:
-            self.closed.popitem(last=False)
-
-    # -- supervision --------------------------------------------------------
-
-    def _within_bound(self, restarts: deque[float]) -> bool:
-        now = self.monotonic()
-        while restarts and now - restarts[0] > self.restart_window_s:
-            restarts.popleft()
-        restarts.append(now)
-        return len(restarts) <= self.max_restarts
-
-    def _child_failed(self, child: str, error: str, unread: tuple[Any, ...]) -> None:
-        spec = self.children.get(child)
-        if spec is not None:
-            if not self._within_bound(spec.restarts):
-                self._fatal(f"{child} crashed {self.max_restarts + 1} times within "
-                            f"{self.restart_window_s:g}s; last error: {error}")
-                return
-            report(f"{child} crashed ({error}); restarting it")
-            spec.slot.bind(spec.start(), unread)
+        if shortage:
+            self._later(child, error, unread)
             return
-        for question in self.open.values():
-            if question.child == child:
-                break
-        else:
-            return  # a question that closed or was replaced meanwhile
-        if not self._within_bound(question.restarts):
-            self._fatal(f"question {question.spec.qid} crashed {self.max_restarts + 1} times "
-                        f"within {self.restart_window_s:g}s; last error: {error}")
+        self.backoff.forget(child)
+        if not self.intensity.allow(child):
+            self._fatal(f"{self.intensity.verdict()}; last error: {error}")
             return
         report(f"{child} crashed ({error}); restarting it")
-        # Same slot, so replies already addressed to the question still reach it;
-        # it resumes from its last reported state, and a pending answer file is
-        # offered again by the watcher's next scan.
-        question.answering = False
-        question.slot.bind(self._spawn_question(question), unread)
+        self._start(child, unread)
+
+    def _later(self, child: str, error: str, unread: tuple[Any, ...]) -> None:
+        """A shortage: restart after a backoff delay, as a message to ourselves."""
+        delay, fresh = self.backoff.next(child)
+        if fresh:
+            report(
+                f"{child} ran short of a resource ({error}); restarting it with backoff "
+                f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s"
+            )
+        me = self.actor_ref
+        self._pending[child] = self.schedule(delay, lambda: me.tell(RestartChild(child, unread)))
+
+    def _start(self, child: str, unread: tuple[Any, ...]) -> None:
+        spec = self.specs[child]
+        incarnation = self.incarnations.get(child, 0)
+        self.incarnations[child] = incarnation + 1
+        try:
+            ref = spec.start(self.actor_ref, incarnation)
+        except Exception as exc:  # e.g. no thread for it: the same as a crash at start
+            error = f"{type(exc).__name__}: {exc}"
+            self._child_failed(child, error, unread, is_resource_shortage(exc))
+            return
+        spec.slot.bind(ref, unread)
 
     def _fatal(self, reason: str) -> None:
         if not self._failed:

@@ -6,17 +6,22 @@ are the pydantic models of `messages.wire` and `messages.model`.
 
 Who sends what (see docs/architecture.md for the picture):
 
-    Peer      -> Supervisor : NewQuestion, CancelQuestion
-    non-actor -> Supervisor : QueueDepthQuery (ask, with a timeout)
-    Supervisor-> Question   : AnswerArrived, CancelRequested
-    Question  -> Supervisor : StateReported, QuestionClosed
+    Peer      -> Router     : NewQuestion (ask, from a socket thread), CancelQuestion
+    non-actor -> Router     : QueueDepthQuery (ask, with a timeout)
+    Router    -> Question   : AnswerArrived, CancelRequested
+    Router    -> QuestionSupervisor : StartQuestion, ResetQuestions
+    QuestionSupervisor -> Router    : QuestionRestarted, RestoreQuestions, QuestionClosed
+    Question  -> Router, QuestionSupervisor : QuestionClosed
     Question  -> Delivery   : SendText          Delivery -> Question : Delivered, DeliveryFailed
     Question  -> Peer       : SendResponse
     Question  -> Watcher    : RemoveAnswerFile
-    Watcher   -> Supervisor : AnswerFileSeen    Supervisor -> Watcher : DisposeAnswerFile
-    Watcher   -> Delivery   : SendText (late and unreadable-answer notes)
+    Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : DisposeAnswerFile,
+                                                                    RemoveAnswerFile
+    Router    -> Delivery   : SendText (late notes, owed in the store)
+    Watcher   -> Delivery   : SendText (unreadable-answer notes)
     anyone    -> Logger     : LogEvent
-    child     -> Supervisor : ChildFailed
+    child     -> its supervisor : ChildFailed
+    supervisor timers -> supervisor: RestartChild
     helper threads -> their own actor: FilesChanged, Rescan, WatchEnded, WatchLost,
                                        TimedOut, Heartbeat
 """
@@ -68,6 +73,10 @@ class QueueDepthQuery:
     """Asked by the socket and heartbeat threads: how many questions are open (C21, W6)."""
 
 
+class AdmissionRefused(Exception):
+    """The Router will not take a prompt; the text is the nack's error, word for word."""
+
+
 # -- the question's life -------------------------------------------------------
 
 
@@ -88,19 +97,6 @@ class CancelRequested:
 @dataclass(frozen=True, slots=True)
 class TimedOut:
     """The question's timer fired (C17)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StateReported:
-    """A question's new state, so the Supervisor can restart it where it was.
-
-    `child` names the reporting actor: a question replaced by a repeated qid
-    may still report, and must not be mistaken for its successor.
-    """
-
-    qid: str
-    state: State
-    child: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +125,7 @@ class SendText:
     text: str
     purpose: TextPurpose
     reply_to: Address | None = None
+    note_id: str | None = None  # a note owed in the store, cleared once hermes has run it
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +252,46 @@ class ChildFailed:
     child: str
     error: str
     unread: tuple[Any, ...] = field(default=())
+    shortage: bool = False  # the machine ran short (fds, threads, memory, disk): back off
+
+
+@dataclass(frozen=True, slots=True)
+class RestartChild:
+    """A supervisor's own reminder: restart `child` now (after a backoff delay)."""
+
+    child: str
+    unread: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StartQuestion:
+    """Router -> QuestionSupervisor: run a QuestionActor named `child` behind `slot`.
+
+    `spec` is what the store row held when the Router wrote or read it; a
+    restart reads the row again, which is the only record of the question.
+    """
+
+    spec: QuestionSpec
+    child: str
+    slot: Any  # a base.Slot; typed loosely to keep messages free of actor code
+
+
+@dataclass(frozen=True, slots=True)
+class ResetQuestions:
+    """Router -> QuestionSupervisor: stop every question; the Router restarts them from rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreQuestions:
+    """A restarted QuestionSupervisor has no children: the Router starts them again."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionRestarted:
+    """QuestionSupervisor -> Router: `child` crashed and runs again; offer its answer anew."""
+
+    qid: str
+    child: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -497,6 +497,62 @@ def classify_answer(
     return validate_answer(name, content, pending)
 
 
+@dataclass(frozen=True, slots=True)
+class Answering:
+    """The qid's question is already handling an answer: the same file seen again."""
+
+    qid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToValidate:
+    """The name is an open, idle question's: only now is the content worth parsing."""
+
+    qid: str
+
+
+Triage = ToValidate | Answering | Late | Rejected
+
+
+def triage_answer(
+    name: str, answering: Mapping[str, bool], closed: Mapping[str, State]
+) -> Triage:
+    """C15, C9: what the name alone decides, before a byte of the content is parsed.
+
+    `answering` maps each open qid to whether its question is already handling
+    an answer. Late (closed qid), foreign (unknown qid) and a second sighting
+    of a file being answered are decided here; only an open question's file
+    goes on to `validate_answer`.
+    """
+    qid = qid_of_name(name)
+    if isinstance(qid, Rejected):
+        return qid
+    if qid in closed:
+        return Late(qid, closed[qid])
+    busy = answering.get(qid)
+    if busy is None:
+        return Rejected("foreign_qid", qid)
+    return Answering(qid) if busy else ToValidate(qid)
+
+
+# -- admission and cancel (issue 9.10, C13, C14) -------------------------------
+
+
+def over_capacity(open_count: int, max_open: int, replaces: bool) -> str | None:
+    """Issue 9.10: the nack for a prompt past `--max-open`, or None to admit it.
+
+    A repeated qid replaces its open question, so it does not add to the count.
+    """
+    if not replaces and open_count >= max_open:
+        return f"bridge has {open_count} open questions; try again later"
+    return None
+
+
+def cancel_target(ref_msg_id: str, open_qids: Container[str]) -> str | None:
+    """C13, C14: the open question a cancel ends, or None (acked, otherwise ignored)."""
+    return ref_msg_id if ref_msg_id in open_qids else None
+
+
 def grace_ms(poll_ms: float) -> float:
     """C10: how long a file that is not JSON yet may stay, from its first sighting."""
     return max(2 * poll_ms, 1000)

@@ -32,6 +32,7 @@ Event = Literal[
     "response_failed",
     "duplicate_refused",
     "cancel_refused",
+    "question_failed",
 ]
 
 RejectReason = Literal[

@@ -29,7 +29,6 @@ from coms_hermes_bridge.messages.commands import (
     RemoveAnswerFile,
     SendResponse,
     SendText,
-    StateReported,
     TimedOut,
 )
 from coms_hermes_bridge.messages.contract import Late, parse_prompt
@@ -59,6 +58,7 @@ class Rig:
     ref: pykka.ActorRef[Any]
     slot: Slot
     supervisor: FakeRef
+    router: FakeRef
     peer: FakeRef
     delivery: FakeRef
     logger: FakeRef
@@ -89,7 +89,8 @@ def start() -> Iterator[Any]:
         )
         if store is not None:
             store.put_open(spec, owner="question:x:1")
-        fakes = {n: FakeRef(n) for n in ("supervisor", "peer", "delivery", "logger", "watcher")}
+        names = ("supervisor", "router", "peer", "delivery", "logger", "watcher")
+        fakes = {n: FakeRef(n) for n in names}
         slot = Slot("question")
         ref = QuestionActor.start(
             spec=spec,
@@ -112,22 +113,33 @@ def answer(text: str) -> AnswerArrived:
     return AnswerArrived(body, f"{QID}.answer.json", SIG)
 
 
-def test_new_question_is_logged_and_reported(start: Any) -> None:
-    # C2, C19: none + question_received -> pending (the Supervisor requests delivery)
-    rig = start()
+def _row_state(store: Store) -> Any:
+    spec = store.open_spec(QID, "question:x:1")
+    return spec.state if spec is not None else "gone"
+
+
+def test_new_question_is_logged_and_stored(start: Any, tmp_path: Any) -> None:
+    # C2, C19: none + question_received -> pending (the Router requests delivery);
+    # issue 13.3: the store row is the one record of the state
+    store = Store.open(tmp_path / "state.sqlite3")
+    rig = start(store=store)
     assert rig.events(1) == [("question_received", {"from": "builder"})]
-    assert rig.supervisor.expect(StateReported) == StateReported(QID, "pending", "question:x:1")
+    assert _row_state(store) == "pending"
     rig.delivery.quiet()
+    rig.supervisor.quiet(0)
+    rig.router.quiet(0)
+    store.shutdown()
 
 
-def test_delivered(start: Any) -> None:
-    # C19: pending + delivered -> delivered, logged with the target
-    rig = start()
+def test_delivered(start: Any, tmp_path: Any) -> None:
+    # C19: pending + delivered -> delivered, logged with the target, stored
+    store = Store.open(tmp_path / "state.sqlite3")
+    rig = start(store=store)
     rig.slot.tell(Delivered(QID))
     assert rig.events(2)[1] == ("delivered", {"to": "telegram"})
-    rig.supervisor.expect(StateReported)
-    assert rig.supervisor.expect(StateReported).state == "delivered"
+    assert _row_state(store) == "delivered"
     assert rig.ref.is_alive()
+    store.shutdown()
 
 
 def test_delivery_failure_drops_the_question_and_tells_the_asker(start: Any) -> None:
@@ -138,6 +150,7 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(start: Any) -> 
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "hermes send failed (3): chat not found", "question:x:1"
     )
+    assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
     assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
     wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
 
@@ -164,6 +177,7 @@ def test_answer_closes_the_question(
     assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
     assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None, "question:x:1")
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
+    assert rig.router.expect(QuestionClosed).state == "answered"
     assert rig.supervisor.expect(QuestionClosed).state == "answered"
     wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
 
@@ -178,8 +192,9 @@ def test_cancel_sends_the_note_and_no_response(start: Any, delivered: bool) -> N
     assert rig.events(3 if delivered else 2)[-1] == ("cancelled", {"reason": "cancel envelope"})
     note = rig.delivery.expect(SendText)
     assert note.purpose == "cancel_note" and note.reply_to is None
+    assert note.note_id == "question:x:1:cancel_note"
     assert note.text == f"✖ [HUB-Q:{QID}] The question was cancelled — it was answered from the console."
-    assert rig.supervisor.expect(QuestionClosed).state == "cancelled"
+    assert rig.router.expect(QuestionClosed).state == "cancelled"
     rig.peer.quiet()
 
 
@@ -192,12 +207,12 @@ def test_timer_expiry(start: Any, delivered: bool) -> None:
     events = rig.events(3 if delivered else 2)
     assert events[-1] == ("timeout", {"timeout_ms": 250})
     note = rig.delivery.expect(SendText)
-    assert note.purpose == "timeout_note"
+    assert note.purpose == "timeout_note" and note.note_id == "question:x:1:timeout_note"
     assert note.text == f"⌛ [HUB-Q:{QID}] The question timed out after 250ms."
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "no remote answer within 250ms", "question:x:1"
     )
-    assert rig.supervisor.expect(QuestionClosed).state == "timeout"
+    assert rig.router.expect(QuestionClosed).state == "timeout"
 
 
 @pytest.mark.parametrize(
@@ -211,9 +226,9 @@ def test_answer_after_each_terminal_state_is_late(start: Any, closing: Any, stat
     rig.slot.tell(answer("2"))  # queued before the actor stops itself
     dispose = rig.watcher.expect(DisposeAnswerFile)
     assert dispose == DisposeAnswerFile(f"{QID}.answer.json", SIG, Late(QID, state))  # type: ignore[arg-type]
-    assert rig.supervisor.expect(QuestionClosed).state == state
+    assert rig.router.expect(QuestionClosed).state == state
     wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
-    rest = [rig.supervisor.inbox.get_nowait() for _ in range(rig.supervisor.inbox.qsize())]
+    rest = [rig.router.inbox.get_nowait() for _ in range(rig.router.inbox.qsize())]
     assert not [m for m in rest if isinstance(m, QuestionClosed)]  # closed exactly once
 
 
@@ -298,6 +313,40 @@ def test_a_replaced_question_does_nothing_more(start: Any, tmp_path: Any) -> Non
 def test_restart_in_a_terminal_state_closes_at_once(start: Any, state: State) -> None:
     # crashed after its end but before reporting it: it must not linger as open
     rig = start(state=state)
-    assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, state, "question:x:1")
+    assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, state, "question:x:1")
     wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
     rig.logger.quiet()
+
+
+class SnapshotDelivery(FakeRef):
+    """A Delivery that notes which notes the store owed at the moment it was told."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__("delivery")
+        self.store = store
+        self.owed_when_told: list[list[SendText]] = []
+
+    def tell(self, message: Any) -> None:
+        self.owed_when_told.append(self.store.owed_notes())
+        super().tell(message)
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "timeout"])
+def test_the_note_is_owed_in_the_closing_transaction(
+    start: Any, tmp_path: Any, ending: str
+) -> None:
+    # issue 9.7: the note is stored with the state change that causes it, before
+    # Delivery is told, and stays owed until hermes has run it
+    store = Store.open(tmp_path / "state.sqlite3")
+    rig = start(store=store, timeout_s=0.3 if ending == "timeout" else 60)
+    delivery = SnapshotDelivery(store)
+    rig.ref.proxy().delivery = delivery  # white-box: swap in the snapshotting collaborator
+    if ending == "cancelled":
+        rig.slot.tell(CancelRequested())
+    note = delivery.expect(SendText)
+    assert delivery.owed_when_told == [[note]]
+    assert store.load() == ([], [(QID, ending)])
+    assert store.owed_notes() == [note]
+    store.note_sent(note.note_id or "")
+    assert store.owed_notes() == []
+    store.shutdown()

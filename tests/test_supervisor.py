@@ -1,4 +1,4 @@
-"""The Supervisor in-process: crash children with injected exceptions, watch them heal."""
+"""The whole tree in-process: crash children with injected exceptions, watch them heal."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.actors.peer import resolve_identity
-from coms_hermes_bridge.actors.supervisor import Supervisor
+from coms_hermes_bridge.actors.router import QuestionRouter
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.tree import Tree as ActorTree
+from coms_hermes_bridge.actors.tree import start_tree
 from tests.bridge_process import Asker, request
 from tests.fakes import wait_for
 from tests.hermes_fake import FakeHermes
@@ -29,8 +32,8 @@ class Boom:
 
 @dataclass
 class Tree:
-    ref: pykka.ActorRef[Supervisor]
-    sup: Supervisor
+    tree: ActorTree
+    store: Store
     asker: Asker
     hermes: FakeHermes
     questions: Path
@@ -50,12 +53,25 @@ class Tree:
         tmp.rename(self.questions / f"{qid}.answer.json")
 
     def child_ref(self, name: str) -> Any:
-        return self.sup.children[name].slot.ref
+        return self.tree.slots[name].ref
 
     def crash(self, name: str) -> Any:
         before = self.child_ref(name)
-        self.sup.children[name].slot.tell(Boom())
+        self.tree.slots[name].tell(Boom())
         return wait_for(lambda: (r := self.child_ref(name)) is not before and r, what=f"{name} restarted")
+
+    @property
+    def router(self) -> QuestionRouter:
+        actor = self.child_ref("router")._actor_weakref()  # white-box: the table
+        assert actor is not None
+        return actor  # type: ignore[no-any-return]
+
+    def state(self, qid: str) -> Any:
+        question = self.router.open.get(qid)
+        if question is None:
+            return None
+        spec = self.store.open_spec(qid, question.child)
+        return spec.state if spec is not None else None
 
 
 @pytest.fixture
@@ -75,16 +91,18 @@ def tree() -> Iterator[Tree]:
         fatal.append(reason)
         event.set()
 
-    ref = Supervisor.start(
-        config=config, identity=identity, on_fatal=on_fatal, max_restarts=3, restart_window_s=10
+    store = Store.open(config.state_path)
+    actors = start_tree(
+        config=config, identity=identity, store=store, on_fatal=on_fatal, max_restarts=3,
+        window_s=10,
     )
-    sup = ref._actor_weakref()  # white-box: the test inspects the tree it built
-    assert sup is not None
     entry = config.coms_dir / "projects" / "default" / "agents" / "user-remote.json"
     wait_for(entry.exists, what="peer ready")
     asker = Asker(base)
-    yield Tree(ref, sup, asker, hermes, config.questions_dir, str(identity.endpoint), fatal, event)
+    yield Tree(actors, store, asker, hermes, config.questions_dir, str(identity.endpoint), fatal,
+               event)
     pykka.ActorRegistry.stop_all()
+    store.shutdown()
     asker.close()
     shutil.rmtree(base, ignore_errors=True)
 
@@ -117,32 +135,31 @@ def test_crashed_child_is_restarted_and_works(tree: Tree, child: str) -> None:
 
 def test_crashed_question_is_restarted_and_still_answered(tree: Tree) -> None:
     qid = tree.ask("crash me?")
-    wait_for(lambda: tree.sup.open.get(qid) and tree.sup.open[qid].spec.state == "delivered",
-             what="delivered")
-    question = tree.sup.open[qid]
+    wait_for(lambda: tree.state(qid) == "delivered", what="delivered")
+    question = tree.router.open[qid]
     before = question.slot.ref
     question.slot.tell(Boom())
     wait_for(lambda: question.slot.ref is not before, what="question restarted")
-    assert tree.sup.open[qid].spec.state == "delivered"
+    assert tree.state(qid) == "delivered"  # resumed from its row
     tree.answer(qid, "survived")
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "survived"}
     # one question_received, no second hermes send
     assert len(tree.hermes.calls()) == 1
+    assert tree.fatal == []
 
 
 def test_a_crash_in_one_question_does_not_touch_another(tree: Tree) -> None:
     a, b = tree.ask("a?"), tree.ask("b?")
-    wait_for(lambda: all(tree.sup.open[q].spec.state == "delivered" for q in (a, b)),
-             what="both delivered")
-    crashed = tree.sup.open[a].slot
+    wait_for(lambda: all(tree.state(q) == "delivered" for q in (a, b)), what="both delivered")
+    crashed = tree.router.open[a].slot
     before = crashed.ref
     crashed.tell(Boom())
     tree.answer(b, "b answered")
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "b answered"}
-    wait_for(lambda: b not in tree.sup.open, what="b closed")
+    wait_for(lambda: b not in tree.router.open, what="b closed")
     # a was restarted in place and is still open and answerable
     wait_for(lambda: crashed.ref is not before, what="a restarted")
-    assert tree.sup.open[a].spec.state == "delivered"
+    assert tree.state(a) == "delivered"
     tree.answer(a, "a answered")
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "a answered"}
 
@@ -151,7 +168,7 @@ def test_restart_bound_exceeded_is_fatal(tree: Tree) -> None:
     # at most N restarts per child within T seconds; past that the daemon gives up
     for _ in range(3):
         tree.crash("logger")
-    tree.sup.children["logger"].slot.tell(Boom())
+    tree.tree.slots["logger"].tell(Boom())
     assert tree.fatal_event.wait(5)
     assert tree.fatal[0].startswith("logger crashed 4 times within 10s")
 
@@ -169,4 +186,18 @@ def test_deleted_questions_directory_heals(tree: Tree) -> None:  # issue 9.3
     assert tree.questions.stat().st_mode & 0o777 == 0o700
     tree.answer(qid, "still here")
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "still here"}
+    assert tree.fatal == []
+
+@pytest.mark.parametrize("child", ["router", "questions"])
+def test_open_question_survives_a_crash_of_the_router_or_question_supervisor(
+    tree: Tree, child: str
+) -> None:
+    # issue 13.2: the table is rebuilt from the store; the questions start again from their rows
+    qid = tree.ask("still open after the crash?")
+    wait_for(lambda: tree.state(qid) == "delivered", what="delivered")
+    tree.crash(child)
+    wait_for(lambda: tree.state(qid) == "delivered", what="question running again")
+    tree.answer(qid, "yes")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "yes"}
+    assert len(tree.hermes.calls()) == 1  # delivered before: not sent again
     assert tree.fatal == []

@@ -1,0 +1,225 @@
+"""QuestionSupervisor: runs the QuestionActors, one per open qid, as transient children.
+
+A dynamic supervisor (OTP's simple_one_for_one): the Router tells it which
+questions to run; it starts each behind the Slot the Router reaches it by,
+and restarts one that crashes from the question's store row (the only record
+of its state), replaying what it had not read yet. A question that ends
+normally tells it so and is forgotten; nothing restarts it.
+
+Its intensity is per question: a question that crashes more than
+`max_restarts` times within `window_s` seconds is poison. It is closed in the
+store with an error response owed to its asker (`bridge failed on this
+question: <error>`), logged as `question_failed`, and not restored on the
+next start; the daemon and every other question live on. A crash caused by a
+resource shortage is retried with backoff instead and not counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pykka
+
+from coms_hermes_bridge.actors.base import Child, Slot, is_resource_shortage, report, utc_now
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervisor import Backoff, Intensity, Schedule, timer_schedule
+from coms_hermes_bridge.messages.commands import (
+    Address,
+    ChildFailed,
+    LogEvent,
+    QuestionClosed,
+    QuestionRestarted,
+    QuestionSpec,
+    ResetQuestions,
+    RestartChild,
+    RestoreQuestions,
+    SendResponse,
+    StartQuestion,
+    UnknownMessage,
+)
+from coms_hermes_bridge.messages.contract import log_record
+
+FAILED_PREFIX = "bridge failed on this question"
+# A question's error, as the asker reads it, is kept to a readable size.
+_ERROR_LIMIT = 500
+
+# (spec, child name, its slot, this supervisor's address) -> the question's ref
+QuestionFactory = Callable[[QuestionSpec, str, Slot, Address], pykka.ActorRef[Any]]
+
+
+def failed_error(error: str) -> str:
+    """The error response a poison question's asker gets."""
+    if len(error) > _ERROR_LIMIT:
+        error = error[: _ERROR_LIMIT - 1] + "…"
+    return f"{FAILED_PREFIX}: {error}"
+
+
+@dataclass
+class Running:
+    """One question this supervisor watches over."""
+
+    spec: QuestionSpec
+    slot: Slot
+    intensity: Intensity
+
+
+class QuestionSupervisor(Child):
+    """Starts, restarts and, past its bound, gives up on single questions."""
+
+    def __init__(
+        self,
+        *,
+        supervisor: Address,
+        router: Address,
+        peer: Address,
+        logger: Address,
+        store: Store,
+        start_question: QuestionFactory,
+        me: Address | None = None,
+        first_start: bool = True,
+        max_restarts: int = 3,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        schedule: Schedule = timer_schedule,
+        now: Callable[[], datetime] = utc_now,
+        name: str = "questions",
+    ) -> None:
+        super().__init__(name, supervisor)
+        self.router = router
+        self.peer = peer
+        self.logger = logger
+        self.store = store
+        self.start_question = start_question
+        self.me: Address = me if me is not None else self.actor_ref
+        self.first_start = first_start
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.clock = clock
+        self.schedule = schedule
+        self.now = now
+        self.backoff = Backoff(clock)
+        self.running: dict[str, Running] = {}
+        self._pending: dict[str, Callable[[], None]] = {}
+
+    # -- life ---------------------------------------------------------------
+
+    def begin(self) -> None:
+        if not self.first_start:
+            # the questions died with the last incarnation: the Router starts them again
+            self.router.tell(RestoreQuestions())
+
+    def release(self) -> None:
+        for cancel in self._pending.values():
+            cancel()
+        self._pending.clear()
+        for child in list(self.running):
+            self._stop_question(child)
+
+    def _stop_question(self, child: str) -> None:
+        running = self.running.pop(child, None)
+        if running is None:
+            return
+        ref = running.slot.ref
+        running.slot.retire()
+        if ref is not None:
+            try:
+                ref.stop(block=False)
+            except pykka.ActorDeadError:
+                pass
+
+    # -- messages -----------------------------------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        match message:
+            case StartQuestion(spec=spec, child=child, slot=slot):
+                intensity = Intensity(self.max_restarts, self.window_s, self.clock)
+                self.running[child] = Running(spec, slot, intensity)
+                self._spawn(child, spec, ())
+            case QuestionClosed(child=child):
+                running = self.running.pop(child, None)
+                self.backoff.forget(child)
+                cancel = self._pending.pop(child, None)
+                if cancel is not None:
+                    cancel()
+                del running
+            case ResetQuestions():
+                for cancel in self._pending.values():
+                    cancel()
+                self._pending.clear()
+                for child in list(self.running):
+                    self._stop_question(child)
+            case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
+                self._failed(child, error, unread, shortage)
+            case RestartChild(child=child, unread=unread):
+                self._pending.pop(child, None)
+                self._restart(child, unread)
+            case _:
+                raise UnknownMessage(self.child_name, message)
+
+    def _spawn(self, child: str, spec: QuestionSpec, unread: tuple[Any, ...]) -> None:
+        running = self.running[child]
+        try:
+            ref = self.start_question(spec, child, running.slot, self.me)
+        except Exception as exc:  # no thread for it, say: as if it had crashed at once
+            self._failed(child, f"{type(exc).__name__}: {exc}", unread, is_resource_shortage(exc))
+            return
+        running.slot.bind(ref, unread)
+
+    def _failed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool) -> None:
+        running = self.running.get(child)
+        if running is None:
+            return  # closed or replaced meanwhile: nothing to restart
+        if shortage:
+            delay, fresh = self.backoff.next(child)
+            if fresh:
+                report(f"{child} ran short of a resource ({error}); retrying with backoff")
+            me = self.me
+            self._pending[child] = self.schedule(
+                delay, lambda: me.tell(RestartChild(child, unread))
+            )
+            return
+        if not running.intensity.allow():
+            self._give_up(child, running, error)
+            return
+        report(f"{child} crashed ({error}); restarting it")
+        self._restart(child, unread)
+
+    def _restart(self, child: str, unread: tuple[Any, ...]) -> None:
+        running = self.running.get(child)
+        if running is None:
+            return
+        # The row is the question's state; a question without one has ended
+        # (or was replaced by a repeated qid), and there is nothing to resume.
+        spec = self.store.open_spec(running.spec.qid, child)
+        if spec is None:
+            self._stop_question(child)
+            self.router.tell(QuestionClosed(running.spec.qid, None, child))
+            return
+        running.spec = spec
+        self.router.tell(QuestionRestarted(spec.qid, child))
+        self._spawn(child, spec, unread)
+
+    def _give_up(self, child: str, running: Running, error: str) -> None:
+        """A poison question: closed with an error for its asker, never restored."""
+        spec = running.spec
+        self._stop_question(child)
+        owed = SendResponse(spec.prompt, None, failed_error(error), child)
+        try:
+            owned = self.store.close(spec.qid, None, owner=child, response=owed)
+        except Exception as exc:  # the asker is still told; the next start may retry it
+            report(f"could not record question {spec.qid} as failed: {exc!r}")
+            owned = True
+        report(
+            f"question {spec.qid} crashed {running.intensity.recent} times within "
+            f"{self.window_s:g}s; closed it with an error ({error})"
+        )
+        self.router.tell(QuestionClosed(spec.qid, None, child))
+        if not owned:
+            return  # replaced meanwhile: its successor answers for the qid
+        record = log_record(self.now(), spec.qid, "question_failed", {"error": error})
+        self.logger.tell(LogEvent(record))
+        self.peer.tell(owed)

@@ -1,0 +1,306 @@
+"""QuestionRouter: the table of open questions, and every decision that needs it.
+
+It owns the qid -> question table, the memory of recently closed qids and of
+the answer files they used, admission (a prompt is stored before its ack, and
+refused past `--max-open`), answer routing and cancel routing, and it answers
+the queue depth. It runs no question itself: the QuestionSupervisor does, and
+the Router reaches each question through the question's Slot, so an answer
+file takes two hops (Watcher -> Router -> Question).
+
+The decisions are pure functions in `messages.contract` (`triage_answer`,
+`validate_answer`, `over_capacity`, `cancel_target`); this actor applies them
+to its table and does what they say.
+
+Its table is rebuilt from the store whenever it starts: on the daemon's start
+(restore) and after a crash of its own or of the QuestionSupervisor (the
+questions are then started afresh from their rows, under new names, so the
+owner guard in the store keeps any leftover actor from writing).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ulid import ULID
+
+from coms_hermes_bridge.actors.base import Child, Slot, report, utc_now
+from coms_hermes_bridge.actors.config import DEFAULT_MAX_OPEN
+from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store
+from coms_hermes_bridge.messages.commands import (
+    Address,
+    AdmissionRefused,
+    AnswerArrived,
+    AnswerFileSeen,
+    CancelQuestion,
+    CancelRequested,
+    DisposeAnswerFile,
+    FileSignature,
+    LogEvent,
+    NewQuestion,
+    QuestionClosed,
+    QuestionRestarted,
+    QuestionSpec,
+    QueueDepthQuery,
+    RemoveAnswerFile,
+    ResetQuestions,
+    RestoreQuestions,
+    SendResponse,
+    SendText,
+    StartQuestion,
+    UnknownMessage,
+)
+from coms_hermes_bridge.messages.contract import (
+    INVALID_QID_ERROR,
+    Accepted,
+    Answering,
+    Late,
+    Rejected,
+    ToValidate,
+    cancel_target,
+    format_question,
+    late_note,
+    log_record,
+    over_capacity,
+    parse_prompt,
+    qid_of,
+    triage_answer,
+    validate_answer,
+)
+from coms_hermes_bridge.messages.model import State
+from coms_hermes_bridge.messages.wire import PromptEnvelope
+
+# Late files already judged (name, version): a rescan must not send a second note.
+_JUDGED_MEMORY = 1000
+
+
+@dataclass
+class OpenQuestion:
+    """The Router's view of one open question: where to reach it, and if it is answering."""
+
+    qid: str
+    child: str
+    slot: Slot
+    answering: bool = False
+
+
+class QuestionRouter(Child):
+    """Owns the question table; told by the Peer, the Watcher and the questions."""
+
+    def __init__(
+        self,
+        *,
+        supervisor: Address,
+        questions: Address,
+        peer: Address,
+        delivery: Address,
+        watcher: Address,
+        logger: Address,
+        store: Store,
+        timeout_ms: float,
+        run_tag: str,
+        max_open: int = DEFAULT_MAX_OPEN,
+        resume_owed: bool = True,
+        now: Callable[[], datetime] = utc_now,
+        clock: Callable[[], float] = time.time,
+        name: str = "router",
+    ) -> None:
+        super().__init__(name, supervisor)
+        self.questions = questions
+        self.peer = peer
+        self.delivery = delivery
+        self.watcher = watcher
+        self.logger = logger
+        self.store = store
+        self.timeout_ms = timeout_ms
+        self.run_tag = run_tag
+        self.max_open = max_open
+        self.resume_owed = resume_owed
+        self.now = now
+        self.clock = clock
+        self.open: dict[str, OpenQuestion] = {}
+        self.closed: OrderedDict[str, State] = OrderedDict()
+        self.consumed: dict[str, tuple[str, FileSignature]] = {}
+        self._judged: OrderedDict[tuple[str, FileSignature], None] = OrderedDict()
+        self._serial = itertools.count(1)
+
+    # -- life ---------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Rebuild the table from the store before the first message is read.
+
+        The Watcher's files and the Peer's prompts queue in this actor's
+        mailbox meanwhile, so answers written while the daemon was down find
+        their questions, and no prompt is admitted against a half-built table.
+        """
+        open_specs, closed = self.store.load()
+        for qid, state in closed:
+            self._remember_closed(qid, state)
+        self.consumed = self.store.consumed()
+        if self.resume_owed:  # decided by the last run, never handed over
+            for owed in self.store.outbox():
+                self.peer.tell(owed)
+            for note in self.store.owed_notes():
+                self.delivery.tell(note)
+        self._restart_all(open_specs)
+        if self.resume_owed and (open_specs or closed):
+            report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)")
+
+    def _restart_all(self, specs: list[QuestionSpec]) -> None:
+        """Start every open question afresh from its row (start, or after a crash)."""
+        for old in self.open.values():
+            old.slot.retire()
+        self.open.clear()
+        self.questions.tell(ResetQuestions())
+        for spec in specs:
+            started = self._start(spec, claim=True)
+            # A question that never got past `pending` may or may not have reached
+            # Telegram: send it again (at least once). A fresh one (no state yet)
+            # logs question_received as it starts.
+            if started is not None and spec.state in (None, "pending"):
+                self._deliver(spec, started)
+
+    # -- messages -----------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case NewQuestion(envelope=envelope):
+                self._new_question(envelope)
+            case CancelQuestion(envelope=envelope):
+                qid = cancel_target(envelope.ref_msg_id, self.open)
+                if qid is not None:
+                    self.open[qid].slot.tell(CancelRequested())
+            case QueueDepthQuery():
+                return len(self.open)
+            case AnswerFileSeen(name=name, content=content, signature=signature):
+                self._route_answer(name, content, signature)
+            case QuestionClosed(qid=qid, state=state, child=child):
+                self._closed(qid, state, child)
+            case QuestionRestarted(qid=qid, child=child):
+                question = self.open.get(qid)
+                if question is not None and question.child == child:
+                    # the answer it was handling may have died with it: take it again
+                    question.answering = False
+            case RestoreQuestions():
+                self._restart_all(self.store.load()[0])
+            case _:
+                raise UnknownMessage(self.child_name, message)
+        return None
+
+    def _new_question(self, envelope: PromptEnvelope) -> None:
+        """Admission: called by the Peer's socket thread through a bounded ask.
+
+        Returns once the question is stored (the ack means "durable"); raises
+        AdmissionRefused when the bridge is full, and anything else when the
+        store could not take it: the asker is nacked either way.
+        """
+        qid = qid_of(envelope)
+        if qid is None:  # C3: never reaches Telegram
+            self.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
+            return
+        refusal = over_capacity(len(self.open), self.max_open, replaces=qid in self.open)
+        if refusal is not None:
+            raise AdmissionRefused(refusal)
+        spec = QuestionSpec(
+            qid=qid,
+            prompt=envelope,
+            parsed=parse_prompt(envelope),
+            timeout_ms=self.timeout_ms,
+            deadline=self.clock() + self.timeout_ms / 1000,
+        )
+        replaced = self.open.get(qid)
+        question = self._start(spec, claim=False)
+        if replaced is not None:
+            # A repeated qid replaces the old question and its timer. Its store
+            # writes are guarded by owner, so it cannot touch its successor's row,
+            # and its slot drops whatever is told to it from now on.
+            ref = replaced.slot.ref
+            replaced.slot.retire()
+            if ref is not None:
+                ref.stop(block=False)
+        self.closed.pop(qid, None)
+        if question is not None:
+            self._deliver(spec, question)
+
+    def _start(self, spec: QuestionSpec, *, claim: bool) -> OpenQuestion | None:
+        """Write (or claim) the row, then have the QuestionSupervisor run the question."""
+        # The names are unique across runs and restarts: the store's owner guard
+        # and the outbox key on them.
+        child = f"question:{spec.qid}:{self.run_tag}.{next(self._serial)}"
+        if claim:
+            if not self.store.claim(spec.qid, child):
+                return None
+        else:
+            self.store.put_open(spec, owner=child)  # before the ack, before delivery
+        question = OpenQuestion(spec.qid, child, Slot(child))
+        self.open[spec.qid] = question
+        self.questions.tell(StartQuestion(spec, child, question.slot))
+        return question
+
+    def _deliver(self, spec: QuestionSpec, question: OpenQuestion) -> None:
+        # Requested here, in arrival order, so questions reach the chat in the
+        # order they were asked.
+        text = format_question(spec.qid, spec.parsed)
+        self.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
+
+    def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
+        answering = {qid: q.answering for qid, q in self.open.items()}
+        verdict = triage_answer(name, answering, self.closed)
+        match verdict:
+            case Answering():
+                return  # the same file seen twice is handled once
+            case Late(qid=qid):
+                if self.consumed.get(qid) == (name, signature):
+                    # the very file that answered it, left behind by a crash: not late
+                    del self.consumed[qid]
+                    self.watcher.tell(RemoveAnswerFile(name, signature))
+                else:
+                    self._late(name, signature, verdict)
+                return
+            case Rejected():
+                self.watcher.tell(DisposeAnswerFile(name, signature, verdict))
+                return
+            case ToValidate(qid=qid):
+                checked = validate_answer(name, content, self.open)
+                if isinstance(checked, Accepted):
+                    question = self.open[qid]
+                    question.answering = True
+                    question.slot.tell(AnswerArrived(checked.answer, name, signature))
+                else:
+                    self.watcher.tell(DisposeAnswerFile(name, signature, checked))
+
+    def _late(self, name: str, signature: FileSignature, verdict: Late) -> None:
+        """C15: decided here, so the note is owed (stored) the moment it is decided."""
+        key = (name, signature)
+        if key in self._judged:
+            return
+        self._judged[key] = None
+        while len(self._judged) > _JUDGED_MEMORY:
+            self._judged.popitem(last=False)
+        qid = verdict.qid
+        note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
+        self.store.owe_note(note)
+        self.watcher.tell(RemoveAnswerFile(name, signature))
+        record = log_record(self.now(), qid, "late_answer", {"state": verdict.state})
+        self.logger.tell(LogEvent(record))
+        self.delivery.tell(note)
+
+    def _closed(self, qid: str, state: State | None, child: str) -> None:
+        question = self.open.get(qid)
+        if question is None or question.child != child:
+            return
+        del self.open[qid]
+        question.slot.retire()
+        if state is not None:  # C18: a failed delivery leaves no trace of the qid
+            self._remember_closed(qid, state)
+
+    def _remember_closed(self, qid: str, state: State) -> None:
+        self.closed[qid] = state
+        self.closed.move_to_end(qid)
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
