@@ -213,7 +213,7 @@ class Listener:
                 return Nack(msg_id=msg_id, error=INVALID_PROMPT), None
             try:
                 self._admit(prompt)
-            except AdmissionRefused as exc:  # full (issue 9.10): the reason, word for word
+            except AdmissionRefused as exc:  # full (9.10), someone else's qid (X2): as it is
                 return Nack(msg_id=prompt.msg_id, error=str(exc)), None
             except Exception as exc:  # the bridge could not take it: say so, never ack
                 return Nack(msg_id=prompt.msg_id, error=f"{NOT_ADMITTED}: {exc}"), None

@@ -2,13 +2,15 @@
 
 It owns the qid -> question table, the memory of recently closed qids and of
 the answer files they used, admission (a prompt is stored before its ack, and
-refused past `--max-open`), answer routing and cancel routing, and it answers
-the queue depth. It runs no question itself: the QuestionSupervisor does, and
+refused past `--max-open` or when the qid is not the prompt's to use), answer
+routing and cancel routing (only the asker cancels), and it answers the queue
+depth. It runs no question itself: the QuestionSupervisor does, and
 the Router reaches each question through the question's Slot, so an answer
 file takes two hops (Watcher -> Router -> Question).
 
 The decisions are pure functions in `messages.contract` (`triage_answer`,
-`validate_answer`, `over_capacity`, `cancel_target`); this actor applies them
+`validate_answer`, `admission`, `over_capacity`, `cancel_target`, `may_cancel`,
+`effective_timeout_ms`); this actor applies them
 to its table and does what they say.
 
 Its table is rebuilt from the store whenever it starts: on the daemon's start
@@ -30,7 +32,7 @@ from typing import Any
 from ulid import ULID
 
 from coms_hermes_bridge.actors.base import Child, Slot, report, utc_now
-from coms_hermes_bridge.actors.config import DEFAULT_MAX_OPEN
+from coms_hermes_bridge.actors.config import DEFAULT_MAX_OPEN, DEFAULT_PROJECT
 from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store
 from coms_hermes_bridge.messages.commands import (
     Address,
@@ -58,14 +60,21 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
     Accepted,
+    AlreadyOpen,
     Answering,
     Late,
+    Refused,
     Rejected,
     ToValidate,
+    admission,
+    cancel_refused_record,
     cancel_target,
+    duplicate_refused_record,
+    effective_timeout_ms,
     format_question,
     late_note,
     log_record,
+    may_cancel,
     over_capacity,
     parse_prompt,
     qid_of,
@@ -81,11 +90,13 @@ _JUDGED_MEMORY = 1000
 
 @dataclass
 class OpenQuestion:
-    """The Router's view of one open question: where to reach it, and if it is answering."""
+    """The Router's view of one open question: where to reach it, whose it is
+    (the prompt that opened it, X2), and if it is answering."""
 
     qid: str
     child: str
     slot: Slot
+    prompt: PromptEnvelope
     answering: bool = False
 
 
@@ -104,6 +115,7 @@ class QuestionRouter(Child):
         store: Store,
         timeout_ms: float,
         run_tag: str,
+        project: str = DEFAULT_PROJECT,
         max_open: int = DEFAULT_MAX_OPEN,
         resume_owed: bool = True,
         now: Callable[[], datetime] = utc_now,
@@ -118,6 +130,7 @@ class QuestionRouter(Child):
         self.logger = logger
         self.store = store
         self.timeout_ms = timeout_ms
+        self.project = project
         self.run_tag = run_tag
         self.max_open = max_open
         self.resume_owed = resume_owed
@@ -174,7 +187,10 @@ class QuestionRouter(Child):
             case CancelQuestion(envelope=envelope):
                 qid = cancel_target(envelope.ref_msg_id, self.open)
                 if qid is not None:
-                    self.open[qid].slot.tell(CancelRequested())
+                    if may_cancel(envelope, self.open[qid].prompt):
+                        self.open[qid].slot.tell(CancelRequested())
+                    else:  # X2: only the asker cancels; acked all the same (C12)
+                        self.logger.tell(LogEvent(cancel_refused_record(self.now(), envelope)))
             case QueueDepthQuery():
                 return len(self.open)
             case AnswerFileSeen(name=name, content=content, signature=signature):
@@ -195,35 +211,38 @@ class QuestionRouter(Child):
     def _new_question(self, envelope: PromptEnvelope) -> None:
         """Admission: called by the Peer's socket thread through a bounded ask.
 
-        Returns once the question is stored (the ack means "durable"); raises
-        AdmissionRefused when the bridge is full, and anything else when the
-        store could not take it: the asker is nacked either way.
+        Returns once the question is stored (the ack means "durable"), or at
+        once for its own asker's identical resend (X2); raises AdmissionRefused
+        when the qid is someone else's or closed too recently (X2) or the bridge
+        is full, and anything else when the store could not take it: the asker
+        is nacked either way.
         """
         qid = qid_of(envelope)
         if qid is None:  # C3: never reaches Telegram
             self.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
             return
-        refusal = over_capacity(len(self.open), self.max_open, replaces=qid in self.open)
+        current = self.open.get(qid)
+        verdict = admission(
+            qid, envelope, current.prompt if current else None, qid in self.closed
+        )
+        if isinstance(verdict, AlreadyOpen):  # its asker retrying: ack, nothing more
+            return
+        if isinstance(verdict, Refused):
+            record = duplicate_refused_record(self.now(), qid, envelope, verdict)
+            self.logger.tell(LogEvent(record))
+            raise AdmissionRefused(verdict.error)
+        refusal = over_capacity(len(self.open), self.max_open)
         if refusal is not None:
             raise AdmissionRefused(refusal)
+        timeout_ms = effective_timeout_ms(envelope, self.timeout_ms)  # X5
         spec = QuestionSpec(
             qid=qid,
             prompt=envelope,
             parsed=parse_prompt(envelope),
-            timeout_ms=self.timeout_ms,
-            deadline=self.clock() + self.timeout_ms / 1000,
+            timeout_ms=timeout_ms,
+            deadline=self.clock() + timeout_ms / 1000,
         )
-        replaced = self.open.get(qid)
         question = self._start(spec, claim=False)
-        if replaced is not None:
-            # A repeated qid replaces the old question and its timer. Its store
-            # writes are guarded by owner, so it cannot touch its successor's row,
-            # and its slot drops whatever is told to it from now on.
-            ref = replaced.slot.ref
-            replaced.slot.retire()
-            if ref is not None:
-                ref.stop(block=False)
-        self.closed.pop(qid, None)
         if question is not None:
             self._deliver(spec, question)
 
@@ -237,7 +256,7 @@ class QuestionRouter(Child):
                 return None
         else:
             self.store.put_open(spec, owner=child)  # before the ack, before delivery
-        question = OpenQuestion(spec.qid, child, Slot(child))
+        question = OpenQuestion(spec.qid, child, Slot(child), spec.prompt)
         self.open[spec.qid] = question
         self.questions.tell(StartQuestion(spec, child, question.slot))
         return question
@@ -245,7 +264,7 @@ class QuestionRouter(Child):
     def _deliver(self, spec: QuestionSpec, question: OpenQuestion) -> None:
         # Requested here, in arrival order, so questions reach the chat in the
         # order they were asked.
-        text = format_question(spec.qid, spec.parsed)
+        text = format_question(spec.qid, spec.parsed, project=self.project)
         self.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
 
     def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:

@@ -154,6 +154,7 @@ def start_tree(
             logger=slots["logger"],
             store=store,
             timeout_ms=c.timeout_ms,
+            project=c.project,
             run_tag=f"{run_tag}.{n}",
             max_open=c.max_open,
             resume_owed=n == 0,

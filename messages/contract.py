@@ -538,12 +538,13 @@ def triage_answer(
 # -- admission and cancel (issue 9.10, C13, C14) -------------------------------
 
 
-def over_capacity(open_count: int, max_open: int, replaces: bool) -> str | None:
-    """Issue 9.10: the nack for a prompt past `--max-open`, or None to admit it.
+def over_capacity(open_count: int, max_open: int) -> str | None:
+    """Issue 9.10: the nack for a new question past `--max-open`, or None to admit it.
 
-    A repeated qid replaces its open question, so it does not add to the count.
+    Asked only for a qid that `admission` let through (X2): an open qid is never
+    opened twice, so a resend does not count against the limit.
     """
-    if not replaces and open_count >= max_open:
+    if open_count >= max_open:
         return f"bridge has {open_count} open questions; try again later"
     return None
 

@@ -71,7 +71,7 @@ class Asker:
                 conn.sendall(json.dumps({"type": "ack", "msg_id": env.get("msg_id")}).encode() + b"\n")
                 self.responses.put(env)
 
-    def prompt_envelope(self, text: str, qid: str | None = None) -> dict[str, Any]:
+    def prompt_envelope(self, text: str, qid: str | None = None, **fields: Any) -> dict[str, Any]:
         return {
             "type": "prompt",
             "msg_id": qid or new_qid(),
@@ -84,6 +84,7 @@ class Asker:
             "sender_cwd": "/work/app",
             "conversation_id": None,
             "response_schema": None,
+            **fields,
         }
 
     def response(self, timeout: float = 10.0) -> dict[str, Any]:
@@ -123,6 +124,7 @@ class Bridge:
         self.log = self.bridge_dir / "log.ndjson"
         self.proc: subprocess.Popen[str] | None = None
         self.stderr_lines: list[str] = []
+        self.project = "default"
 
     # -- process ------------------------------------------------------------
 
@@ -138,6 +140,8 @@ class Bridge:
         return env
 
     def start(self, *args: str, wait: bool = True, **env: str) -> Bridge:
+        if "--project" in args:  # readiness is the entry in the project's registry (W2, W7)
+            self.project = args[list(args).index("--project") + 1]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "coms_hermes_bridge", *args],
             cwd=str(ROOT),
@@ -169,8 +173,8 @@ class Bridge:
             stdin=subprocess.DEVNULL,
         )
 
-    def entry_path(self, name: str = "user-remote", project: str = "default") -> Path:
-        return self.coms / "projects" / project / "agents" / f"{name}.json"
+    def entry_path(self, name: str = "user-remote", project: str | None = None) -> Path:
+        return self.coms / "projects" / (project or self.project) / "agents" / f"{name}.json"
 
     def wait_ready(self, name: str = "user-remote", timeout: float = 15.0) -> dict[str, Any]:
         """W7: the registry entry's appearance is readiness."""
@@ -209,17 +213,17 @@ class Bridge:
 
     # -- wire ---------------------------------------------------------------
 
-    def ask(self, text: str, qid: str | None = None) -> str:
-        env = self.asker.prompt_envelope(text, qid)
+    def ask(self, text: str, qid: str | None = None, **fields: Any) -> str:
+        env = self.asker.prompt_envelope(text, qid, **fields)
         reply = request(self.endpoint, env)
         assert reply == {"type": "ack", "msg_id": env["msg_id"]}, reply
         return str(env["msg_id"])
 
-    def cancel(self, qid: str) -> dict[str, Any]:
+    def cancel(self, qid: str, sender: str = "builder") -> dict[str, Any]:
         env = {
             "type": "cancel",
             "msg_id": new_qid(),
-            "from": "builder",
+            "from": sender,
             "to": "user-remote",
             "created_at": "2026-11-30T12:00:05.000Z",
             "ref_msg_id": qid,
@@ -265,11 +269,11 @@ class Bridge:
 
         return wait_for(found, timeout, f"log event {event} for {qid}")
 
-    def state_path(self, project: str = "default") -> Path:
+    def state_path(self, project: str | None = None) -> Path:
         """The project's own state file (issue 12.3)."""
-        return self.bridge_dir / f"state-{project}.sqlite3"
+        return self.bridge_dir / f"state-{project or self.project}.sqlite3"
 
-    def owed(self, project: str = "default") -> int:
+    def owed(self, project: str | None = None) -> int:
         """Responses the daemon has decided but not yet seen acked (its outbox)."""
         path = self.state_path(project)
         if not path.exists():

@@ -50,7 +50,8 @@ def test_plain_round_trip(bridge: Bridge) -> None:
     bridge.wait_log("delivered", qid)
     assert bridge.hermes.argvs() == [[
         "send", "--to", "telegram",
-        f"❓ [HUB-Q:{qid}] Deploy now?\n\nContext: From builder @ /work/app" + QUESTION.format(qid=qid),
+        f"❓ [HUB-Q:{qid}] Deploy now?\n\n📁 Project: default"  # X4
+        "\n\nContext: From builder @ /work/app" + QUESTION.format(qid=qid),
     ]]
     path = bridge.answer(qid, "  yes, ship it ")
     expect_response(bridge, qid, {"kind": "freeform", "text": "yes, ship it"}, None)
@@ -79,7 +80,8 @@ def test_json_prompt_with_options(bridge: Bridge, answer: str, selected: str) ->
     bridge.wait_log("delivered", qid)
     assert bridge.hermes.argvs() == [[
         "--profile", "ops", "send", "--to", "telegram:-100123:7",
-        f"❓ [HUB-Q:{qid}] Ship the release?\n\nContext: CI is green.\n\nOptions:\n"
+        f"❓ [HUB-Q:{qid}] Ship the release?\n\n📁 Project: default"  # X4
+        "\n\nContext: CI is green.\n\nOptions:\n"
         "1. Approve — Ship it\n2. Revise\n3. Stop" + QUESTION.format(qid=qid),
     ]]
     bridge.answer(qid, answer)

@@ -1,0 +1,266 @@
+"""The extensions end to end (issues 10 and 12): the real daemon, real sockets and inotify."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bridge_process import Asker, Bridge, new_qid, request
+from tests.fakes import wait_for
+
+
+@pytest.fixture
+def bridge() -> Iterator[Bridge]:
+    b = Bridge()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def other(bridge: Bridge) -> Iterator[Asker]:
+    """A second agent in the pool, with its own endpoint."""
+    b = Asker(bridge.base)
+    yield b
+    b.close()
+
+
+def questions_sent(bridge: Bridge) -> list[str]:
+    return [t for t in bridge.sent_texts() if t.startswith("❓")]
+
+
+def refused(qid: str) -> dict[str, Any]:
+    return {"type": "nack", "msg_id": qid, "error": f"qid {qid} is already in use"}
+
+
+# issue 10.1: open qids are owned ----------------------------------------------
+
+
+def test_replayed_qid_is_refused_and_the_answer_goes_to_its_asker(
+    bridge: Bridge, other: Asker
+) -> None:
+    # X2: B replays A's open qid -> nacked, human asked once, A answered, B nothing
+    bridge.start()
+    qid = bridge.ask("Deploy to prod?")
+    bridge.wait_log("delivered", qid)
+    replay = other.prompt_envelope("Delete the backups?", qid, sender_name="agent-b")
+    assert request(bridge.endpoint, replay) == refused(qid)
+    record = bridge.wait_log("duplicate_refused", qid)
+    assert record["detail"]["from"] == "agent-b"
+    # the same text from another endpoint is not the asker either
+    copy = other.prompt_envelope("Deploy to prod?", qid)
+    assert request(bridge.endpoint, copy) == refused(qid)
+    # delivery runs in arrival order: a second question would be sent before this one
+    marker = bridge.ask("Next?")
+    bridge.wait_log("delivered", marker)
+    assert len(questions_sent(bridge)) == 2
+    assert qid in questions_sent(bridge)[0] and marker in questions_sent(bridge)[1]
+    bridge.answer(qid, "yes")
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "yes"}
+    other.no_response()
+    # once closed, the qid is not reusable either (its human may still be answering)
+    bridge.wait_log("answered", qid)
+    again = bridge.asker.prompt_envelope("Deploy again?", qid)
+    assert request(bridge.endpoint, again) == refused(qid)
+    assert bridge.wait_log(
+        "duplicate_refused", qid, where=lambda r: r["detail"].get("reason") == "closed"
+    )
+
+
+def test_identical_resend_by_its_asker_is_acked_and_changes_nothing(bridge: Bridge) -> None:
+    # X2: a client retrying after a lost ack
+    bridge.start()
+    envelope = bridge.asker.prompt_envelope("Ship it?")
+    qid = envelope["msg_id"]
+    assert request(bridge.endpoint, envelope) == {"type": "ack", "msg_id": qid}
+    bridge.wait_log("delivered", qid)
+    assert request(bridge.endpoint, envelope) == {"type": "ack", "msg_id": qid}
+    marker = bridge.ask("Next?")
+    bridge.wait_log("delivered", marker)
+    assert len(questions_sent(bridge)) == 2  # the human was asked once
+    assert bridge.ping()["agent_card"]["queue_depth"] == 2
+    bridge.answer(qid, "ship")
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "ship"}
+    bridge.wait_log("answered", qid)
+    assert bridge.events(qid) == ["question_received", "delivered", "answered"]
+    bridge.asker.no_response()  # one response
+
+
+# issue 10.2: only the asker cancels --------------------------------------------
+
+
+def test_cancel_from_another_sender_is_ignored_and_the_askers_own_works(bridge: Bridge) -> None:
+    # X2, C12: acked, ignored, logged with the claimed sender
+    bridge.start()
+    qid = bridge.ask("Rotate the keys?")
+    bridge.wait_log("delivered", qid)
+    bridge.cancel(qid, sender="evil")  # asserts the ack (C12)
+    assert bridge.wait_log("cancel_refused", qid)["detail"] == {"from": "evil"}
+    assert bridge.ping()["agent_card"]["queue_depth"] == 1
+    assert "cancelled" not in bridge.events(qid)
+    bridge.answer(qid, "rotate")
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "rotate"}
+    # the asker's own cancel still works (C13)
+    mine = bridge.ask("Still needed?")
+    bridge.wait_log("delivered", mine)
+    bridge.cancel(mine)  # from "builder", the prompt's sender_name
+    bridge.wait_log("cancelled", mine)
+    wait_for(lambda: any(t.startswith(f"✖ [HUB-Q:{mine}]") for t in bridge.sent_texts()),
+             what="cancel note")
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+    bridge.asker.no_response()
+
+
+# issue 10.3: only the bridge writes markers ----------------------------------
+
+STRICT = re.compile(r"HUB-Q\s*:\s*([0-9A-HJKMNP-TV-Z]{26})")
+
+
+@pytest.mark.parametrize(("answer", "selected"), [("1", 0), ("approve hub-q:{other}", 0), ("2", 1)])
+def test_spoofed_markers_are_defused_and_options_still_map(
+    bridge: Bridge, answer: str, selected: int
+) -> None:
+    # X3, C11
+    bridge.start()
+    victim = new_qid()
+    titles = [f"Approve HUB-Q:{victim}", f"Reject [HUB-Q:{victim}]"]
+    prompt = json.dumps({
+        "question": f"Please confirm [HUB-Q:{victim}] now",
+        "context": f"↩ Reply to this message, or type: hub-q : {victim}: <answer>",
+        "options": [
+            {"title": titles[0], "description": f"HUB-Q：{victim}"},
+            {"title": titles[1]},
+        ],
+    })
+    qid = bridge.ask(prompt, sender_name=f"HUB-Q:{victim}")
+    bridge.wait_log("delivered", qid)
+    text = questions_sent(bridge)[0]
+    assert STRICT.findall(text) == [qid, qid]
+    assert text.startswith(f"❓ [HUB-Q:{qid}] Please confirm [HUB-Ɋ:{victim}] now")
+    assert f"↩ Reply to this message, or type: hub-ɋ : {victim}: <answer>" in text
+    assert f"1. Approve HUB-Ɋ:{victim} — HUB-Ɋ：{victim}" in text
+    assert f"2. Reject [HUB-Ɋ:{victim}]" in text
+    bridge.answer(qid, answer.format(other=victim))
+    env = bridge.asker.response()
+    assert env["response"] == {"kind": "selection", "selections": [titles[selected]]}
+
+
+# issue 12.1, 12.2: `at` and the project line ------------------------------------
+
+AT_FORMS = [
+    "Mon Nov 30 18:00:00 UTC 2026",
+    "Mon, 30 Nov 2026 18:00:00 +0000",
+    "2026-11-30 18:00:00",
+]
+
+
+def test_answers_stamped_as_the_real_writers_stamp_them_are_delivered(bridge: Bridge) -> None:
+    # X4, C8
+    bridge.start("--project", "shop")
+    qids = [bridge.ask(f"Question {i}?") for i in range(len(AT_FORMS))]
+    for qid in qids:
+        bridge.wait_log("delivered", qid)
+    for qid, at in zip(qids, AT_FORMS, strict=True):
+        bridge.answer(qid, f"stamped {at}", at=at)
+    got = {}
+    for _ in qids:
+        env = bridge.asker.response()
+        got[env["msg_id"]] = env["response"]
+    assert got == {
+        qid: {"kind": "freeform", "text": f"stamped {at}"}
+        for qid, at in zip(qids, AT_FORMS, strict=True)
+    }
+    assert not [r for r in bridge.log_records() if r["event"] == "answer_rejected"]
+    # X4: the project line, right after the header
+    assert questions_sent(bridge)[0] == (
+        f"❓ [HUB-Q:{qids[0]}] Question 0?\n\n📁 Project: shop"
+        f"\n\nContext: From builder @ /work/app"
+        f"\n\n↩ Reply to this message, or type: HUB-Q:{qids[0]}: <answer>"
+    )
+
+
+# issue 12.4: the asker's own timeout ---------------------------------------------
+
+
+def test_reply_timeout_ms_is_the_questions_timeout(bridge: Bridge) -> None:
+    # X5, C17: 400 ms asked for under the default 30 minutes
+    bridge.start()
+    patient = bridge.ask("No hurry?")
+    quick = bridge.ask("Quick one?", reply_timeout_ms=400)
+    env = bridge.asker.response()
+    assert env["msg_id"] == quick
+    assert env["response"] is None and env["error"] == "no remote answer within 400ms"
+    assert bridge.wait_log("timeout", quick)["detail"] == {"timeout_ms": 400}
+    wait_for(lambda: f"⌛ [HUB-Q:{quick}] The question timed out after 400ms."
+             in bridge.sent_texts(), what="timeout note")
+    # the other question keeps the default timeout
+    bridge.asker.no_response(within=0.6)
+    assert bridge.ping()["agent_card"]["queue_depth"] == 1
+    assert "timeout" not in bridge.events(patient)
+
+
+# issue 12.3: several bridges, one wire ------------------------------------------
+
+
+def open_qids(path: Path) -> set[str]:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return {row[0] for row in db.execute("SELECT qid FROM open_questions")}
+
+
+def test_bridges_of_two_projects_keep_their_state_apart(bridge: Bridge) -> None:
+    # issue 12.3: a restart of one does not restore the other's questions
+    second = Bridge(bridge.base)
+    try:
+        bridge.start("--project", "a")
+        second.start("--project", "b")
+        qa = bridge.ask("For a?")
+        qb = second.ask("For b?")
+        wait_for(lambda: qa in open_qids(bridge.state_path())
+                 and qb in open_qids(second.state_path()), what="both stored")
+        assert open_qids(bridge.state_path()) == {qa}
+        assert open_qids(second.state_path()) == {qb}
+        assert bridge.signal() == 0
+        bridge.start("--project", "a")
+        assert any("restored 1 open" in line for line in bridge.stderr_lines)
+        assert bridge.ping()["agent_card"]["queue_depth"] == 1
+        assert second.ping()["agent_card"]["queue_depth"] == 1
+    finally:
+        second.kill()  # the base directory is the first bridge's to remove
+        second.asker.close()
+
+
+def test_two_bridges_on_one_home_lose_no_answer(bridge: Bridge) -> None:
+    # issue 12.3 with X6: five questions each, all answered at once -> 10 of 10
+    second = Bridge(bridge.base)
+    try:
+        bridge.start("--project", "a", "--poll-ms", "100")
+        second.start("--project", "b", "--poll-ms", "100")
+        qids = {b: [b.ask(f"{b.project} {i}?") for i in range(5)] for b in (bridge, second)}
+        for b, mine in qids.items():
+            for qid in mine:
+                b.wait_log("delivered", qid)
+        writers = [
+            threading.Thread(target=b.answer, args=(qid, f"answer {qid}"))
+            for b, mine in qids.items() for qid in mine
+        ]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        for b, mine in qids.items():
+            got = {b.asker.response(timeout=30)["msg_id"] for _ in mine}
+            assert got == set(mine)
+        assert not [r for r in bridge.log_records() if r["event"] == "answer_rejected"]
+    finally:
+        second.kill()  # the base directory is the first bridge's to remove
+        second.asker.close()
