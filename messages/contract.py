@@ -179,6 +179,23 @@ def may_cancel(cancel: CancelEnvelope, open_prompt: PromptEnvelope) -> bool:
     return open_prompt.sender_name != "" and cancel.from_ == open_prompt.sender_name
 
 
+SENDER_LOG_LIMIT = 128
+
+
+def duplicate_refused_record(
+    at: datetime, qid: str, prompt: PromptEnvelope, refused: Refused
+) -> LogRecord:
+    """X1, X2: the log line for a refused reuse of `qid`; the claimed name is bounded."""
+    sender = truncate_utf16(prompt.sender_name, SENDER_LOG_LIMIT)
+    return log_record(at, qid, "duplicate_refused", {"from": sender, "reason": refused.reason})
+
+
+def cancel_refused_record(at: datetime, cancel: CancelEnvelope) -> LogRecord:
+    """X1, X2: the log line for a cancel from someone other than the asker."""
+    sender = truncate_utf16(cancel.from_, SENDER_LOG_LIMIT)
+    return log_record(at, cancel.ref_msg_id, "cancel_refused", {"from": sender})
+
+
 # -- prompts (C3, C6) ---------------------------------------------------------
 
 

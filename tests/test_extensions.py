@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,8 +16,10 @@ from coms_hermes_bridge.messages.contract import (
     AlreadyOpen,
     Refused,
     admission,
+    cancel_refused_record,
     defuse_markers,
     duplicate_error,
+    duplicate_refused_record,
     effective_timeout_ms,
     format_question,
     log_record,
@@ -403,10 +406,27 @@ def test_only_the_asker_cancels(sender: str, asker: str, honoured: bool) -> None
     assert may_cancel(cancel(sender), prompt(sender_name=asker)) is honoured
 
 
+AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def test_refusal_log_records() -> None:
+    # X1, X2: the claimed sender, bounded like every log line
+    refusal = Refused(duplicate_error(QID), "closed")
+    assert json.loads(duplicate_refused_record(AT, QID, prompt(sender_name="agent-b"), refusal)
+                      .to_line()) == {
+        "at": "2026-11-30T12:00:00.000Z", "qid": QID, "event": "duplicate_refused",
+        "detail": {"from": "agent-b", "reason": "closed"},
+    }
+    assert json.loads(cancel_refused_record(AT, cancel("evil")).to_line()) == {
+        "at": "2026-11-30T12:00:00.000Z", "qid": QID, "event": "cancel_refused",
+        "detail": {"from": "evil"},
+    }
+    long = cancel_refused_record(AT, cancel("e" * 5000)).detail
+    assert long == {"from": "e" * 127 + "…"}
+
+
 @pytest.mark.parametrize("event", ["duplicate_refused", "cancel_refused", "response_failed"])
 def test_extension_events_are_log_events(event: str) -> None:
     # X1: C20's list extended, never changed
-    from datetime import UTC, datetime
-
     record = log_record(datetime(2026, 11, 30, tzinfo=UTC), QID, event, {"from": "evil"})  # type: ignore[arg-type]
     assert json.loads(record.to_line())["event"] == event
