@@ -49,6 +49,7 @@ def test_deleted_directory_heals_without_a_crash_loop(bridge: Bridge) -> None:  
     bridge.start("--poll-ms", "200")
     qid = bridge.ask("Still listening?")
     bridge.wait_log("delivered", qid)
+    wait_for(bridge.questions.is_dir, what="the questions directory")
     for _ in range(8):
         shutil.rmtree(bridge.questions)
         wait_for(bridge.questions.is_dir, what="the directory made again")
@@ -68,6 +69,8 @@ def test_directory_is_private_whatever_the_umask(bridge: Bridge) -> None:  # iss
         bridge.start()  # the daemon inherits umask 000
     finally:
         os.umask(old)
+    # the watcher starts in its own thread, not necessarily before readiness
+    wait_for(bridge.questions.is_dir, what="the questions directory")
     assert bridge.questions.stat().st_mode & 0o777 == 0o700
 
 
@@ -75,10 +78,9 @@ def test_a_looser_directory_is_tightened_at_start(bridge: Bridge) -> None:  # is
     bridge.questions.mkdir(parents=True)
     bridge.questions.chmod(0o777)
     bridge.start()
+    line = f"coms-hermes-bridge: {bridge.questions} was mode 0777; tightened to 0700"
+    wait_for(lambda: line in bridge.stderr_lines, what="the tightening line")
     assert bridge.questions.stat().st_mode & 0o777 == 0o700
-    assert f"coms-hermes-bridge: {bridge.questions} was mode 0777; tightened to 0700" in (
-        bridge.stderr_lines
-    )
 
 
 def test_huge_answer_files_are_never_read(bridge: Bridge) -> None:  # issue 9.5, X6, X7
