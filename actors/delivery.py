@@ -9,10 +9,13 @@ most one send timeout, after which its whole process group is killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import selectors
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
@@ -42,6 +45,84 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+OUTPUT_TAIL = 4096
+"""Bytes of each of hermes' streams kept for the error text: the end says why it failed."""
+
+_READ_CHUNK = 65536
+_POLL_S = 0.05  # how often the exit is checked where pidfd_open is missing
+
+
+class _Outputs:
+    """hermes' stdout and stderr, read as they come and kept to their last OUTPUT_TAIL bytes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self._tails: dict[int, bytearray] = {}
+        self._selector = selectors.DefaultSelector()
+        self._pidfd: int | None = None
+        self._fds: dict[int, int] = {}
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                fd = pipe.fileno()
+                self._fds[id(pipe)] = fd
+                os.set_blocking(fd, False)
+                self._tails[fd] = bytearray()
+                self._selector.register(fd, selectors.EVENT_READ)
+        try:
+            self._pidfd = os.pidfd_open(proc.pid)
+            self._selector.register(self._pidfd, selectors.EVENT_READ)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def collect(self, timeout: float) -> bool:
+        """Read until hermes exits (True) or `timeout` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while self._proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            wait = left if self._pidfd is not None else min(left, _POLL_S)
+            for key, _ in self._selector.select(wait):
+                if key.fd != self._pidfd:
+                    self._read(key.fd)
+        # Exited: take what is already in the pipes, never wait for more.
+        for fd in list(self._tails):
+            self._read(fd, until_empty=True)
+        return True
+
+    def _read(self, fd: int, until_empty: bool = False) -> None:
+        for _ in range(64 if until_empty else 1):
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+                return
+            tail = self._tails[fd]
+            tail += chunk
+            del tail[:-OUTPUT_TAIL]
+
+    def text(self) -> tuple[str, str]:
+        """(stdout, stderr) tails as text."""
+        streams = (self._proc.stdout, self._proc.stderr)
+        out, err = (self._tails.get(self._fds.get(id(pipe), -1), b"") for pipe in streams)
+        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Let go of the pipes whoever still holds their other ends."""
+        self._selector.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 class DeliveryActor(Child):
@@ -142,7 +223,12 @@ class DeliveryActor(Child):
             return self._stopping
 
     def _run(self, text: str) -> str | None:
-        """Run one send; None when hermes said it sent, else C18's error text."""
+        """Run one send; None when hermes said it sent, else C18's error text.
+
+        hermes' exit decides: once it has exited, pipes its children still
+        hold open are not waited on. Only the last OUTPUT_TAIL bytes of each
+        stream are kept, so a chatty hermes costs no memory.
+        """
         with self._lock:
             if self._stopping:
                 return None
@@ -157,38 +243,32 @@ class DeliveryActor(Child):
             except (OSError, ValueError) as exc:
                 return delivery_error(None, str(exc))
             self._running = proc
+        exited = False
         try:
+            outputs = _Outputs(proc)
             try:
-                out, err = proc.communicate(timeout=self.send_timeout_ms / 1000)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                exited = outputs.collect(self.send_timeout_ms / 1000)
+            finally:
+                if not exited:
+                    _kill_group(proc)
                 self._reap(proc)
-                return delivery_error(
-                    None, f"timed out after {format_ms(self.send_timeout_ms)}ms"
-                )
+                outputs.close()
         finally:
             with self._lock:
                 self._running = None
+        if not exited:
+            return delivery_error(None, f"timed out after {format_ms(self.send_timeout_ms)}ms")
         if proc.returncode == 0:
             return None
-        return delivery_error(
-            proc.returncode,
-            err.decode("utf-8", "replace"),
-            out.decode("utf-8", "replace"),
-        )
+        out, err = outputs.text()
+        return delivery_error(proc.returncode, err, out)
 
     @staticmethod
     def _reap(proc: subprocess.Popen[bytes]) -> None:
-        # A grandchild that left the group may still hold the pipes open, so
-        # drain them only briefly; the exit status is what must be collected.
-        try:
-            proc.communicate(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
+        # Collect the exit status (hermes' group was killed if it overran);
+        # a grandchild that left the group may hold the pipes open for as long
+        # as it likes, so they are closed, never drained.
         proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
     def _settle(self, job: SendText, error: str | None) -> None:
         try:

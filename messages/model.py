@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from dateutil import parser as dateutil_parser
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
-from coms_hermes_bridge.messages.wire import WireModel, dumps
+from coms_hermes_bridge.messages.wire import WireModel, fit_line
 
 QID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
 
@@ -179,4 +179,4 @@ class LogRecord(Frozen):
         body: dict[str, JsonValue] = {"at": self.at, "qid": self.qid, "event": self.event}
         if self.detail is not None:
             body["detail"] = self.detail
-        return dumps(body) + "\n"
+        return fit_line(body)

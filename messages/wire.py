@@ -46,18 +46,93 @@ def dumps(value: Any, *, indent: int | None = None) -> str:
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+LINE_LIMIT = 64 * 1024 - 1
+"""Bytes in one line we write, newline included: peers refuse lines over 64 KiB (W13)."""
+
+ELLIPSIS = "\u2026"
+_MAX_CUTS = 64
+
+
+def _strings(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:
+    """Every string leaf (not dict keys) with its path, depth-first."""
+    if isinstance(value, str):
+        return [(path, value)]
+    found: list[tuple[tuple[Any, ...], str]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _strings(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _strings(item, (*path, index))
+    return found
+
+
+def _replace(value: Any, path: tuple[Any, ...], text: str) -> Any:
+    if not path:
+        return text
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: _replace(value[head], rest, text)}
+    copy = list(value)
+    copy[head] = _replace(copy[head], rest, text)
+    return copy
+
+
+def _cap(lengths: list[int], over: int) -> int:
+    """The largest size C such that cutting every length above C to C saves `over`."""
+    ordered = sorted(lengths, reverse=True)
+    total = 0
+    for count, length in enumerate(ordered, start=1):
+        total += length
+        cap = (total - over) // count
+        if count == len(ordered) or cap >= ordered[count]:
+            return max(cap, 0)
+    return 0
+
+
+def fit_line(value: Any, limit: int = LINE_LIMIT) -> str:
+    """`dumps(value)` plus a newline, at most `limit` UTF-8 bytes.
+
+    A value too long for one line has its longest texts cut to a common
+    length, each ending in `…`, so the line stays valid JSON that still says
+    what happened (the start of a text is the part a reader needs). Values
+    that fit are written exactly as `dumps` writes them.
+    """
+    text = dumps(value)
+    size = len(text.encode("utf-8")) + 1
+    for _ in range(_MAX_CUTS):
+        if size <= limit:
+            break
+        leaves = [leaf for leaf in _strings(value) if len(leaf[1]) > 1]
+        if not leaves:
+            break
+        sizes = [len(dumps(leaf[1]).encode("utf-8")) for leaf in leaves]
+        cap = _cap(sizes, size - limit + 16 * len(leaves))
+        for (path, leaf), encoded in zip(leaves, sizes, strict=True):
+            if encoded > cap:
+                keep = min(len(leaf) * cap // encoded, len(leaf) - 2)
+                value = _replace(value, path, leaf[: max(keep, 0)] + ELLIPSIS)
+        text = dumps(value)
+        size = len(text.encode("utf-8")) + 1
+    return text + "\n"
+
+
 class WireModel(BaseModel):
     """Base for everything that crosses a socket or a file boundary."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
+    def json_body(self) -> Any:
+        """The model as plain JSON values, with the field names the wire uses."""
+        return self.model_dump(mode="json")
+
     def to_json(self) -> str:
         """The model as one compact JSON text, without the newline."""
-        return dumps(self.model_dump(mode="json"))
+        return dumps(self.json_body())
 
     def to_line(self) -> bytes:
-        """The model as one ndjson line, ready for a socket."""
-        return (self.to_json() + "\n").encode("utf-8")
+        """The model as one ndjson line, ready for a socket; never over LINE_LIMIT."""
+        return fit_line(self.json_body()).encode("utf-8")
 
 
 def _lenient_text(value: Any) -> str:
@@ -117,8 +192,8 @@ class CancelEnvelope(WireModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
-    def to_json(self) -> str:
-        return dumps(self.model_dump(mode="json", by_alias=True))
+    def json_body(self) -> Any:
+        return self.model_dump(mode="json", by_alias=True)
 
 
 class PingEnvelope(WireModel):

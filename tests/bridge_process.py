@@ -50,6 +50,7 @@ class Asker:
         self.endpoint = str(directory / f"asker-{os.getpid()}-{id(self)}.sock")
         self.responses: queue.Queue[dict[str, Any]] = queue.Queue()
         self.arrivals: dict[str, float] = {}
+        self.line_sizes: dict[str, int] = {}  # bytes of each response line, newline included
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.endpoint)
         self._server.listen(64)
@@ -68,6 +69,7 @@ class Asker:
                     continue
                 env = json.loads(buf.split(b"\n", 1)[0])
                 self.arrivals[env.get("msg_id", "")] = time.perf_counter()
+                self.line_sizes[env.get("msg_id", "")] = len(buf.split(b"\n", 1)[0]) + 1
                 conn.sendall(json.dumps({"type": "ack", "msg_id": env.get("msg_id")}).encode() + b"\n")
                 self.responses.put(env)
 

@@ -4,7 +4,8 @@ The script records each run (argv, pid, start and end times) as one JSON line
 and behaves as its config file says, so a test can change what the next run
 does without restarting anything. Environment variables override the file:
 FAKE_HERMES_EXIT, FAKE_HERMES_SLEEP, FAKE_HERMES_STDERR, FAKE_HERMES_STDOUT,
-FAKE_HERMES_SPAWN (1: start a `sleep` grandchild in the same process group).
+FAKE_HERMES_SPAWN (1: start a `sleep` grandchild in the same process group),
+FAKE_HERMES_FLOOD (bytes of filler written to stderr).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ try:
         config = json.load(f)
 except OSError:
     config = {{}}
-for key in ("exit", "sleep", "stderr", "stdout", "spawn"):
+for key in ("exit", "sleep", "stderr", "stdout", "spawn", "flood"):
     raw = os.environ.get("FAKE_HERMES_" + key.upper())
     if raw is not None:
         config[key] = raw
@@ -38,6 +39,12 @@ run = {{"argv": sys.argv[1:], "pid": os.getpid(), "pgid": os.getpgid(0), "child"
 with open(os.path.join(HERE, "started.ndjson"), "a", encoding="utf-8") as f:
     f.write(json.dumps(run) + "\n")
 time.sleep(float(config.get("sleep", 0)))
+flood = int(config.get("flood", 0))
+line = b"hermes: something went wrong, and it says so at length\n"
+while flood > 0:
+    sys.stderr.buffer.write(line[:flood])
+    flood -= len(line)
+sys.stderr.flush()
 sys.stdout.write(str(config.get("stdout", "")))
 sys.stderr.write(str(config.get("stderr", "")))
 run["end"] = time.time()
@@ -68,10 +75,12 @@ class FakeHermes:
         stderr: str = "",
         stdout: str = "",
         spawn: bool = False,
+        flood: int = 0,
     ) -> None:
-        """What the following runs do: exit code, seconds to sleep, what to print."""
+        """What the following runs do: exit code, seconds to sleep, what to print
+        (`flood`: that many bytes of filler on stderr before `stderr`)."""
         config = {"exit": exit, "sleep": sleep, "stderr": stderr, "stdout": stdout,
-                  "spawn": spawn}
+                  "spawn": spawn, "flood": flood}
         (self.directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
 
     def _read(self, file: str) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from fakes import FakeRef, wait_for
 from hermes_fake import FakeHermes
 
-from coms_hermes_bridge.actors.delivery import DeliveryActor
+from coms_hermes_bridge.actors.delivery import OUTPUT_TAIL, DeliveryActor
 from coms_hermes_bridge.messages.commands import Delivered, DeliveryFailed, LogEvent, SendText
 from coms_hermes_bridge.messages.contract import cancel_note
 
@@ -211,3 +212,43 @@ def test_an_unknown_message_fails_loudly(hermes: FakeHermes) -> None:
         send_timeout_ms=1000, hermes=str(hermes.path),
     ).tell(object())
     assert "delivery" in repr(supervisor.next())
+
+
+def test_hermes_output_is_kept_to_its_last_4_kib(hermes: FakeHermes) -> None:  # issue 9.5, C18
+    hermes.configure(exit=1, flood=50_000_000, stderr="final reason")
+    ref = start(str(hermes.path), send_timeout_ms=30_000)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "hi", "question", question))
+    failed = question.expect(DeliveryFailed, timeout=30)
+    assert failed.error.startswith("hermes send failed (1): ")
+    assert failed.error.endswith("final reason")
+    assert len(failed.error.encode()) <= len("hermes send failed (1): ") + OUTPUT_TAIL
+
+
+def test_hermes_exit_decides_even_when_a_child_holds_its_pipes(hermes: FakeHermes) -> None:
+    # issue 9.6: exits 0 but leaves `sleep 30` behind holding stdout and stderr
+    hermes.configure(spawn=True)
+    ref = start(str(hermes.path), send_timeout_ms=10_000)
+    question = FakeRef("question")
+    began = time.monotonic()
+    ref.tell(SendText(QID, "hi", "question", question))
+    try:
+        assert question.expect(Delivered, timeout=5) == Delivered(QID)
+        assert time.monotonic() - began < 1.0
+    finally:
+        child = hermes.started()[0]["child"]
+        os.kill(child, signal.SIGKILL)
+
+
+def test_hermes_exit_status_decides_failure_with_a_child_left(hermes: FakeHermes) -> None:  # 9.6
+    hermes.configure(spawn=True, exit=3, stderr="no route")
+    ref = start(str(hermes.path), send_timeout_ms=10_000)
+    question = FakeRef("question")
+    began = time.monotonic()
+    ref.tell(SendText(QID, "hi", "question", question))
+    try:
+        failed = question.expect(DeliveryFailed, timeout=5)
+        assert failed == DeliveryFailed(QID, "hermes send failed (3): no route")
+        assert time.monotonic() - began < 1.0
+    finally:
+        os.kill(hermes.started()[0]["child"], signal.SIGKILL)

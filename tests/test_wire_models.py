@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from coms_hermes_bridge.messages.model import AnswerFile, LogRecord
 from coms_hermes_bridge.messages.wire import (
+    LINE_LIMIT,
     Ack,
     AgentCard,
     CancelEnvelope,
@@ -19,6 +20,7 @@ from coms_hermes_bridge.messages.wire import (
     RegistryEntry,
     ResponseEnvelope,
     dumps,
+    fit_line,
 )
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -221,3 +223,50 @@ def test_prompt_descriptive_fields_are_taken_as_they_come() -> None:
     )  # fmt: skip
     assert (env.sender_name, env.sender_cwd, env.timestamp) == ("", "7", "")
     assert env.reply_timeout_ms == "30000" and env.conversation_id == 12
+
+
+# -- bounded lines (issue 9.5, W13) ---------------------------------------------
+
+
+def test_a_line_that_fits_is_written_exactly_as_dumps_writes_it() -> None:  # issue 9.5
+    body = {"a": "x" * 1000, "b": [1, "é"]}
+    assert fit_line(body) == dumps(body) + "\n"
+
+
+@pytest.mark.parametrize("unit", ["x", "é", "\n", "😀", '"'])
+def test_long_texts_are_cut_with_an_ellipsis_under_64_kib(unit: str) -> None:  # issue 9.5
+    body = {"msg_id": QID, "error": "hermes send failed (1): " + unit * 200_000,
+            "response": {"answer": unit * 100_000}}
+    line = fit_line(body)
+    assert len(line.encode("utf-8")) <= LINE_LIMIT < 64 * 1024
+    assert line.endswith("\n") and line.count("\n") == 1 + line[:-1].count("\n")
+    parsed = json.loads(line)
+    assert parsed["msg_id"] == QID  # short fields are untouched
+    assert parsed["error"].startswith("hermes send failed (1): ")
+    assert parsed["error"].endswith("…") or parsed["response"]["answer"].endswith("…")
+    assert len(line.encode("utf-8")) > LINE_LIMIT - 200  # cut to the limit, not far below
+
+
+def test_an_oversize_response_envelope_stays_one_valid_line() -> None:  # issue 9.5, W13
+    env = ResponseEnvelope(msg_id=QID, sender_session="s", sender_endpoint="/e",
+                           timestamp="2026-11-30T12:00:00.000Z", response=None,
+                           error="x" * 70_000)
+    line = env.to_line()
+    assert len(line) <= LINE_LIMIT and line.endswith(b"\n")
+    parsed = json.loads(line)
+    assert parsed["type"] == "response" and parsed["error"].endswith("…")
+
+
+def test_an_oversize_log_record_stays_one_valid_line() -> None:  # issue 9.5, C20
+    record = LogRecord(at="2026-11-30T12:00:00.000Z", qid=QID, event="delivery_error",
+                       detail={"phase": "question", "error": "e" * 100_000})
+    line = record.to_line()
+    assert len(line.encode("utf-8")) <= LINE_LIMIT
+    assert json.loads(line)["detail"]["error"].endswith("…")
+
+
+def test_a_cancel_line_keeps_its_wire_field_names() -> None:  # W16
+    cancel = CancelEnvelope.model_validate(
+        {"type": "cancel", "msg_id": "m", "from": "a", "to": "b", "created_at": "t",
+         "ref_msg_id": QID})
+    assert json.loads(cancel.to_line())["from"] == "a"
