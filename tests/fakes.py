@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import queue
 import socket
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from coms_hermes_bridge.actors.base import Child
+from coms_hermes_bridge.messages.commands import Address
 
 T = TypeVar("T")
 
@@ -78,3 +84,68 @@ def read_line(conn: socket.socket) -> bytes:
             break
         buf += chunk
     return buf
+
+
+# -- fake children for supervisor tests -----------------------------------------------
+
+
+class Boom:
+    """Makes a Recorder crash with a plain bug."""
+
+
+@dataclass(frozen=True)
+class Short:
+    """Makes a Recorder crash as if the machine ran out of `errno`."""
+
+    errno: int = errno.EMFILE
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Makes a Recorder wait, so that what is told meanwhile stays unread."""
+
+    release: threading.Event = field(compare=False)
+
+
+class Recorder(Child):
+    """Forwards each message it reads, tagged with its incarnation, to `seen`."""
+
+    def __init__(self, *, supervisor: Address, seen: FakeRef, name: str, incarnation: int) -> None:
+        super().__init__(name, supervisor)
+        self.seen = seen
+        self.incarnation = incarnation
+
+    def on_receive(self, message: Any) -> None:
+        match message:
+            case Boom():
+                raise RuntimeError("boom")
+            case Short(errno=code):
+                raise OSError(code, "short")
+            case Hold(release=release):
+                release.wait(5)
+            case _:
+                self.seen.tell((self.incarnation, message))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSchedule:
+    """Records delayed restarts instead of running them; `fire()` runs the oldest."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self._actions: list[Callable[[], None]] = []
+
+    def __call__(self, delay: float, action: Callable[[], None]) -> Callable[[], None]:
+        self.delays.append(delay)
+        self._actions.append(action)
+        return lambda: None
+
+    def fire(self) -> None:
+        self._actions.pop(0)()

@@ -201,3 +201,26 @@ def test_open_question_survives_a_crash_of_the_router_or_question_supervisor(
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "yes"}
     assert len(tree.hermes.calls()) == 1  # delivered before: not sent again
     assert tree.fatal == []
+
+
+def test_poison_question_is_closed_with_an_error_and_the_daemon_lives_on(tree: Tree) -> None:
+    # issue 13.2: a question that keeps crashing exhausts its own restarts (3 in 10 s),
+    # not the root's; its asker hears why, and every other question carries on
+    poison, other = tree.ask("poison?"), tree.ask("healthy?")
+    wait_for(lambda: all(tree.state(q) == "delivered" for q in (poison, other)),
+             what="both delivered")
+    slot = tree.router.open[poison].slot
+    for _ in range(3):
+        before = slot.ref
+        slot.tell(Boom())
+        wait_for(lambda b=before: slot.ref not in (None, b), what="restarted")  # type: ignore[misc]
+    slot.tell(Boom())
+    env = tree.asker.response()
+    assert env["msg_id"] == poison and env["response"] is None
+    assert env["error"].startswith("bridge failed on this question: UnknownMessage: ")
+    wait_for(lambda: poison not in tree.router.open, what="closed in the table")
+    assert tree.store.load()[0] == [tree.store.open_spec(other, tree.router.open[other].child)]
+    tree.answer(other, "fine")
+    assert tree.asker.response()["response"] == {"kind": "freeform", "text": "fine"}
+    assert tree.fatal == []
+    assert tree.tree.root.is_alive()

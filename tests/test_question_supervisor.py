@@ -1,0 +1,199 @@
+"""QuestionSupervisor with fake questions: restarts from the row, replay, poison (issue 13.2)."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
+
+from coms_hermes_bridge.actors.base import Slot
+from coms_hermes_bridge.actors.question_supervisor import QuestionSupervisor
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import (
+    Address,
+    LogEvent,
+    QuestionClosed,
+    QuestionRestarted,
+    QuestionSpec,
+    ResetQuestions,
+    RestoreQuestions,
+    SendResponse,
+    StartQuestion,
+)
+from coms_hermes_bridge.messages.contract import parse_prompt
+from coms_hermes_bridge.messages.wire import PromptEnvelope
+
+QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
+CHILD = f"question:{QID}:run.1"
+PROMPT = PromptEnvelope(
+    msg_id=QID,
+    sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+    sender_endpoint="/tmp/asker.sock",
+    hops=0,
+    timestamp="2026-11-30T12:00:00.000Z",
+    prompt="Ship it?",
+    sender_name="builder",
+    sender_cwd="/work",
+)
+
+
+@dataclass
+class Rig:
+    ref: pykka.ActorRef[QuestionSupervisor]
+    store: Store
+    slot: Slot
+    seen: FakeRef
+    router: FakeRef
+    peer: FakeRef
+    logger: FakeRef
+    clock: FakeClock
+    schedule: FakeSchedule
+    specs: list[QuestionSpec]
+
+    def restarted(self, before: Any) -> None:
+        wait_for(lambda: self.slot.ref not in (None, before), what="question restarted")
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    store = Store.open(tmp_path / "state.sqlite3")
+    spec = QuestionSpec(QID, PROMPT, parse_prompt(PROMPT), 60_000, time.time() + 60)
+    store.put_open(spec, owner=CHILD)
+    store.set_state(QID, "delivered", owner=CHILD)
+    seen, router, peer, logger = FakeRef("seen"), FakeRef("router"), FakeRef("peer"), FakeRef("logger")
+    clock, schedule = FakeClock(), FakeSchedule()
+    specs: list[QuestionSpec] = []
+    incarnation = iter(range(100))
+
+    def start_question(spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> Any:
+        specs.append(spec)
+        return Recorder.start(supervisor=sup, seen=seen, name=child, incarnation=next(incarnation))
+
+    ref = QuestionSupervisor.start(
+        supervisor=FakeRef("root"), router=router, peer=peer, logger=logger, store=store,
+        start_question=start_question, max_restarts=3, window_s=10, clock=clock,
+        schedule=schedule,
+    )
+    slot = Slot(CHILD)
+    ref.tell(StartQuestion(spec, CHILD, slot))
+    wait_for(lambda: slot.ref, what="question started")
+    yield Rig(ref, store, slot, seen, router, peer, logger, clock, schedule, specs)
+    pykka.ActorRegistry.stop_all()
+    store.shutdown()
+
+
+def test_crashed_question_gets_its_unread_messages_in_order(rig: Rig) -> None:
+    # issue 13.4: replayed to the restarted question, ahead of what came later
+    release = threading.Event()
+    before = rig.slot.ref
+    for message in (Hold(release), Boom(), "m1", "m2", "m3"):
+        rig.slot.tell(message)
+    release.set()
+    rig.restarted(before)
+    rig.slot.tell("m4")
+    assert [rig.seen.next() for _ in range(4)] == [(1, "m1"), (1, "m2"), (1, "m3"), (1, "m4")]
+    assert rig.router.expect(QuestionRestarted) == QuestionRestarted(QID, CHILD)
+
+
+def test_a_restarted_question_resumes_from_its_row(rig: Rig) -> None:
+    # issue 13.3: the store row is the one record of the state
+    before = rig.slot.ref
+    rig.slot.tell(Boom())
+    rig.restarted(before)
+    assert rig.specs[0].state is None  # as the Router handed it over at admission
+    assert rig.specs[1].state == "delivered"  # as the row says now
+
+
+def test_poison_question_is_closed_with_an_error_and_the_rest_lives_on(rig: Rig) -> None:
+    # issue 13.2: past its own intensity the question is closed, its asker told,
+    # the event logged, the row gone (not restored), and the supervisor alive
+    for _ in range(3):
+        before = rig.slot.ref
+        rig.slot.tell(Boom())
+        rig.restarted(before)
+    rig.slot.tell(Boom())
+    owed = rig.peer.expect(SendResponse)
+    assert owed == SendResponse(
+        PROMPT, None, "bridge failed on this question: RuntimeError: boom", CHILD
+    )
+    assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, None, CHILD)
+    record = rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event, record.detail) == (
+        QID, "question_failed", {"error": "RuntimeError: boom"}
+    )
+    assert rig.store.load() == ([], [])  # not restored on the next start
+    assert rig.store.outbox() == [owed]  # owed until the Peer has handed it over
+    assert rig.ref.is_alive()
+    rig.slot.tell("dropped")
+    assert rig.slot.held == ()
+
+
+def test_restarts_spread_over_time_are_not_poison(rig: Rig) -> None:
+    for _ in range(3):
+        before = rig.slot.ref
+        rig.slot.tell(Boom())
+        rig.restarted(before)
+    rig.clock.now += 10.5
+    before = rig.slot.ref
+    rig.slot.tell(Boom())
+    rig.restarted(before)
+    rig.peer.quiet(0.05)
+
+
+def test_a_shortage_is_retried_with_backoff_not_counted(rig: Rig) -> None:
+    # issue 9.2 for questions: e.g. no thread for it
+    for attempt in range(5):
+        before = rig.slot.ref
+        rig.slot.tell(Short(errno.EMFILE))
+        wait_for(lambda n=attempt: len(rig.schedule.delays) == n + 1, what="retry scheduled")  # type: ignore[misc]
+        rig.schedule.fire()
+        rig.restarted(before)
+    assert rig.schedule.delays == [0.1, 0.2, 0.4, 0.8, 1.6]
+    rig.peer.quiet(0.05)
+
+
+def test_a_closed_question_is_forgotten_and_never_restarted(rig: Rig) -> None:
+    rig.ref.tell(QuestionClosed(QID, "answered", CHILD))
+    rig.store.close(QID, "answered", owner=CHILD)
+    before = rig.slot.ref
+    rig.slot.tell(Boom())
+    wait_for(lambda: before is not None and not before.is_alive(), what="crashed")
+    rig.router.quiet(0.1)
+    rig.peer.quiet(0)
+
+
+def test_a_question_whose_row_is_gone_is_reported_closed(rig: Rig) -> None:
+    # replaced by a repeated qid meanwhile: nothing to resume, the Router is told
+    spec = rig.specs[0]
+    rig.store.put_open(spec, owner="question:someone-else")
+    rig.slot.tell(Boom())
+    assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, None, CHILD)
+    rig.seen.quiet(0.05)
+
+
+def test_reset_stops_every_question(rig: Rig) -> None:
+    before = rig.slot.ref
+    rig.ref.tell(ResetQuestions())
+    wait_for(lambda: before is not None and not before.is_alive(), what="stopped")
+    rig.slot.tell("dropped")
+    assert rig.slot.held == ()
+
+
+def test_a_restarted_supervisor_asks_the_router_to_restore(tmp_path: Path) -> None:
+    router = FakeRef("router")
+    store = Store.open(tmp_path / "s.sqlite3")
+    ref = QuestionSupervisor.start(
+        supervisor=FakeRef("root"), router=router, peer=FakeRef(), logger=FakeRef(),
+        store=store, start_question=lambda *a: None, first_start=False,  # type: ignore[arg-type,return-value]
+    )
+    assert router.expect(RestoreQuestions) == RestoreQuestions()
+    ref.stop()
+    store.shutdown()

@@ -1,0 +1,294 @@
+"""QuestionRouter with fake collaborators: admission, routing, late notes, restore (issue 13.2)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from fakes import FakeRef
+
+from coms_hermes_bridge.actors.router import QuestionRouter
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import (
+    AdmissionRefused,
+    AnswerArrived,
+    AnswerFileSeen,
+    CancelQuestion,
+    CancelRequested,
+    DisposeAnswerFile,
+    FileSignature,
+    LogEvent,
+    NewQuestion,
+    QuestionClosed,
+    QuestionRestarted,
+    QuestionSpec,
+    QueueDepthQuery,
+    RemoveAnswerFile,
+    ResetQuestions,
+    SendResponse,
+    SendText,
+    StartQuestion,
+)
+from coms_hermes_bridge.messages.contract import (
+    INVALID_QID_ERROR,
+    Answering,
+    Late,
+    Rejected,
+    ToValidate,
+    cancel_target,
+    late_note,
+    over_capacity,
+    parse_prompt,
+    triage_answer,
+)
+from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
+
+QIDS = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}" for c in "0123456789"]
+SIG = FileSignature(7, 80, 1)
+
+
+def prompt(qid: str, text: str = "Ship?") -> PromptEnvelope:
+    return PromptEnvelope(
+        msg_id=qid, sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+        sender_endpoint="/tmp/asker.sock", hops=0, timestamp="2026-11-30T12:00:00.000Z",
+        prompt=text, sender_name="builder", sender_cwd="/work",
+    )
+
+
+def answer_file(qid: str, text: str = "yes") -> bytes:
+    return json.dumps(
+        {"qid": qid, "answer": text, "answered_by": "telegram:1", "at": "2026-11-30T12:00:00Z"}
+    ).encode()
+
+
+@dataclass
+class Rig:
+    ref: pykka.ActorRef[QuestionRouter]
+    store: Store
+    questions: FakeRef
+    peer: FakeRef
+    delivery: FakeRef
+    watcher: FakeRef
+    logger: FakeRef
+
+    def admit(self, qid: str) -> StartQuestion:
+        self.ref.ask(NewQuestion(prompt(qid)), timeout=5)
+        return self.questions.expect(StartQuestion)
+
+    @property
+    def router(self) -> QuestionRouter:
+        actor = self.ref._actor_weakref()  # white-box: the table
+        assert actor is not None
+        return actor  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    stores: list[Store] = []
+
+    def _make(max_open: int = 10_000, resume_owed: bool = True, path: str = "s.sqlite3") -> Rig:
+        store = Store.open(tmp_path / path)
+        stores.append(store)
+        fakes = {n: FakeRef(n) for n in ("questions", "peer", "delivery", "watcher", "logger")}
+        ref = QuestionRouter.start(
+            supervisor=FakeRef("root"), store=store, timeout_ms=60_000, run_tag="t.0",
+            max_open=max_open, resume_owed=resume_owed, **fakes,
+        )
+        assert fakes["questions"].expect(ResetQuestions) == ResetQuestions()
+        return Rig(ref, store, **fakes)
+
+    yield _make
+    pykka.ActorRegistry.stop_all()
+    for store in stores:
+        store.shutdown()
+
+
+# -- the pure decisions ----------------------------------------------------------
+
+
+def test_triage_decides_from_the_name_alone() -> None:
+    # issue 13.2: late, foreign and "already answering" before any parsing
+    a, b, c, d = QIDS[:4]
+    answering = {a: False, b: True}
+    closed = {c: "answered"}
+    assert triage_answer(f"{a}.answer.json", answering, closed) == ToValidate(a)  # type: ignore[arg-type]
+    assert triage_answer(f"{b}.answer.json", answering, closed) == Answering(b)  # type: ignore[arg-type]
+    assert triage_answer(f"{c}.answer.json", answering, closed) == Late(c, "answered")  # type: ignore[arg-type]
+    assert triage_answer(f"{d}.answer.json", answering, closed) == Rejected("foreign_qid", d)  # type: ignore[arg-type]
+    assert triage_answer("x.answer.json", answering, closed) == Rejected("invalid_qid")  # type: ignore[arg-type]
+    assert triage_answer(f"{a}.json", answering, closed) == Rejected("invalid_path")  # type: ignore[arg-type]
+
+
+def test_over_capacity() -> None:
+    # issue 9.10
+    assert over_capacity(2, 3, replaces=False) is None
+    assert over_capacity(3, 3, replaces=False) == "bridge has 3 open questions; try again later"
+    assert over_capacity(3, 3, replaces=True) is None
+
+
+def test_cancel_target() -> None:
+    assert cancel_target(QIDS[0], {QIDS[0]}) == QIDS[0]
+    assert cancel_target(QIDS[1], {QIDS[0]}) is None
+
+
+# -- admission -----------------------------------------------------------------------
+
+
+def test_a_prompt_is_stored_before_the_ask_returns_then_run_and_delivered(make: Any) -> None:
+    rig = make()
+    start = rig.admit(QIDS[0])
+    assert start.spec.qid == QIDS[0] and start.child == f"question:{QIDS[0]}:t.0.1"
+    assert [s.qid for s in rig.store.load()[0]] == [QIDS[0]]
+    assert rig.store.open_spec(QIDS[0], start.child) is not None  # owned by the child
+    sent = rig.delivery.expect(SendText)
+    assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", start.slot)
+    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 1
+
+
+def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> None:
+    # issue 9.10: nacked at once with the count; the open ones are untouched
+    rig = make(max_open=3)
+    for qid in QIDS[:3]:
+        rig.admit(qid)
+    with pytest.raises(AdmissionRefused) as refused:
+        rig.ref.ask(NewQuestion(prompt(QIDS[3])), timeout=5)
+    assert str(refused.value) == "bridge has 3 open questions; try again later"
+    assert [s.qid for s in rig.store.load()[0]] == QIDS[:3]
+    rig.questions.quiet(0.05)
+    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 3
+    assert rig.ref.is_alive()
+    rig.admit(QIDS[0])  # a repeated qid replaces, so it is not refused
+
+
+def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Any) -> None:
+    # C3
+    rig = make()
+    bad = prompt("not-a-ulid")
+    rig.ref.ask(NewQuestion(bad), timeout=5)
+    assert rig.peer.expect(SendResponse) == SendResponse(bad, None, INVALID_QID_ERROR)
+    assert rig.store.load() == ([], [])
+
+
+# -- answers -----------------------------------------------------------------------
+
+
+def test_an_answer_reaches_its_question_once(make: Any) -> None:
+    # issue 13.5: Watcher -> Router -> Question; the second sighting is dropped
+    # until the question restarts
+    rig = make()
+    start = rig.admit(QIDS[0])
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)  # both handled
+    held = start.slot.held  # nobody runs the question here: the slot holds for it
+    assert len(held) == 1 and isinstance(held[0], AnswerArrived) and held[0].answer.answer == "yes"
+    rig.ref.tell(QuestionRestarted(QIDS[0], start.child))
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    assert len(start.slot.held) == 2
+    rig.watcher.quiet(0)
+
+
+def test_a_foreign_file_is_refused_without_reading_it(make: Any) -> None:
+    rig = make()
+    name = f"{QIDS[1]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, b"{not json", SIG))
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+        name, SIG, Rejected("foreign_qid", QIDS[1])
+    )
+
+
+def test_a_bad_answer_to_an_open_question_is_refused(make: Any) -> None:
+    rig = make()
+    rig.admit(QIDS[0])
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
+    assert rig.watcher.expect(DisposeAnswerFile).verdict == Rejected("qid_mismatch", QIDS[0])
+
+
+def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
+    # C15, issue 9.7: the note is in the store before Delivery is told, once per file version
+    rig = make()
+    start = rig.admit(QIDS[0])
+    rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # a rescan sees it again
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    record = rig.logger.expect(LogEvent).record
+    assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
+    note = rig.delivery.expect(SendText)
+    while note.purpose != "late_note":
+        note = rig.delivery.expect(SendText)
+    assert note.text == late_note(QIDS[0]) and note.note_id is not None
+    assert rig.store.owed_notes() == [note]
+    rig.delivery.quiet(0.1)
+    rig.logger.quiet(0)
+
+
+def test_the_file_that_answered_a_question_is_not_late(make: Any) -> None:
+    # a crash between storing the answer and removing its file
+    rig = make()
+    spec = QuestionSpec(QIDS[0], prompt(QIDS[0]), parse_prompt(prompt(QIDS[0])), 1, time.time())
+    rig.store.put_open(spec, owner="q")
+    rig.store.close(QIDS[0], "answered", owner="q", answer_file=(f"{QIDS[0]}.answer.json", SIG))
+    rig.ref.stop()
+    rig = make()
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    rig.logger.quiet(0.05)
+
+
+# -- cancel, close, restore ---------------------------------------------------------
+
+
+def test_cancel_goes_to_the_open_question_only(make: Any) -> None:
+    rig = make()
+    start = rig.admit(QIDS[0])
+    for ref in (QIDS[0], QIDS[1]):
+        cancel = CancelEnvelope.model_validate(
+            {"msg_id": QIDS[5], "from": "builder", "to": "user-remote",
+             "created_at": "2026-11-30T12:00:00.000Z", "ref_msg_id": ref}
+        )
+        rig.ref.tell(CancelQuestion(cancel))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    assert start.slot.held == (CancelRequested(),)
+
+
+def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(make: Any) -> None:
+    rig = make()
+    start = rig.admit(QIDS[0])
+    rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
+    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 1
+    rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
+    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 0
+    assert rig.router.closed == {QIDS[0]: "answered"}
+
+
+def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None:
+    # restore: pending questions are sent again, owed notes and responses too (issue 9.7)
+    first = make()
+    first.admit(QIDS[0])
+    second_start = first.admit(QIDS[1])
+    first.store.set_state(QIDS[1], "delivered", owner=second_start.child)
+    note = SendText(QIDS[2], "ℹ note", "late_note", note_id="late:x")
+    first.store.owe_note(note)
+    first.ref.stop()
+    rig = make()
+    starts = [rig.questions.expect(StartQuestion), rig.questions.expect(StartQuestion)]
+    assert [s.spec.qid for s in starts] == QIDS[:2]
+    assert [s.spec.state for s in starts] == [None, "delivered"]
+    told = [rig.delivery.expect(SendText) for _ in range(2)]
+    assert told[0] == note
+    assert (told[1].qid, told[1].purpose, told[1].reply_to) == (QIDS[0], "question", starts[0].slot)
+    rig.delivery.quiet(0.05)
+    # the rows now belong to the new children
+    assert rig.store.open_spec(QIDS[1], starts[1].child) is not None

@@ -1,0 +1,400 @@
+"""Supervision promises with fake children: the root, slots, hand-over, backoff (issue 13).
+
+The children here are tiny actors that forward whatever they read to a FakeRef,
+so a test sees exactly which messages each incarnation got, in which order. The
+clock and the scheduler of delayed restarts are injected, so windows and
+backoff are tested without waiting for them.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
+from hermes_fake import FakeHermes
+
+from coms_hermes_bridge.actors.base import Slot, is_resource_shortage
+from coms_hermes_bridge.actors.delivery import DeliveryActor
+from coms_hermes_bridge.actors.supervisor import (
+    Backoff,
+    ChildSpec,
+    Intensity,
+    Restart,
+    RootSupervisor,
+)
+from coms_hermes_bridge.messages.commands import Address, ChildFailed, Delivered, SendText
+
+QID_A = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
+QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
+
+
+@dataclass
+class Rig:
+    root: pykka.ActorRef[RootSupervisor]
+    slots: dict[str, Slot]
+    seen: dict[str, FakeRef]
+    clock: FakeClock
+    schedule: FakeSchedule
+    fatal: list[str]
+
+    def crash(self, name: str, message: Any = None) -> None:
+        """Crash `name` and wait for its next incarnation (or for the verdict)."""
+        before = self.slots[name].ref
+        self.slots[name].tell(message if message is not None else Boom())
+        wait_for(lambda: self.slots[name].ref not in (None, before) or self.fatal,
+                 what=f"{name} restarted")
+
+
+@pytest.fixture
+def rig() -> Iterator[Callable[..., Rig]]:
+    roots: list[pykka.ActorRef[RootSupervisor]] = []
+
+    def make(
+        names: tuple[str, ...] = ("a", "b"),
+        restart: Restart = "permanent",
+        max_restarts: int = 3,
+        window_s: float = 10.0,
+    ) -> Rig:
+        slots = {n: Slot(n) for n in names}
+        seen = {n: FakeRef(n) for n in names}
+        clock, schedule, fatal = FakeClock(), FakeSchedule(), []
+
+        def factory(name: str) -> Callable[[Address, int], pykka.ActorRef[Any]]:
+            def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+                return Recorder.start(supervisor=sup, seen=seen[name], name=name, incarnation=n)
+            return start
+
+        specs = [ChildSpec(slots[n], factory(n), restart) for n in names]
+        root = RootSupervisor.start(
+            specs=specs, on_fatal=fatal.append, max_restarts=max_restarts, window_s=window_s,
+            clock=clock, schedule=schedule,
+        )
+        roots.append(root)
+        for slot in slots.values():
+            wait_for(lambda s=slot: s.ref, what=f"{slot.name} started")  # type: ignore[misc]
+        return Rig(root, slots, seen, clock, schedule, fatal)
+
+    yield make
+    for root in roots:
+        try:
+            root.stop(block=True, timeout=2)
+        except (pykka.ActorDeadError, pykka.Timeout):
+            pass
+    pykka.ActorRegistry.stop_all()
+
+
+def _held_then_crash(rig: Rig, name: str, unread: list[Any], crash: Any = None) -> None:
+    """Leave `unread` in `name`'s mailbox behind a crash, then let it crash."""
+    release = threading.Event()
+    before = rig.slots[name].ref
+    rig.slots[name].tell(Hold(release))
+    rig.slots[name].tell(crash if crash is not None else Boom())
+    for message in unread:
+        rig.slots[name].tell(message)
+    release.set()
+    wait_for(lambda: rig.slots[name].ref not in (None, before), what=f"{name} restarted")
+
+
+# -- pure parts ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "shortage"),
+    [
+        (OSError(errno.EMFILE, "Too many open files"), True),
+        (OSError(errno.ENFILE, "File table overflow"), True),
+        (OSError(errno.ENOMEM, "Cannot allocate memory"), True),
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (MemoryError(), True),
+        (RuntimeError("can't start new thread"), True),
+        (OSError(errno.ENOENT, "No such file"), False),
+        (OSError(errno.EACCES, "Permission denied"), False),
+        (RuntimeError("boom"), False),
+        (ValueError("bad"), False),
+        (None, False),
+    ],
+)
+def test_resource_shortages_are_told_from_bugs(exc: BaseException | None, shortage: bool) -> None:
+    # issue 9.2: which crashes back off instead of counting toward the bound
+    assert is_resource_shortage(exc) is shortage
+
+
+def test_a_shortage_wrapped_in_another_error_is_still_a_shortage() -> None:
+    try:
+        try:
+            raise OSError(errno.EMFILE, "Too many open files")
+        except OSError as inner:
+            raise RuntimeError("cannot write the registry entry") from inner
+    except RuntimeError as outer:
+        assert is_resource_shortage(outer)
+
+
+def test_intensity_window_expires() -> None:
+    # OTP's MaxR in MaxT: the 4th restart within 10 s is one too many, but
+    # restarts older than the window no longer count
+    clock = FakeClock()
+    intensity = Intensity(3, 10.0, clock)
+    assert [intensity.allow("a") for _ in range(3)] == [True, True, True]
+    clock.now += 9.9
+    assert not intensity.allow("a")
+    clock.now += 10.0
+    assert intensity.allow("a") and intensity.recent == 1
+
+
+def test_intensity_window_boundary_and_verdict() -> None:
+    clock = FakeClock()
+    intensity = Intensity(1, 10.0, clock)
+    assert intensity.allow("a")
+    clock.now += 10.0  # exactly one window later: the old restart has left it
+    assert intensity.allow("b")
+    assert not intensity.allow("b")
+    assert intensity.verdict() == "b crashed 2 times within 10s"
+    clock.now += 5
+    assert not intensity.allow("a")
+    assert intensity.verdict() == "3 crashes within 10s (a, b; last a)"
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_after_a_quiet_spell() -> None:
+    clock = FakeClock()
+    backoff = Backoff(clock)
+    delays = []
+    for _ in range(12):
+        delay, fresh = backoff.next("a")
+        delays.append((delay, fresh))
+        clock.now += delay
+    assert delays[:4] == [(0.1, True), (0.2, False), (0.4, False), (0.8, False)]
+    assert delays[-1] == (30.0, False) and all(d <= 30.0 for d, _ in delays)
+    assert backoff.next("b") == (0.1, True)  # per child
+    clock.now += 30.0 + 30.0 + 0.001  # quiet for longer than its delay plus the cap
+    assert backoff.next("a") == (0.1, True)
+
+
+# -- slots ---------------------------------------------------------------------
+
+
+def test_bind_replays_unread_then_held_in_order(rig: Callable[..., Rig]) -> None:
+    # issue 13.4: what the dead child had not read comes first, then what was
+    # told to the slot while it was down, each in the order it was told
+    r = rig(("a",))
+    seen = r.seen["a"]
+    slot = Slot("x")
+    slot.tell("held 1")
+    slot.tell("held 2")
+    ref = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=7)
+    slot.bind(ref, ("unread 1", "unread 2"))
+    slot.tell("after")
+    got = [seen.next() for _ in range(5)]
+    assert got == [(7, "unread 1"), (7, "unread 2"), (7, "held 1"), (7, "held 2"), (7, "after")]
+    ref.stop()
+
+
+def test_bind_to_a_dead_child_keeps_the_messages_held() -> None:
+    # issue 13.4: the child died before it was bound; nothing is lost, nothing raises,
+    # and the rebind its ChildFailed brings delivers everything in order
+    seen = FakeRef("seen")
+    slot = Slot("x")
+    dead = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=0)
+    dead.stop()
+    slot.tell("held")
+    slot.bind(dead, ("unread",))
+    slot.tell("later")
+    assert slot.held == ("unread", "held", "later")
+    live = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=1)
+    slot.bind(live)
+    assert [seen.next() for _ in range(3)] == [(1, "unread"), (1, "held"), (1, "later")]
+    assert slot.held == ()
+    live.stop()
+
+
+def test_a_retired_slot_drops_and_a_detached_one_holds() -> None:
+    seen = FakeRef("seen")
+    slot = Slot("x")
+    ref = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=0)
+    slot.bind(ref)
+    slot.detach(ref)  # what a dying child does before it drains its mailbox
+    slot.tell("kept")
+    assert slot.held == ("kept",) and slot.ref is None
+    slot.retire()
+    slot.tell("dropped")
+    assert slot.held == ()
+    ref.stop()
+
+
+def test_a_crashing_child_detaches_its_slot_before_handing_over() -> None:
+    # issue 13.4: a tell racing with the hand-over is held for the successor,
+    # never put into the dead mailbox after it was drained
+    supervisor = FakeRef("supervisor")
+    seen = FakeRef("seen")
+    slot = Slot("x")
+    ref = Recorder.start(supervisor=supervisor, seen=seen, name="x", incarnation=0)
+    slot.bind(ref)
+    release = threading.Event()
+    slot.tell(Hold(release))
+    slot.tell(Boom())
+    slot.tell("unread")
+    release.set()
+    failed = supervisor.expect(ChildFailed)
+    assert failed.unread == ("unread",) and not failed.shortage
+    slot.tell("after the crash")
+    assert slot.ref is None and slot.held == ("after the crash",)
+
+
+# -- the root ------------------------------------------------------------------
+
+
+def test_crashed_permanent_child_gets_its_unread_messages_in_order(rig: Callable[..., Rig]) -> None:
+    # issue 13.4: the mailbox of the crashed child is replayed to its successor,
+    # ahead of anything told after the crash
+    r = rig()
+    _held_then_crash(r, "a", ["m1", "m2", "m3"])
+    r.slots["a"].tell("m4")
+    assert [r.seen["a"].next() for _ in range(4)] == [(1, "m1"), (1, "m2"), (1, "m3"), (1, "m4")]
+    r.seen["b"].quiet(0.05)  # one_for_one: the sibling is untouched
+    assert r.slots["b"].ref is not None and r.slots["b"].ref.is_alive()
+    assert r.fatal == []
+
+
+def test_crash_loop_past_the_intensity_is_fatal(rig: Callable[..., Rig]) -> None:
+    # one intensity over all children: a, b, a, b is four restarts
+    r = rig(max_restarts=3)
+    for name in ("a", "b", "a"):
+        r.crash(name)
+    assert r.fatal == []
+    r.slots["b"].tell(Boom())
+    wait_for(lambda: r.fatal, what="the root gives up")
+    assert r.fatal == ["4 crashes within 10s (a, b; last b); last error: RuntimeError: boom"]
+
+
+def test_restarts_older_than_the_window_are_forgotten(rig: Callable[..., Rig]) -> None:
+    # issue 13 mutant: a window that never expires would give up here
+    r = rig(max_restarts=2, window_s=10)
+    r.crash("a")
+    r.crash("a")
+    r.clock.now += 10.5
+    r.crash("a")
+    r.crash("a")
+    assert r.fatal == []
+    r.crash("a")
+    assert r.fatal == ["a crashed 3 times within 10s; last error: RuntimeError: boom"]
+
+
+def test_shortage_backs_off_and_is_not_counted(
+    rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 9.2: EMFILE and the like are retried after 0.1 s, 0.2 s, ... (a message
+    # scheduled for later, not a sleep), reported once, and never end the daemon
+    r = rig(("a",), max_restarts=1)
+    release = threading.Event()
+    for attempt in range(6):
+        before = r.slots["a"].ref
+        if attempt == 0:  # the first one also leaves unread work behind
+            r.slots["a"].tell(Hold(release))
+        r.slots["a"].tell(Short())
+        if attempt == 0:
+            r.slots["a"].tell("unread")
+            release.set()
+        wait_for(lambda n=attempt: len(r.schedule.delays) == n + 1, what="restart scheduled")  # type: ignore[misc]
+        assert r.slots["a"].ref is None or not r.slots["a"].ref.is_alive()
+        r.slots["a"].tell(f"while down {attempt}")
+        r.schedule.fire()
+        wait_for(lambda b=before: r.slots["a"].ref not in (None, b), what="restarted")  # type: ignore[misc]
+        if attempt == 0:  # replayed after the delay too, ahead of what waited in the slot
+            assert r.seen["a"].next() == (1, "unread")
+        assert r.seen["a"].next() == (attempt + 1, f"while down {attempt}")
+    assert r.schedule.delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2]
+    assert r.fatal == []
+    err = capsys.readouterr().err
+    assert err.count("ran short of a resource") == 1
+    assert "[Errno 24] short" in err
+    r.crash("a")  # a plain crash still counts: one is allowed...
+    r.crash("a")  # ...two are not
+    assert r.fatal and r.fatal[0].startswith("a crashed 2 times within 10s")
+
+
+def test_temporary_child_is_not_restarted(rig: Callable[..., Rig]) -> None:
+    r = rig(("a",), restart="temporary")
+    ref = r.slots["a"].ref
+    r.slots["a"].tell(Boom())
+    wait_for(lambda: ref is not None and not ref.is_alive(), what="a died")
+    r.slots["a"].tell("dropped")
+    assert r.slots["a"].ref is None and r.slots["a"].held == ()
+    assert r.fatal == []
+
+
+def test_a_factory_that_cannot_start_a_thread_backs_off(rig: Callable[..., Rig]) -> None:
+    # issue 9.10: a thread that cannot be started is a shortage, not a crash loop
+    slot = Slot("flaky")
+    seen = FakeRef("seen")
+    attempts: list[int] = []
+
+    def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+        attempts.append(n)
+        if n < 3:
+            raise RuntimeError("can't start new thread")
+        return Recorder.start(supervisor=sup, seen=seen, name="flaky", incarnation=n)
+
+    schedule, fatal = FakeSchedule(), []
+    root = RootSupervisor.start(
+        specs=[ChildSpec(slot, start)], on_fatal=fatal.append, max_restarts=1,
+        clock=FakeClock(), schedule=schedule,
+    )
+    slot.tell("waits for a thread")
+    wait_for(lambda: schedule.delays, what="first retry scheduled")
+    for count in (2, 3):
+        schedule.fire()
+        wait_for(lambda c=count: len(schedule.delays) == c or slot.ref, what="next retry")  # type: ignore[misc]
+    schedule.fire()
+    assert seen.next() == (3, "waits for a thread")
+    assert schedule.delays == [0.1, 0.2, 0.4] and fatal == []
+    root.stop()
+
+
+def test_stop_goes_in_reverse_start_order(rig: Callable[..., Rig]) -> None:
+    r = rig(("first", "second", "third"))
+    refs = [r.slots[n].ref for n in ("first", "second", "third")]
+    stopped: list[str] = []
+    for name, ref in zip(("first", "second", "third"), refs, strict=True):
+        assert ref is not None
+        threading.Thread(
+            target=lambda n=name, f=ref: (f.actor_stopped.wait(5), stopped.append(n)), daemon=True
+        ).start()
+    r.root.stop(block=True, timeout=5)
+    wait_for(lambda: len(stopped) == 3, what="all stopped")
+    assert stopped == ["third", "second", "first"]
+
+
+# -- Delivery's hand-over ------------------------------------------------------
+
+
+def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> None:
+    # issue 13.4: the send cut short and the queued one both reach hermes, in order
+    hermes = FakeHermes(tmp_path / "bin", sleep=30)
+    slot = Slot("delivery")
+    question_a, question_b = FakeRef("a"), FakeRef("b")
+
+    def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+        return DeliveryActor.start(
+            supervisor=sup, logger=FakeRef("logger"), target="telegram", profile=None,
+            send_timeout_ms=60_000, hermes=str(hermes.path),
+        )
+
+    root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None)
+    wait_for(lambda: slot.ref, what="delivery up")
+    slot.tell(SendText(QID_A, "question A", "question", reply_to=question_a))
+    slot.tell(SendText(QID_B, "question B", "question", reply_to=question_b))
+    hermes.wait_started(1)
+    before = slot.ref
+    hermes.configure(sleep=0)
+    slot.tell(Boom())  # Delivery takes no such thing: it crashes mid-send
+    wait_for(lambda: slot.ref not in (None, before), what="delivery restarted")
+    assert question_a.expect(Delivered) == Delivered(QID_A)
+    assert question_b.expect(Delivered) == Delivered(QID_B)
+    assert [argv[-1] for argv in hermes.argvs()] == ["question A", "question B"]
+    root.stop()
