@@ -127,9 +127,9 @@ def test_triage_decides_from_the_name_alone() -> None:
 
 def test_over_capacity() -> None:
     # issue 9.10
-    assert over_capacity(2, 3, replaces=False) is None
-    assert over_capacity(3, 3, replaces=False) == "bridge has 3 open questions; try again later"
-    assert over_capacity(3, 3, replaces=True) is None
+    assert over_capacity(2, 3) is None
+    assert over_capacity(3, 3) == "bridge has 3 open questions; try again later"
+    assert over_capacity(4, 3) == "bridge has 4 open questions; try again later"
 
 
 def test_cancel_target() -> None:
@@ -163,7 +163,9 @@ def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> N
     rig.questions.quiet(0.05)
     assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 3
     assert rig.ref.is_alive()
-    rig.admit(QIDS[0])  # a repeated qid replaces, so it is not refused
+    # its own asker's resend of an open question is acked, not refused (X2), nor stored again
+    rig.ref.ask(NewQuestion(prompt(QIDS[0])), timeout=5)
+    rig.questions.quiet(0.05)
 
 
 def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Any) -> None:
