@@ -45,6 +45,7 @@ from coms_hermes_bridge.messages.commands import (
     FileSignature,
     LogEvent,
     NewQuestion,
+    OfferAgain,
     QuestionClosed,
     QuestionRestarted,
     QuestionSpec,
@@ -98,6 +99,7 @@ class OpenQuestion:
     slot: Slot
     prompt: PromptEnvelope
     answering: bool = False
+    answer_file: str | None = None  # the file it is handling, while answering
 
 
 class QuestionRouter(Child):
@@ -201,7 +203,10 @@ class QuestionRouter(Child):
                 question = self.open.get(qid)
                 if question is not None and question.child == child:
                     # the answer it was handling may have died with it: take it again
+                    if question.answering and question.answer_file is not None:
+                        self.watcher.tell(OfferAgain(question.answer_file))
                     question.answering = False
+                    question.answer_file = None
             case RestoreQuestions():
                 self._restart_all(self.store.load()[0])
             case _:
@@ -289,6 +294,7 @@ class QuestionRouter(Child):
                 if isinstance(checked, Accepted):
                     question = self.open[qid]
                     question.answering = True
+                    question.answer_file = name
                     question.slot.tell(AnswerArrived(checked.answer, name, signature))
                 else:
                     self.watcher.tell(DisposeAnswerFile(name, signature, checked))

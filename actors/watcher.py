@@ -38,6 +38,7 @@ from coms_hermes_bridge.messages.commands import (
     FilesChanged,
     FileSignature,
     LogEvent,
+    OfferAgain,
     RemoveAnswerFile,
     Rescan,
     SendText,
@@ -210,6 +211,11 @@ class WatcherActor(Child):
                 elif current is None:
                     self._tracked.pop(name, None)
                 # else: a newer answer replaced it; its own events bring it here.
+            case OfferAgain(name=name):
+                tracked = self._tracked.get(name)
+                if tracked is not None:
+                    tracked.handed = None  # forget it was handed on; its grace clock stays
+                self._examine(name)
             case WatchEnded(wd=wd):
                 if wd == self._wd:
                     self._ensure_watch(force=True)

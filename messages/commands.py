@@ -16,7 +16,7 @@ Who sends what (see docs/architecture.md for the picture):
     Question  -> Peer       : SendResponse
     Question  -> Watcher    : RemoveAnswerFile
     Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : DisposeAnswerFile,
-                                                                    RemoveAnswerFile
+                                                                    RemoveAnswerFile, OfferAgain
     Router    -> Delivery   : SendText (late notes, owed in the store)
     Watcher   -> Delivery   : SendText (unreadable-answer notes)
     anyone    -> Logger     : LogEvent
@@ -196,6 +196,14 @@ class RemoveAnswerFile:
 
     name: str
     signature: FileSignature
+
+
+@dataclass(frozen=True, slots=True)
+class OfferAgain:
+    """Router -> Watcher: the question this file went to restarted while handling it;
+    hand the file on again now (the watcher otherwise waits its re-offer age)."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)

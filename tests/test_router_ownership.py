@@ -5,6 +5,7 @@ The Router runs for real with a real store; its collaborators are FakeRefs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,11 +17,15 @@ from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
     AdmissionRefused,
+    AnswerFileSeen,
     CancelQuestion,
     CancelRequested,
+    FileSignature,
     LogEvent,
     NewQuestion,
+    OfferAgain,
     QuestionClosed,
+    QuestionRestarted,
     QueueDepthQuery,
     SendText,
     StartQuestion,
@@ -117,3 +122,19 @@ def test_only_the_asker_cancels(rig: Rig) -> None:
     rig.ref.tell(CancelQuestion(cancel("agent-a")))
     wait_for(lambda: any(isinstance(m, CancelRequested) for m in start.slot._held),
              what="the asker's cancel reaches the question")
+
+
+def test_a_restarted_question_gets_its_answer_file_offered_again(rig: Rig) -> None:  # issue 14.4
+    # the watcher hands a file on once; if the question handling it restarts,
+    # the Router asks for it again instead of waiting for the watcher's re-offer
+    rig.admit(prompt())
+    start = rig.questions.expect(StartQuestion)
+    name = f"{QID}.answer.json"
+    content = json.dumps({"qid": QID, "answer": "yes", "answered_by": "telegram:a",
+                          "at": "2026-11-30T12:00:00Z"}).encode()
+    rig.ref.tell(AnswerFileSeen(name, content, FileSignature(1, len(content), 2)))
+    rig.ref.tell(QuestionRestarted(QID, start.child))
+    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
+    rig.ref.tell(QuestionRestarted(QID, start.child))  # not answering any more: nothing
+    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    rig.watcher.quiet(0.1)

@@ -30,6 +30,7 @@ from coms_hermes_bridge.messages.commands import (
     FilesChanged,
     FileSignature,
     LogEvent,
+    OfferAgain,
     RemoveAnswerFile,
     Rescan,
     SendText,
@@ -161,6 +162,22 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     newer = write(rig.dir / NAME, ANSWER.replace(b'"yes"', b'"no"'))  # a new version goes at once
     assert rig.seen().signature == newer
+
+
+def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:  # issue 14.4
+    clock = Clock()
+    rig = start(tmp_path, clock=clock)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(Rescan())
+    rig.sync()
+    rig.router.quiet(0.1)  # in flight: not again by itself
+    rig.ref.tell(OfferAgain(NAME))  # its question restarted while handling it
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+    rig.ref.tell(OfferAgain("01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"))  # gone: nothing
+    rig.sync()
+    rig.router.quiet(0.1)
 
 
 def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
