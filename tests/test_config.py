@@ -17,6 +17,7 @@ def test_defaults() -> None:
     assert config.hermes_profile is None
     assert (config.timeout_ms, config.poll_ms, config.send_timeout_ms) == (1_800_000, 1000, 60_000)
     assert config.claim_ms == 10_000  # X6
+    assert config.max_open == 10_000  # issue 9.10
     assert config.coms_dir == Path("/home/op/.pi/coms")  # W1
     bridge = Path("/home/op/.pi/coms/hermes-bridge")  # W4: from HOME, not PI_COMS_DIR
     assert config.questions_dir == bridge / "questions"
@@ -47,12 +48,14 @@ def test_every_flag() -> None:
             "--name", "remote-b", "--project", "p.1", "--to", "telegram:-100:7",
             "--hermes-profile", "ops", "--timeout", "5000", "--poll-ms", "250",
             "--questions-dir", "/var/q/answers", "--send-timeout", "9000", "--claim-ms", "500",
+            "--max-open", "3",
         ],
         {**ENV, "PI_COMS_TIMEOUT_MS": "250"},
     )  # fmt: skip
     assert (config.name, config.project, config.target) == ("remote-b", "p.1", "telegram:-100:7")
     assert (config.hermes_profile, config.timeout_ms) == ("ops", 5000)  # C16: flag wins
     assert (config.poll_ms, config.send_timeout_ms, config.claim_ms) == (250, 9000, 500)
+    assert config.max_open == 3
     assert config.log_path == Path("/var/q/log.ndjson")  # C20: beside the questions directory
 
 
@@ -65,6 +68,10 @@ def test_every_flag() -> None:
         (["--timeout", "nan"], "--timeout must be a positive number"),
         (["--poll-ms", "0"], "--poll-ms must be a positive number"),
         (["--claim-ms", "soon"], "--claim-ms must be a positive number"),
+        (["--max-open", "0"], "--max-open must be a positive whole number"),
+        (["--max-open", "2.5"], "--max-open must be a positive whole number"),
+        (["--max-open", "-1"], "--max-open must be a positive whole number"),
+        (["--max-open", "１"], "--max-open must be a positive whole number"),
         (["--hermes-profile", "a b"], "--hermes-profile must be a safe profile name: 'a b'"),
         (["extra"], "unrecognized arguments: extra"),
     ],
