@@ -25,6 +25,7 @@ from coms_hermes_bridge.messages.commands import (
     FileSignature,
     LogEvent,
     NewQuestion,
+    OfferAgain,
     QuestionClosed,
     QuestionRestarted,
     QuestionSpec,
@@ -192,6 +193,8 @@ def test_an_answer_reaches_its_question_once(make: Any) -> None:
     held = start.slot.held  # nobody runs the question here: the slot holds for it
     assert len(held) == 1 and isinstance(held[0], AnswerArrived) and held[0].answer.answer == "yes"
     rig.ref.tell(QuestionRestarted(QIDS[0], start.child))
+    # the answer may have died with it: the watcher is asked for the file again
+    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
     rig.ref.ask(QueueDepthQuery(), timeout=5)
     assert len(start.slot.held) == 2
