@@ -150,12 +150,23 @@ def test_restarts_spread_over_time_are_not_poison(rig: Rig) -> None:
 
 def test_a_shortage_is_retried_with_backoff_not_counted(rig: Rig) -> None:
     # issue 9.2 for questions: e.g. no thread for it
+    release = threading.Event()
     for attempt in range(5):
         before = rig.slot.ref
+        if attempt == 0:
+            rig.slot.tell(Hold(release))
         rig.slot.tell(Short(errno.EMFILE))
+        if attempt == 0:  # unread work waits out the backoff and comes back in order
+            rig.slot.tell("u1")
+            rig.slot.tell("u2")
+            release.set()
         wait_for(lambda n=attempt: len(rig.schedule.delays) == n + 1, what="retry scheduled")  # type: ignore[misc]
+        rig.slot.tell(f"while down {attempt}")
         rig.schedule.fire()
         rig.restarted(before)
+        if attempt == 0:
+            assert [rig.seen.next(), rig.seen.next()] == [(1, "u1"), (1, "u2")]
+        assert rig.seen.next() == (attempt + 1, f"while down {attempt}")
     assert rig.schedule.delays == [0.1, 0.2, 0.4, 0.8, 1.6]
     rig.peer.quiet(0.05)
 
