@@ -30,6 +30,10 @@ DEFAULT_MAX_OPEN = 10_000
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+DEFAULT_HEARTBEAT_MS = 30_000
+HEARTBEAT_ENV = "COMS_HERMES_BRIDGE_HEARTBEAT_MS"
+
+
 class UsageError(Exception):
     """A bad command line or environment: the message is the whole story."""
 
@@ -50,6 +54,7 @@ class BridgeConfig:
     hermes: str = "hermes"
     claim_ms: float = DEFAULT_CLAIM_MS
     max_open: int = DEFAULT_MAX_OPEN
+    heartbeat_ms: float = DEFAULT_HEARTBEAT_MS
 
     @property
     def shared_state_path(self) -> Path:
@@ -145,4 +150,16 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         coms_dir=coms_dir,
         claim_ms=claim,
         max_open=max_open,
+        heartbeat_ms=_heartbeat_ms(env),
     )
+
+
+def _heartbeat_ms(env: Mapping[str, str]) -> float:
+    """W6's interval; shorter only for tests and drills (it must stay well under 90 s)."""
+    raw = env.get(HEARTBEAT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_HEARTBEAT_MS
+    value = parse_positive_ms(raw)
+    if value is None or value > 60_000:
+        raise UsageError(f"{HEARTBEAT_ENV} must be a positive number of ms up to 60000")
+    return value

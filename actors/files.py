@@ -17,6 +17,7 @@ from coms_hermes_bridge.actors.base import report
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+BRIDGE_DIR_NAME = "hermes-bridge"
 
 
 def private_dir(path: Path, *, tighten: bool = True) -> None:
@@ -67,3 +68,13 @@ def open_private(path: Path, flags: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def bridge_dir(path: Path) -> None:
+    """The directory of the log and the state database: made 0700 when missing.
+
+    It is tightened as well when it is the bridge's own (`…/hermes-bridge`),
+    but never when `--questions-dir` put the log and state beside it in a
+    directory the operator chose, which may be shared (a home directory).
+    """
+    private_dir(path, tighten=path.name == BRIDGE_DIR_NAME)

@@ -7,10 +7,12 @@ place that complains instead of every actor crashing on its own.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from coms_hermes_bridge.actors.base import Child, report
+from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from coms_hermes_bridge.messages.commands import Address, LogEvent, UnknownMessage
 
 
@@ -28,12 +30,25 @@ class LoggerActor(Child):
             case _:
                 raise UnknownMessage(self.child_name, message)
 
+    def begin(self) -> None:
+        """Private from the start: the log holds the conversation (0700 dir, 0600 file)."""
+        try:
+            bridge_dir(self.log_path.parent)
+            if self.log_path.is_file():  # created at the first record, 0600
+                tighten_mode(self.log_path, FILE_MODE)
+        except OSError as exc:
+            report(f"cannot prepare {self.log_path}: {exc}")
+
     def _append(self, line: str) -> None:
         # Opened per record, so that logrotate moving the file away takes
         # effect at the next line without any signal to the daemon.
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("a", encoding="utf-8") as log:
+            directory = self.log_path.parent
+            if not directory.is_dir():
+                bridge_dir(directory)
+                report(f"{directory} was gone; made it again (0700)")
+            fd = open_private(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with open(fd, "w", encoding="utf-8") as log:
                 log.write(line)
                 log.flush()
         except (OSError, ValueError) as exc:

@@ -10,17 +10,25 @@ rewriting the entry and starting a response sender.
 from __future__ import annotations
 
 import contextlib
+import errno
+import heapq
 import json
+import os
+import queue
+import selectors
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.actors.files import private_dir
 from coms_hermes_bridge.actors.registry import (
     PROBE_TIMEOUT_S,
     IdentityError,
@@ -60,6 +68,7 @@ __all__ = [
     "Listener",
     "PeerActor",
     "PeerIdentity",
+    "ResponsePool",
     "bind_endpoint",
     "deliver_response",
     "resolve_identity",
@@ -68,8 +77,15 @@ __all__ = [
 MODEL = "hermes-bridge"
 COLOR = "#38BDF8"
 MAX_LINE = 65536
-CLIENT_TIMEOUT_S = 10.0
+LINE_DEADLINE_S = 10.0  # for a whole request line, however it trickles in
+REPLY_GRACE_S = 5.0  # for writing the reply once the line is in
+MAX_CONNECTIONS = 64
+HANDLER_THREADS = 8
+RESPONSE_THREADS = 4
+RESPONSE_QUEUE = 4096  # responses waiting to be sent, retries included
 ACCEPT_POLL_S = 0.5
+ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
+ACCEPT_BATCH = 64
 JOIN_TIMEOUT_S = 1.0
 
 LINE_TOO_LARGE = "line too large"
@@ -78,6 +94,7 @@ NOT_TAKEN = "bridge accepts prompts, cancels, and pings"
 INVALID_PROMPT = "invalid prompt envelope"
 INVALID_CANCEL = "invalid cancel envelope"
 NOT_ADMITTED = "bridge could not take the question"
+BUSY = "bridge is busy: too many connections; try again"
 
 
 class EndpointInUse(RuntimeError):
@@ -88,22 +105,23 @@ class _LineTooLarge(Exception):
     pass
 
 
-def _read_line(conn: socket.socket) -> bytes | None:
-    """The first non-blank line, the tail at EOF, or None when the client sent nothing."""
-    buffer = b""
-    while True:
-        while b"\n" in buffer:
-            line, _, buffer = buffer.partition(b"\n")
-            if len(line) > MAX_LINE:
-                raise _LineTooLarge
-            if line.strip():
-                return line
-        if len(buffer) > MAX_LINE:
+def _take_line(buffer: bytes, eof: bool) -> tuple[bytes | None, bool]:
+    """(the first non-blank line, done) from what a client sent so far.
+
+    Done with no line: the client sent nothing but blank lines before EOF.
+    Not done: more bytes are needed. The tail at EOF counts as a line (W12).
+    """
+    while b"\n" in buffer:
+        line, _, buffer = buffer.partition(b"\n")
+        if len(line) > MAX_LINE:
             raise _LineTooLarge
-        chunk = conn.recv(MAX_LINE)
-        if not chunk:
-            return buffer if buffer.strip() else None
-        buffer += chunk
+        if line.strip():
+            return line, True
+    if len(buffer) > MAX_LINE:
+        raise _LineTooLarge
+    if eof:
+        return (buffer if buffer.strip() else None), True
+    return None, False
 
 
 def _reject_constant(name: str) -> Any:
@@ -111,11 +129,31 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"not JSON: {name}")
 
 
-class Listener:
-    """The accept loop and one thread per connection (W12-W17).
+_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
-    Kept apart from the actor so that a slow or hostile client can only ever
-    pin its own thread, and the actor's mailbox never waits on a socket.
+
+@dataclass
+class _Client:
+    """One accepted connection still sending its request line."""
+
+    conn: socket.socket
+    deadline: float
+    buffer: bytes = b""
+
+
+_Line = bytes | type[_LineTooLarge]
+
+
+class Listener:
+    """Reads request lines for many clients in one thread; a small pool answers them (W12-W17).
+
+    Kept apart from the actor so that a slow or hostile client never reaches
+    the actor's mailbox. Every limit is fixed: at most `max_connections` open
+    at once (the next one gets a `bridge is busy` nack and is closed at once),
+    a whole request line within `line_deadline_s` (a client trickling one
+    byte a second is dropped when it runs out, however often it sends), and
+    `handlers` threads to admit and answer complete lines. A client that
+    waits costs a descriptor and its buffer, never a thread.
     """
 
     def __init__(
@@ -124,62 +162,237 @@ class Listener:
         questions: Address,
         pong_card: Callable[[], AgentCard],
         admit: Callable[[PromptEnvelope], None] | None = None,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        handlers: int = HANDLER_THREADS,
+        line_deadline_s: float = LINE_DEADLINE_S,
     ) -> None:
+        server.setblocking(False)  # accept() in a batch must never wait
         self._server = server
         self._questions = questions
         self._pong_card = pong_card
         self._admit = admit or (lambda prompt: questions.tell(NewQuestion(prompt)))
+        self.max_connections = max_connections
+        self.line_deadline_s = line_deadline_s
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._open = 0  # accepted and not yet closed, wherever they are
+        self._ready: queue.Queue[tuple[socket.socket, _Line, float] | None] = queue.Queue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._serve, name="peer-listener", daemon=True)
+        self._handlers = [
+            threading.Thread(target=self._answer, name=f"peer-handler-{n}", daemon=True)
+            for n in range(handlers)
+        ]
+        self._refused = 0
+        self._short_since: float | None = None
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return self._open
 
     def start(self) -> None:
+        for handler in self._handlers:
+            handler.start()
         self._thread.start()
 
     def stop(self) -> None:
-        """Close the listening socket so accept() returns, then wait briefly for the loop."""
+        """Close the listening socket and wake the loop, then wait briefly for it."""
         self._stopping.set()
         with contextlib.suppress(OSError):
             self._server.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._server.close()
+        self._wake()
+        for _ in self._handlers:
+            self._ready.put(None)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(JOIN_TIMEOUT_S)
 
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self._stopping.is_set():
-                    return
-                report(f"accept failed: {exc}")
-                self._stopping.wait(0.1)  # e.g. out of descriptors: do not spin
-                continue
-            try:
-                threading.Thread(
-                    target=self._handle, args=(conn,), name="peer-conn", daemon=True
-                ).start()
-            except RuntimeError as exc:  # cannot start a thread: refuse this client only
-                report(f"could not serve a connection: {exc}")
-                conn.close()
+    def replace_server(self, server: socket.socket) -> None:
+        """Serve on a newly bound socket (the old path was deleted under us)."""
+        server.setblocking(False)
+        old, self._server = self._server, server
+        self._wake()
+        with contextlib.suppress(OSError):
+            old.close()
 
-    def _handle(self, conn: socket.socket) -> None:
-        """Exactly one reply line per connection, then close; never raise."""
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    # -- the reading thread ---------------------------------------------------
+
+    def _serve(self) -> None:
+        clients: dict[int, _Client] = {}
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        server: socket.socket | None = None
+        paused_until = 0.0
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                wanted = self._server if now >= paused_until else None
+                if wanted is not server:
+                    if server is not None:
+                        with contextlib.suppress(KeyError, ValueError, OSError):
+                            selector.unregister(server)
+                    server = None
+                    if wanted is not None:
+                        try:
+                            selector.register(wanted, selectors.EVENT_READ)
+                            server = wanted
+                        except (ValueError, OSError):  # closed by stop() or replace_server()
+                            paused_until = now + ACCEPT_PAUSE_S
+                soonest = min((c.deadline for c in clients.values()), default=now + ACCEPT_POLL_S)
+                if server is None:
+                    soonest = min(soonest, paused_until)
+                timeout = max(0.0, min(soonest - now, ACCEPT_POLL_S))
+                for key, _ in selector.select(timeout):
+                    if key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(64)
+                    elif key.fileobj is server:
+                        if not self._accept(server, selector, clients):
+                            paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                    else:
+                        self._receive(key.fd, selector, clients)
+                now = time.monotonic()
+                for fd in [fd for fd, c in clients.items() if c.deadline <= now]:
+                    self._drop(fd, selector, clients)  # no whole line in time
+        except Exception as exc:  # say why: the heartbeat restarts a dead loop
+            report(f"coms listener stopped: {exc!r}")
+        finally:
+            for fd in list(clients):
+                self._drop(fd, selector, clients)
+            selector.close()
+            for sock in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    @property
+    def serving(self) -> bool:
+        return self._thread.is_alive()
+
+    def _accept(
+        self, server: socket.socket, selector: selectors.BaseSelector, clients: dict[int, _Client]
+    ) -> bool:
+        """Take every waiting connection; False when out of descriptors (pause, retry)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = server.accept()
+            except (BlockingIOError, TimeoutError):
+                break
+            except OSError as exc:
+                if self._stopping.is_set() or server is not self._server:
+                    return True
+                if exc.errno in _SHORTAGE:
+                    if self._short_since is None:
+                        self._short_since = time.monotonic()
+                        report(f"cannot accept a coms connection: {exc.strerror or exc}; "
+                               f"retrying every {ACCEPT_PAUSE_S:g}s")
+                    return False
+                report(f"cannot accept a coms connection: {exc}")
+                return False
+            if self._short_since is not None:
+                report("accepting coms connections again")
+                self._short_since = None
+            with self._lock:
+                full = self._open >= self.max_connections
+                if not full:
+                    self._open += 1
+            if full:
+                self._refuse(conn)
+                continue
+            if self._refused:
+                report(f"refused {self._refused} coms connection(s) while "
+                       f"{self.max_connections} were open")
+                self._refused = 0
+            conn.setblocking(False)
+            clients[conn.fileno()] = _Client(conn, time.monotonic() + self.line_deadline_s)
+            selector.register(conn, selectors.EVENT_READ)
+        return True
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """Past the connection cap: a nack if it fits in the socket buffer, then close."""
+        if self._refused == 0:
+            report(f"{self.max_connections} coms connections open; refusing more until some close")
+        self._refused += 1
+        with conn:
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.recv(MAX_LINE)  # what it already sent, so the close is not a reset
+            with contextlib.suppress(OSError):
+                conn.send(Nack(msg_id="", error=BUSY).to_line())
+
+    def _receive(
+        self, fd: int, selector: selectors.BaseSelector, clients: dict[int, _Client]
+    ) -> None:
+        client = clients.get(fd)
+        if client is None:
+            return
+        try:
+            chunk = client.conn.recv(MAX_LINE)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(fd, selector, clients)
+            return
+        client.buffer += chunk
+        found: _Line | None
+        try:
+            found, done = _take_line(client.buffer, eof=not chunk)
+        except _LineTooLarge:
+            found, done = _LineTooLarge, True
+        if not done:
+            return
+        del clients[fd]
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(client.conn)
+        if found is None:
+            self._close(client.conn)  # W12: nothing said, nothing answered
+            return
+        self._ready.put((client.conn, found, client.deadline))
+
+    def _drop(self, fd: int, selector: selectors.BaseSelector, clients: dict[int, _Client]) -> None:
+        client = clients.pop(fd)
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(client.conn)
+        self._close(client.conn)
+
+    def _close(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.close()
+        with self._lock:
+            self._open -= 1
+
+    # -- the answering threads --------------------------------------------------
+
+    def _answer(self) -> None:
+        while True:
+            item = self._ready.get()
+            if item is None:
+                return
+            conn, found, deadline = item
+            try:
+                self._handle(conn, found, deadline)
+            finally:
+                self._close(conn)
+
+    def _handle(self, conn: socket.socket, found: _Line, deadline: float) -> None:
+        """Exactly one reply line per connection; never raise."""
         then: Callable[[], None] | None = None
         try:
-            with conn:
-                conn.settimeout(CLIENT_TIMEOUT_S)
-                try:
-                    line = _read_line(conn)
-                except _LineTooLarge:
-                    conn.sendall(Nack(msg_id="", error=LINE_TOO_LARGE).to_line())
-                    return
-                if line is None:
-                    return
-                reply, then = self.reply_to(line)
-                conn.sendall(reply.to_line())
+            conn.setblocking(True)
+            conn.settimeout(max(deadline - time.monotonic(), 0) + REPLY_GRACE_S)
+            if not isinstance(found, bytes):
+                conn.sendall(Nack(msg_id="", error=LINE_TOO_LARGE).to_line())
+                return
+            reply, then = self.reply_to(found)
+            conn.sendall(reply.to_line())
         except OSError:
             pass  # the client went away or stalled; nobody is left to answer
         except Exception as exc:
@@ -227,6 +440,13 @@ class Listener:
         if kind == "ping":
             return Pong(msg_id=msg_id, agent_card=self._pong_card()), None
         return Nack(msg_id=msg_id, error=NOT_TAKEN), None
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
@@ -286,6 +506,105 @@ def deliver_response(endpoint: str, line: bytes, timeout: float) -> tuple[str | 
     return f"unexpected reply: {text[:200]}", True
 
 
+@dataclass(order=True)
+class _Send:
+    due: float
+    seq: int
+    qid: str = field(compare=False)
+    attempt: Callable[[], tuple[str | None, bool]] = field(compare=False)
+    pauses: tuple[float, ...] = field(compare=False)
+    done: Callable[[str | None], None] = field(compare=False)
+
+
+class ResponsePool:
+    """A few threads that send responses, with their retries, for every Peer there will be.
+
+    Not tied to one actor's life: a restarted Peer must not drop a response
+    mid-retry. A retry waits in a heap by its due time, not in a sleeping
+    thread, so `threads` senders serve any number of slow askers, and at most
+    `capacity` sends wait at once; past that, `submit` refuses and says so.
+    """
+
+    def __init__(self, threads: int = RESPONSE_THREADS, capacity: int = RESPONSE_QUEUE) -> None:
+        self.threads = threads
+        self.capacity = capacity
+        self._lock = threading.Condition()
+        self._heap: list[_Send] = []
+        self._seq = 0
+        self._busy = 0
+        self._workers: list[threading.Thread] = []
+
+    @property
+    def pending(self) -> int:
+        """Sends waiting or being made."""
+        with self._lock:
+            return len(self._heap) + self._busy
+
+    def submit(
+        self,
+        qid: str,
+        attempt: Callable[[], tuple[str | None, bool]],
+        pauses: tuple[float, ...],
+        done: Callable[[str | None], None],
+    ) -> bool:
+        """Queue a send; False (nothing queued) when `capacity` sends already wait."""
+        with self._lock:
+            if len(self._heap) + self._busy >= self.capacity:
+                return False
+            self._push(_Send(time.monotonic(), 0, qid, attempt, pauses, done))
+            self._start_workers()
+            return True
+
+    def _push(self, send: _Send) -> None:
+        self._seq += 1
+        send.seq = self._seq
+        heapq.heappush(self._heap, send)
+        self._lock.notify()
+
+    def _start_workers(self) -> None:
+        # Started on first use and kept: a thread that cannot start now is
+        # tried again at the next submit; one running worker is enough to drain.
+        while len(self._workers) < self.threads:
+            worker = threading.Thread(target=self._work, name="peer-response", daemon=True)
+            try:
+                worker.start()
+            except RuntimeError as exc:
+                if not self._workers:
+                    raise
+                report(f"response senders: {exc}; going on with {len(self._workers)}")
+                return
+            self._workers.append(worker)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._heap or self._heap[0].due > time.monotonic():
+                    wait = self._heap[0].due - time.monotonic() if self._heap else None
+                    self._lock.wait(wait)
+                send = heapq.heappop(self._heap)
+                self._busy += 1
+            try:
+                try:
+                    reason, final = send.attempt()
+                except Exception as exc:
+                    reason, final = repr(exc), True
+                if final or not send.pauses:
+                    send.done(reason)
+                else:
+                    with self._lock:
+                        send.due = time.monotonic() + send.pauses[0]
+                        send.pauses = send.pauses[1:]
+                        self._push(send)
+            except Exception as exc:
+                report(f"response for {send.qid}: {exc!r}")
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+
+_RESPONSES = ResponsePool()
+
+
 class PeerActor(Child):
     """Owns the coms identity: socket, registry entry, heartbeat, outgoing responses."""
 
@@ -304,6 +623,7 @@ class PeerActor(Child):
         heartbeat_s: float = 30.0,
         response_timeout_s: float = 10.0,
         retry_pauses_s: tuple[float, ...] = (2.0, 10.0),
+        responses: ResponsePool | None = None,
     ) -> None:
         super().__init__(name, supervisor)
         self.identity = identity
@@ -316,6 +636,7 @@ class PeerActor(Child):
         self.heartbeat_s = heartbeat_s
         self.response_timeout_s = response_timeout_s
         self.retry_pauses_s = retry_pauses_s
+        self.responses = responses or _RESPONSES
         self._last_depth = 0
         self._listener: Listener | None = None
         self._bound = False
@@ -323,6 +644,7 @@ class PeerActor(Child):
         self._beating = threading.Event()
         self._heart: threading.Thread | None = None
         self._released = False
+        self._failing = False
 
     # -- life ---------------------------------------------------------------
 
@@ -363,7 +685,7 @@ class PeerActor(Child):
         match message:
             case Heartbeat(queue_depth=depth):
                 self._last_depth = depth
-                self._publish(depth)
+                self._heartbeat(depth)
             case SendResponse(prompt=prompt, response=response, error=error, owner=owner):
                 self._send_response(prompt, response, error, owner)
             case _:
@@ -393,6 +715,39 @@ class PeerActor(Child):
         )
         write_entry(ident.entry_path, entry)
         self._published = True
+
+    def _heartbeat(self, depth: int) -> None:
+        """W6, healing what was deleted under us; a failed write waits for the next beat.
+
+        A registry or sockets directory removed by hand (or by a clean-up job)
+        is made again, and a deleted socket path is bound again, so the pool
+        finds us within one beat. A write that fails (out of descriptors, disk
+        full) is reported once, never a crash: restarting would not help.
+        """
+        if self._listener is not None and not self._listener.serving:
+            raise RuntimeError("the coms listener stopped")
+        try:
+            self._heal()
+            self._publish(depth)
+        except OSError as exc:
+            if not self._failing:
+                report(f"cannot write the registry entry {self.identity.entry_path}: {exc}; "
+                       "trying again at every heartbeat")
+            self._failing = True
+            return
+        if self._failing:
+            report(f"registry entry {self.identity.entry_path} written again")
+            self._failing = False
+
+    def _heal(self) -> None:
+        ident = self.identity
+        for directory in (ident.agents_dir, ident.endpoint.parent):
+            if not directory.is_dir():
+                private_dir(directory, tighten=False)
+                report(f"{directory} was gone; made it again (0700)")
+        if self._listener is not None and not _is_socket(ident.endpoint):
+            self._listener.replace_server(bind_endpoint(ident.endpoint))
+            report(f"{ident.endpoint} was gone; listening on it again")
 
     def _current_depth(self) -> int:
         """The supervisor's count, or the last one we saw when it does not answer in time."""
@@ -446,7 +801,7 @@ class PeerActor(Child):
     def _send_response(
         self, prompt: PromptEnvelope, response: Any, error: str | None, owner: str | None
     ) -> None:
-        """W15, in a short-lived thread: an asker's socket must never stall our mailbox."""
+        """W15, through the response pool: an asker's socket must never stall our mailbox."""
         try:
             envelope = ResponseEnvelope(
                 msg_id=prompt.msg_id,
@@ -466,23 +821,23 @@ class PeerActor(Child):
         endpoint = prompt.sender_endpoint
         timeout = self.response_timeout_s
 
-        def send() -> None:
-            reason: str | None = None
-            # Not tied to this actor's life: a restarted Peer must not drop a
-            # response mid-retry. A process exit ends it; the outbox keeps it.
-            for pause in (0.0, *self.retry_pauses_s):
-                time.sleep(pause)
-                try:
-                    reason, final = deliver_response(endpoint, line, timeout)
-                except Exception as exc:
-                    reason, final = repr(exc), True
-                if final:
-                    break
+        def done(reason: str | None) -> None:
             if reason is not None:
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
         try:
-            threading.Thread(target=send, name=f"peer-response-{qid}", daemon=True).start()
-        except RuntimeError as exc:
-            report(f"could not deliver response for {qid}: {exc}")
+            queued = self.responses.submit(
+                qid, lambda: deliver_response(endpoint, line, timeout), self.retry_pauses_s, done
+            )
+        except RuntimeError as exc:  # not one sender thread could start
+            queued = False
+            report(f"cannot send the response for {qid} now: {exc}")
+        if not queued:
+            # Refused, never dropped: it stays in the outbox (not settled) and
+            # is sent again at the next start.
+            report(
+                f"response for {qid} not sent now: {self.responses.pending} responses are "
+                f"already being sent (limit {self.responses.capacity}); it stays owed in "
+                "the state database and is sent at the next start"
+            )

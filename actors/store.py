@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 from coms_hermes_bridge.actors.base import report
+from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from coms_hermes_bridge.messages.commands import (
     FileSignature,
     QuestionSpec,
@@ -231,9 +232,8 @@ def adopt_shared_state(shared: Path, own: Path) -> bool:
 
 def _restrict(path: Path) -> None:
     # Prompts may carry private text: only the daemon's user may read them.
-    for name in (str(path), *(f"{path}{suffix}" for suffix in _SIDECARS)):
-        if os.path.exists(name):
-            os.chmod(name, 0o600)
+    for name in (path, *(Path(f"{path}{suffix}") for suffix in _SIDECARS)):
+        tighten_mode(name, FILE_MODE)
 
 
 class Store:
@@ -269,7 +269,7 @@ class Store:
         """
         path = Path(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            bridge_dir(path.parent)
         except OSError as exc:
             raise OSError(f"cannot create the directory of state database {path}: {exc}") from exc
         if path.exists():
@@ -574,7 +574,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         # Create the file 0600 before SQLite does: SQLite gives the -wal and
         # -shm files the main file's mode, so nothing is ever world-readable.
-        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        # A file found looser (an older version, a copy) is tightened, saying so.
+        os.close(open_private(path, os.O_CREAT | os.O_RDWR))
+        _restrict(path)
         conn = sqlite3.connect(
             str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
         )

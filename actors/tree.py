@@ -183,6 +183,7 @@ def start_tree(
             admit=tree.admit,
             settled=store.sent,
             logger=slots["logger"],
+            heartbeat_s=c.heartbeat_ms / 1000,
         )
 
     factories = {"logger": logger, "delivery": delivery, "questions": questions,

@@ -141,13 +141,17 @@ class Bridge:
         env.update(extra)
         return env
 
-    def start(self, *args: str, wait: bool = True, **env: str) -> Bridge:
+    def start(
+        self, *args: str, wait: bool = True, preexec: Callable[[], None] | None = None, **env: str
+    ) -> Bridge:
+        """`preexec` runs in the child before the daemon starts (e.g. a umask, an rlimit)."""
         if "--project" in args:  # readiness is the entry in the project's registry (W2, W7)
             self.project = args[list(args).index("--project") + 1]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "coms_hermes_bridge", *args],
             cwd=str(ROOT),
             env=self.env(**env),
+            preexec_fn=preexec,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

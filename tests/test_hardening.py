@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import shutil
 import signal
+import socket
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -50,3 +55,122 @@ def test_a_child_left_holding_stdout_does_not_delay_delivered(bridge: Bridge) ->
             if run["child"]:
                 os.kill(run["child"], signal.SIGKILL)
     wait_for(lambda: bridge.ping()["agent_card"]["queue_depth"] == 1, what="still open")
+
+
+def _nofile(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    return apply
+
+
+def _heartbeat_at(bridge: Bridge) -> str:
+    return str(json.loads(bridge.entry_path().read_text())["heartbeat_at"])
+
+
+def round_trip(bridge: Bridge, text: str) -> None:
+    qid = bridge.ask(text)
+    bridge.wait_log("delivered", qid)
+    bridge.answer(qid, "yes")
+    env = bridge.asker.response()
+    assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "yes"}
+
+
+def test_200_trickling_clients_with_128_descriptors(bridge: Bridge) -> None:  # issue 9.1, W12
+    bridge.start(preexec=_nofile(128), COMS_HERMES_BRIDGE_HEARTBEAT_MS="500")
+    assert bridge.proc is not None
+    endpoint = bridge.endpoint
+    clients: list[socket.socket | None] = [None] * 200
+    connects = refusals = 0
+
+    def reconnect(i: int) -> None:
+        nonlocal connects
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.setblocking(False)
+        try:
+            conn.connect(endpoint)
+        except OSError:  # backlog full: try again at the next tick
+            conn.close()
+            return
+        clients[i] = conn
+        connects += 1
+
+    first_beat = _heartbeat_at(bridge)
+    began = time.monotonic()
+    try:
+        for tick in range(3):  # one byte a second from each, across several heartbeats
+            time.sleep(max(0.0, began + tick - time.monotonic()))
+            for i in range(len(clients)):
+                conn = clients[i]
+                if conn is None:
+                    reconnect(i)
+                    continue
+                try:
+                    conn.send(b"{")
+                    if conn.recv(4096, socket.MSG_DONTWAIT) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError:  # refused past the cap, or dropped at the line deadline
+                    refusals += 1
+                    conn.close()
+                    clients[i] = None
+        assert bridge.proc.poll() is None
+        assert _heartbeat_at(bridge) != first_beat  # the heartbeat went on meanwhile
+        assert refusals > 0  # the cap was reached
+    finally:
+        for conn in clients:
+            if conn is not None:
+                conn.close()
+    assert bridge.proc.poll() is None, bridge.stderr_lines
+    round_trip(bridge, "Still there?")
+    assert not [line for line in bridge.stderr_lines if "crashed" in line], bridge.stderr_lines
+    assert any("coms connections open; refusing more" in line for line in bridge.stderr_lines)
+
+
+def test_registry_dir_deleted_comes_back_within_one_heartbeat(bridge: Bridge) -> None:  # 9.3
+    bridge.start(COMS_HERMES_BRIDGE_HEARTBEAT_MS="500")
+    agents = bridge.entry_path().parent
+    shutil.rmtree(agents)
+    began = time.monotonic()
+    wait_for(bridge.entry_path().exists, timeout=3, what="entry back")
+    assert time.monotonic() - began < 0.5 + 0.3
+    assert stat.S_IMODE(agents.stat().st_mode) == 0o700
+    assert json.loads(bridge.entry_path().read_text())["pid"] == bridge.proc.pid  # type: ignore[union-attr]
+    round_trip(bridge, "After the clean-up?")
+    assert any("agents was gone; made it again (0700)" in line for line in bridge.stderr_lines)
+
+
+def test_umask_000_still_makes_private_files(bridge: Bridge) -> None:  # issue 9.4
+    bridge.start(preexec=lambda: os.umask(0))
+    round_trip(bridge, "Private?")
+    bridge.wait_log("answered")
+    modes = {
+        path.name: stat.S_IMODE(path.stat().st_mode)
+        for path in [bridge.bridge_dir, bridge.questions, bridge.log,
+                     *bridge.bridge_dir.glob("state*.sqlite3*")]
+    }
+    states = [name for name in modes if name.startswith("state")]
+    assert any(name.endswith("-wal") for name in states), modes
+    assert modes == {
+        "hermes-bridge": 0o700, "questions": 0o700, "log.ndjson": 0o600,
+        **dict.fromkeys(states, 0o600),
+    }
+
+
+def test_looser_private_files_are_tightened_at_start(bridge: Bridge) -> None:  # issue 9.4
+    bridge.start()
+    round_trip(bridge, "First run")
+    bridge.signal(signal.SIGTERM)
+    bridge.bridge_dir.chmod(0o755)
+    bridge.log.chmod(0o644)
+    state = next(bridge.bridge_dir.glob("state*.sqlite3"))
+    state.chmod(0o666)
+    bridge.stderr_lines.clear()
+    bridge.start()
+    assert stat.S_IMODE(bridge.bridge_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(bridge.log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    for path, was, now in [(bridge.bridge_dir, "0755", "0700"), (bridge.log, "0644", "0600"),
+                           (state, "0666", "0600")]:
+        line = f"coms-hermes-bridge: {path} was mode {was}; tightened to {now}"
+        wait_for(lambda line=line: line in bridge.stderr_lines, what=line)

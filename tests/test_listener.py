@@ -1,0 +1,304 @@
+"""The coms listener's limits over real unix sockets (issue 9.1, issue 14.3, W12)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coms_hermes_bridge.actors.peer import (
+    BUSY,
+    Listener,
+    PeerActor,
+    ResponsePool,
+    bind_endpoint,
+)
+from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
+from coms_hermes_bridge.messages.commands import ChildFailed, NewQuestion, SendResponse
+from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
+from tests.fakes import FakeRef, wait_for
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+PING = b'{"type":"ping","msg_id":"p"}\n'
+
+
+def card() -> AgentCard:
+    return AgentCard(name="user-remote", purpose="p", model="m", color="c",
+                     context_used_pct=0, queue_depth=0)
+
+
+def prompt(msg_id: str = QID, endpoint: str = "/tmp/nowhere.sock") -> bytes:
+    body = {"type": "prompt", "msg_id": msg_id, "sender_session": "s",
+            "sender_endpoint": endpoint, "hops": 0, "timestamp": "2026-11-30T12:00:00.000Z",
+            "prompt": "Ship it?", "sender_name": "builder", "sender_cwd": "/w"}
+    return (json.dumps(body) + "\n").encode()
+
+
+def exchange(path: Path, data: bytes, timeout: float = 5.0) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(str(path))
+        conn.sendall(data)
+        reply = b""
+        while chunk := conn.recv(4096):
+            reply += chunk
+        return reply
+
+
+def connect(path: Path) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(5)
+    conn.connect(str(path))
+    return conn
+
+
+class Served:
+    def __init__(self, tmp: Path, server: socket.socket | None = None, **limits: Any) -> None:
+        self.path = tmp / "l.sock"
+        self.questions = FakeRef("questions")
+        self.admit = limits.pop("admit", None)
+        self.listener = Listener(server or bind_endpoint(self.path), self.questions, card,
+                                 self.admit, **limits)
+        self.listener.start()
+
+    def stop(self) -> None:
+        self.listener.stop()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(f"/tmp/chl{os.getpid()}-{time.monotonic_ns()}")
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_past_the_connection_cap_a_client_is_refused_at_once(short_tmp: Path) -> None:  # 9.1
+    served = Served(short_tmp, max_connections=3)
+    try:
+        silent = [connect(served.path) for _ in range(3)]
+        wait_for(lambda: served.listener.open_connections == 3, what="three connections")
+        began = time.monotonic()
+        with connect(served.path) as refused:
+            reply = b""
+            while chunk := refused.recv(4096):  # closed at once: EOF follows the nack
+                reply += chunk
+        assert reply == f'{{"type":"nack","msg_id":"","error":"{BUSY}"}}\n'.encode()
+        assert time.monotonic() - began < 1.0
+        silent.pop().close()
+        wait_for(lambda: served.listener.open_connections == 2, what="one closed")
+        assert json.loads(exchange(served.path, PING))["type"] == "pong"
+        for conn in silent:
+            conn.close()
+    finally:
+        served.stop()
+
+
+def test_the_deadline_is_for_the_whole_line_not_each_recv(short_tmp: Path) -> None:  # 9.1, W12
+    served = Served(short_tmp, line_deadline_s=0.5)
+    try:
+        conn = connect(served.path)
+        began = time.monotonic()
+        closed_after: float | None = None
+        for _ in range(30):  # one byte every 0.1 s, never a newline: a trickler
+            try:
+                conn.sendall(b" ")
+                conn.settimeout(0.1)
+                if conn.recv(16) == b"":
+                    closed_after = time.monotonic() - began
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed_after = time.monotonic() - began
+                break
+        conn.close()
+        assert closed_after is not None and 0.4 <= closed_after < 1.5, closed_after
+        wait_for(lambda: served.listener.open_connections == 0, what="the trickler dropped")
+        assert json.loads(exchange(served.path, PING))["type"] == "pong"
+    finally:
+        served.stop()
+
+
+def test_waiting_clients_take_no_threads_and_handlers_are_bounded(short_tmp: Path) -> None:
+    # 9.1, 14.3: many open connections, a fixed number of handler threads
+    release = threading.Event()
+
+    def slow_admit(envelope: PromptEnvelope) -> None:
+        release.wait(5)
+
+    before = threading.active_count()
+    served = Served(short_tmp, handlers=2, max_connections=40, admit=slow_admit)
+    try:
+        started = threading.active_count()
+        assert started - before == 3  # the reader and two handlers
+        waiting = [connect(served.path) for _ in range(30)]
+        replies: dict[str, bytes] = {}
+
+        def ask(n: int) -> None:
+            msg_id = f"01ARZ3NDEKTSV4RRFFQ69G{n:04d}"
+            replies[msg_id] = exchange(served.path, prompt(msg_id))
+
+        askers = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
+        for thread in askers:
+            thread.start()
+        wait_for(lambda: served.listener.open_connections == 34, what="all connected")
+        assert threading.active_count() - len(askers) == started  # no thread per connection
+        release.set()
+        for thread in askers:
+            thread.join(10)
+        assert sorted(replies) == [f"01ARZ3NDEKTSV4RRFFQ69G{n:04d}" for n in range(4)]
+        assert all(json.loads(r)["type"] == "ack" for r in replies.values())
+        for conn in waiting:
+            conn.close()
+    finally:
+        served.stop()
+
+
+class ShortOfDescriptors(socket.socket):
+    """A listening socket whose accept() fails with EMFILE the first `fails` times."""
+
+    fails = 3
+    calls = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        ShortOfDescriptors.calls += 1
+        if ShortOfDescriptors.calls <= self.fails:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return super().accept()
+
+
+def test_accept_out_of_descriptors_is_retried_not_fatal(
+    short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # 9.1
+    path = short_tmp / "l.sock"
+    server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    served = Served(short_tmp, server=server)
+    try:
+        assert json.loads(exchange(path, PING))["type"] == "pong"
+        assert ShortOfDescriptors.calls > ShortOfDescriptors.fails
+        err = capsys.readouterr().err
+        assert err.count("cannot accept a coms connection: Too many open files; "
+                         "retrying every 0.1s") == 1
+        assert "accepting coms connections again" in err
+    finally:
+        served.stop()
+
+
+def test_the_response_pool_refuses_past_its_capacity() -> None:  # 9.1, 14.3
+    pool = ResponsePool(threads=1, capacity=2)
+    gate = threading.Event()
+    done: list[tuple[str, str | None]] = []
+
+    def blocked() -> tuple[str | None, bool]:
+        gate.wait(5)
+        return None, True
+
+    assert pool.submit("a", blocked, (), lambda r: done.append(("a", r)))
+    assert pool.submit("b", blocked, (), lambda r: done.append(("b", r)))
+    assert not pool.submit("c", blocked, (), lambda r: done.append(("c", r)))
+    gate.set()
+    wait_for(lambda: len(done) == 2, what="both sent")
+    assert done == [("a", None), ("b", None)]
+    assert pool.submit("d", blocked, (), lambda r: done.append(("d", r)))
+    wait_for(lambda: len(done) == 3, what="d sent")
+
+
+def test_retries_wait_in_the_pool_not_in_a_thread() -> None:  # 14.3
+    pool = ResponsePool(threads=1, capacity=8)
+    tries: dict[str, int] = {"slow": 0, "fast": 0}
+    done: list[str] = []
+
+    def attempt(name: str) -> tuple[str | None, bool]:
+        tries[name] += 1
+        return ("timed out", False) if name == "slow" else (None, True)
+
+    pool.submit("slow", lambda: attempt("slow"), (0.3, 0.3), lambda r: done.append(f"slow:{r}"))
+    pool.submit("fast", lambda: attempt("fast"), (), lambda r: done.append(f"fast:{r}"))
+    wait_for(lambda: "fast:None" in done, timeout=0.25, what="fast sent while slow waits")
+    wait_for(lambda: "slow:timed out" in done, timeout=2, what="slow given up")
+    assert tries == {"slow": 3, "fast": 1}
+
+
+@pytest.fixture
+def identity(coms_dir: Path) -> PeerIdentity:
+    return resolve_identity(
+        coms_dir, "default", "user-remote", cwd="/w", pid=os.getpid(), now=datetime.now(UTC)
+    )
+
+
+def test_a_full_response_pool_is_a_logged_refusal_and_stays_owed(
+    identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
+) -> None:  # 9.1: never a silent drop; the outbox keeps it
+    pool = ResponsePool(threads=1, capacity=0)
+    settled: list[str] = []
+    ref = PeerActor.start(
+        supervisor=FakeRef(), identity=identity, questions=FakeRef(), queue_depth=lambda: 0,
+        settled=lambda qid, owner: settled.append(qid), responses=pool,
+    )
+    envelope = PromptEnvelope.model_validate(json.loads(prompt()))
+    ref.ask(SendResponse(envelope, {"kind": "freeform", "text": "yes"}, None, "q"), timeout=5)
+    err = capsys.readouterr().err
+    assert (f"response for {QID} not sent now: 0 responses are already being sent (limit 0); "
+            "it stays owed in the state database and is sent at the next start") in err
+    assert settled == []
+    ref.stop()
+
+
+def test_heartbeat_heals_deleted_registry_and_sockets_dirs(identity: PeerIdentity) -> None:
+    # 9.3: back within one beat, and the endpoint answers again
+    supervisor = FakeRef("supervisor")
+    PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
+                    queue_depth=lambda: 0, heartbeat_s=0.2)
+    wait_for(identity.entry_path.exists, what="entry")
+    shutil.rmtree(identity.agents_dir)
+    shutil.rmtree(identity.endpoint.parent)
+    began = time.monotonic()
+    wait_for(identity.entry_path.exists, timeout=2, what="entry back")
+    assert time.monotonic() - began < 0.5
+    assert (identity.agents_dir.stat().st_mode & 0o777) == 0o700
+    wait_for(identity.endpoint.exists, timeout=2, what="socket back")
+    assert json.loads(exchange(identity.endpoint, PING))["type"] == "pong"
+    entry = read_entry(identity.entry_path)
+    assert entry is not None and entry.endpoint == str(identity.endpoint)
+    supervisor.quiet(0.3)
+
+
+def test_a_failing_heartbeat_write_is_reported_not_a_crash(
+    identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
+) -> None:  # 9.3: no restart loop; the next beat tries again
+    supervisor = FakeRef("supervisor")
+    PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
+                    queue_depth=lambda: 0, heartbeat_s=0.1)
+    wait_for(identity.entry_path.exists, what="entry")
+    shutil.rmtree(identity.agents_dir)
+    identity.agents_dir.write_text("in the way")  # the directory cannot be made
+    time.sleep(0.5)  # several beats fail meanwhile
+    err = capsys.readouterr().err
+    assert err.count("cannot write the registry entry") == 1
+    supervisor.quiet(0.1)
+    identity.agents_dir.unlink()
+    wait_for(identity.entry_path.exists, timeout=2, what="entry back")
+    wait_for(lambda: "written again" in capsys.readouterr().err, what="recovery line")
+    assert not any(isinstance(m, ChildFailed) for m in supervisor.seen)
+
+
+def test_new_question_reaches_the_questions_address(short_tmp: Path) -> None:  # W14
+    served = Served(short_tmp)
+    try:
+        assert json.loads(exchange(served.path, prompt()))["type"] == "ack"
+        assert served.questions.expect(NewQuestion).envelope.msg_id == QID
+    finally:
+        served.stop()
