@@ -195,9 +195,12 @@ class QuestionActor(Child):
                     note=note,
                 )
             if not owned:
-                # A repeated qid replaced this question: the qid is its successor's
-                # now, so this one must do nothing more in its name.
+                # The row is another actor's now (the questions were restarted under
+                # new names, or the question was closed for good): this one must do
+                # nothing more in the qid's name. Its supervisor forgets it; the
+                # Router knows it by name only and ignores it.
                 self.release()
+                self.supervisor.tell(QuestionClosed(self.qid, None, self.child_name))
                 self.stop()
                 return False
         self.state = state

@@ -305,6 +305,9 @@ def test_a_replaced_question_does_nothing_more(start: Any, tmp_path: Any) -> Non
     rig.logger.quiet()
     rig.peer.quiet(0)
     rig.delivery.quiet(0)
+    rig.router.quiet(0)
+    # its supervisor forgets it (nothing to restart, nothing to watch over)
+    assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
     assert [s.qid for s in store.load()[0]] == [QID] and store.outbox() == []
     store.shutdown()
 
