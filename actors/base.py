@@ -11,12 +11,13 @@ those messages in order.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 import threading
 import weakref
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 
@@ -120,10 +121,44 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def report(message: str) -> None:
-    """One operator-facing line on stderr; never raises."""
+Level = Literal["error", "warning", "info"]
+MAX_REPORT = 4000  # characters of one stderr line; hermes' stderr can be long
+
+# syslog priorities, for the `<N>` prefix journald reads off a line (sd-daemon(3))
+_PRIORITY: dict[str, int] = {"error": 3, "warning": 4, "info": 6}
+
+
+def _stderr_is_journal() -> bool:
+    """Whether stderr is journald's stream (systemd sets JOURNAL_STREAM to its dev:inode)."""
+    stream = os.environ.get("JOURNAL_STREAM")
+    if not stream:
+        return False
     try:
-        print(f"coms-hermes-bridge: {message}", file=sys.stderr, flush=True)
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def report(message: str, level: Level | None = None) -> None:
+    """One operator-facing line on stderr; never raises.
+
+    With a level, the line carries the level word (`coms-hermes-bridge: error: ...`),
+    so `grep` and journald filters can pick out what needs a look; when stderr
+    is the journal, the line also starts with the syslog priority journald
+    understands, so `journalctl -p warning` shows exactly those. Without one,
+    the line is as it always was (usage errors read like any command's).
+    """
+    try:
+        line = " ".join(message.splitlines())
+        if len(line) > MAX_REPORT:
+            line = line[: MAX_REPORT - 1] + "…"
+        prefix = ""
+        if level is not None:
+            line = f"{level}: {line}"
+            if _stderr_is_journal():
+                prefix = f"<{_PRIORITY[level]}>"
+        print(f"{prefix}coms-hermes-bridge: {line}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
 

@@ -21,6 +21,8 @@ import pykka
 from coms_hermes_bridge.actors.base import report, utc_now
 from coms_hermes_bridge.actors.config import BridgeConfig, UsageError, parse_config
 from coms_hermes_bridge.actors.peer import IdentityError, PeerActor, resolve_identity
+from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry
+from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from coms_hermes_bridge.actors.store import Store, adopt_shared_state
 from coms_hermes_bridge.actors.tree import start_tree
 
@@ -35,12 +37,20 @@ def _quiet_pykka() -> None:
         logging.getLogger("pykka").setLevel(logging.CRITICAL)
 
 
+def published(identity: PeerIdentity) -> bool:
+    """Our registry entry is up, and with it the socket (the Peer listens first, W7)."""
+    entry = read_entry(identity.entry_path)
+    return entry is not None and entry.session_id == identity.session_id
+
+
 def run(config: BridgeConfig) -> int:
     """Run the daemon until a signal or a fatal failure; return the exit code."""
     stop = threading.Event()
     exit_code = [0]
+    why = ["giving up"]
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        why[0] = f"on {signal.Signals(signum).name}"
         stop.set()
 
     def on_fatal(reason: str) -> None:
@@ -49,6 +59,8 @@ def run(config: BridgeConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGUSR1, dump_thread_stacks)
+    link = ServiceLink.from_env(os.environ)
     try:
         identity = resolve_identity(
             config.coms_dir,
@@ -62,25 +74,42 @@ def run(config: BridgeConfig) -> int:
         report(str(exc))
         return 1
     except OSError as exc:
-        report(f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}")
+        report(
+            f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}", "error"
+        )
         return 1
     try:
         if adopt_shared_state(config.shared_state_path, config.state_path):
             report(f"adopted the shared state file {config.shared_state_path} "
-                   f"as project {config.project}'s: {config.state_path}")
+                   f"as project {config.project}'s: {config.state_path}", "info")
         store = Store.open(config.state_path)
     except OSError as exc:
-        report(f"cannot open the state database {config.state_path}: {exc}")
+        report(f"cannot open the state database {config.state_path}: {exc}", "error")
         return 1
     tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
     supervisor = tree.root  # tree.queue_depth(timeout) is the bounded "how many open?" ask
-    report(f"{identity.name}@{config.project} starting (hermes target {config.target})")
-    while not stop.wait(0.2):
-        pass
+    report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
+    ready = False
+    while not stop.wait(0.2 if ready else 0.02):
+        if not ready and published(identity):
+            try:
+                count = tree.queue_depth(2.0)
+            except (pykka.Timeout, pykka.ActorDeadError):
+                continue  # published but not answering: not ready yet
+            ready = True
+            report(
+                f"ready: {identity.name}@{config.project} at {identity.endpoint},"
+                f" {count} open question(s)",
+                "info",
+            )
+            link.ready(count)
+            link.start_watchdog(tree.queue_depth)  # pings only while the tree answers
+    link.stopping()
+    report(f"stopping {why[0]} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
     try:
         supervisor.stop(block=True, timeout=SHUTDOWN_BUDGET_S)
     except pykka.Timeout:
-        report("shutdown took too long; exiting anyway")
+        report("shutdown took too long; exiting anyway", "warning")
     except pykka.ActorDeadError:
         pass
     # If the Supervisor died, its children are still up: the Peer at least must
@@ -92,6 +121,7 @@ def run(config: BridgeConfig) -> int:
             pass
     pykka.ActorRegistry.stop_all(block=False)
     store.shutdown()
+    link.close()
     return exit_code[0]
 
 

@@ -271,6 +271,8 @@ class DeliveryActor(Child):
         proc.wait()
 
     def _settle(self, job: SendText, error: str | None) -> None:
+        if error is not None:
+            report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
         try:
             if job.reply_to is not None:
                 result = Delivered(job.qid) if error is None else DeliveryFailed(job.qid, error)

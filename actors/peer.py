@@ -791,7 +791,7 @@ class PeerActor(Child):
 
     def _undelivered(self, qid: str, reason: str) -> None:
         """The asker is gone: say so on stderr and in the bridge log; the question stays closed."""
-        report(f"could not deliver response for {qid}: {reason}")
+        report(f"could not deliver response for {qid}: {reason}", "error")
         if self.logger is not None:
             record = log_record(
                 utc_now(), qid if is_valid_qid(qid) else None, "response_failed", {"error": reason}

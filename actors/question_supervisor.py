@@ -176,7 +176,9 @@ class QuestionSupervisor(Child):
         if shortage:
             delay, fresh = self.backoff.next(child)
             if fresh:
-                report(f"{child} ran short of a resource ({error}); retrying with backoff")
+                report(
+                    f"{child} ran short of a resource ({error}); retrying with backoff", "warning"
+                )
             me = self.me
             self._pending[child] = self.schedule(
                 delay, lambda: me.tell(RestartChild(child, unread))
@@ -185,7 +187,7 @@ class QuestionSupervisor(Child):
         if not running.intensity.allow():
             self._give_up(child, running, error)
             return
-        report(f"{child} crashed ({error}); restarting it")
+        report(f"{child} crashed ({error}); restarting it", "warning")
         self._restart(child, unread)
 
     def _restart(self, child: str, unread: tuple[Any, ...]) -> None:
@@ -215,7 +217,8 @@ class QuestionSupervisor(Child):
             owned = True
         report(
             f"question {spec.qid} crashed {running.intensity.recent} times within "
-            f"{self.window_s:g}s; closed it with an error ({error})"
+            f"{self.window_s:g}s; closed it with an error ({error})",
+            "error",
         )
         self.router.tell(QuestionClosed(spec.qid, None, child))
         if not owned:

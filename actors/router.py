@@ -164,7 +164,7 @@ class QuestionRouter(Child):
                 self.delivery.tell(note)
         self._restart_all(open_specs)
         if self.resume_owed and (open_specs or closed):
-            report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)")
+            report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)", "info")
 
     def _restart_all(self, specs: list[QuestionSpec]) -> None:
         """Start every open question afresh from its row (start, or after a crash)."""

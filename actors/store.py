@@ -12,13 +12,16 @@ survives a crash mid-write without a hand-written journal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast, get_args
 
@@ -634,3 +637,59 @@ def _spec(
         deadline=float(deadline),
         state=cast("State | None", state),
     )
+
+
+# -- reading without the daemon's lock (the operator's `status`, `answer`, `cancel`) -------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a state file says right now: open questions in arrival order, closed newest first."""
+
+    open: tuple[QuestionSpec, ...]
+    closed: tuple[tuple[str, State], ...]
+
+
+def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
+    """Read the state file without writing to it, safe while the daemon runs.
+
+    The file is opened read-only (SQLite URI `mode=ro`): no schema is created,
+    nothing is migrated or moved aside, no row is deleted, and a WAL reader
+    never blocks the daemon's writer. A row that does not parse is skipped,
+    not repaired: that is the daemon's business on its next start. Raises
+    FileNotFoundError when there is no state file, OSError when it cannot be read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no state database at {path}")
+    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise OSError(f"cannot open state database {path}: {exc}") from exc
+    try:
+        tables = {
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if not {"open_questions", "closed_questions"} <= tables:
+            return Snapshot((), ())  # created, never written
+        specs: list[QuestionSpec] = []
+        for row in conn.execute(
+            "SELECT qid, prompt, parsed, timeout_ms, deadline, state"
+            " FROM open_questions ORDER BY seq, rowid"
+        ).fetchall():
+            with contextlib.suppress(ValueError, TypeError):
+                specs.append(_spec(*row))
+        closed = tuple(
+            (qid, state)
+            for qid, state in conn.execute(
+                "SELECT qid, state FROM closed_questions ORDER BY seq DESC LIMIT ?",
+                (max(0, closed_limit),),
+            ).fetchall()
+            if isinstance(qid, str) and state in _STATES
+        )
+        return Snapshot(tuple(specs), closed)
+    except sqlite3.Error as exc:
+        raise OSError(f"cannot read state database {path}: {exc}") from exc
+    finally:
+        conn.close()

@@ -217,7 +217,7 @@ class RootSupervisor(pykka.ThreadingActor):
         if spec is None or self._failed or self._stopping:
             return
         if spec.restart == "temporary":
-            report(f"{child} crashed ({error}); not restarted")
+            report(f"{child} crashed ({error}); not restarted", "warning")
             spec.slot.retire()
             return
         if shortage:
@@ -227,7 +227,7 @@ class RootSupervisor(pykka.ThreadingActor):
         if not self.intensity.allow(child):
             self._fatal(f"{self.intensity.verdict()}; last error: {error}")
             return
-        report(f"{child} crashed ({error}); restarting it")
+        report(f"{child} crashed ({error}); restarting it", "warning")
         self._start(child, unread)
 
     def _later(self, child: str, error: str, unread: tuple[Any, ...]) -> None:
@@ -236,7 +236,8 @@ class RootSupervisor(pykka.ThreadingActor):
         if fresh:
             report(
                 f"{child} ran short of a resource ({error}); restarting it with backoff "
-                f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s"
+                f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s",
+                "warning",
             )
         me = self.actor_ref
         self._pending[child] = self.schedule(delay, lambda: me.tell(RestartChild(child, unread)))
@@ -256,5 +257,5 @@ class RootSupervisor(pykka.ThreadingActor):
     def _fatal(self, reason: str) -> None:
         if not self._failed:
             self._failed = True
-            report(reason)
+            report(reason, "error")
             self.on_fatal(reason)

@@ -449,6 +449,7 @@ class WatcherActor(Child):
         if signature is not None and signature.size > ANSWER_FILE_LIMIT:
             detail.update(size=signature.size, limit=ANSWER_FILE_LIMIT)  # never read
         self._log(qid, "answer_rejected", detail)
+        report(f"rejected answer file {name}: {reason}", "warning")
         if qid is not None and reason in UNREADABLE_REASONS:
             self._note_unreadable(qid, reason)
 

@@ -1,0 +1,196 @@
+"""The `coms-hermes-bridge` command: the daemon, or one of the operator's verbs.
+
+`coms-hermes-bridge [flags]` is the daemon, exactly as before (a service file
+written for the TypeScript daemon keeps working); a first word of `status`,
+`answer` or `cancel` runs that verb instead and exits. No daemon flag is a
+bare word, so the two forms cannot be confused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import NoReturn
+
+from coms_hermes_bridge.actors.base import report
+from coms_hermes_bridge.actors.config import (
+    DEFAULT_NAME,
+    DEFAULT_PROJECT,
+    BridgeConfig,
+    UsageError,
+    parse_config,
+)
+from coms_hermes_bridge.actors.registry import IdentityError, validate_project
+from coms_hermes_bridge.messages.model import SelectionAnswer
+from coms_hermes_bridge.messages.wire import dumps
+from coms_hermes_bridge.ops import OpsError, Status, answer, cancel, status
+
+VERBS = ("status", "answer", "cancel")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--project", default=DEFAULT_PROJECT, help="coms project (default: default)"
+    )
+    parser.add_argument(
+        "--questions-dir", metavar="DIR", help="the daemon's --questions-dir, if it was given"
+    )
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="coms-hermes-bridge", allow_abbrev=False)
+    verbs = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    s = verbs.add_parser(
+        "status",
+        help="open and recently closed questions",
+        description="List open questions (qid, asker, state, age, time left, the question's "
+        "first line) and recently closed ones. Reads the state file read-only; safe while "
+        "the daemon runs.",
+        allow_abbrev=False,
+    )
+    _common(s)
+    s.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    s.add_argument(
+        "--closed", type=int, default=10, metavar="N", help="closed questions to show (10)"
+    )
+    a = verbs.add_parser(
+        "answer",
+        help="answer an open question by hand",
+        description="Write the answer file for an open question, as the Hermes gateway "
+        "would; the running bridge (or the next one to start) picks it up. With options, "
+        "a number or a title selects that option (C11).",
+        allow_abbrev=False,
+    )
+    _common(a)
+    a.add_argument("--by", metavar="NAME", help="answered_by (default: cli:<your login>)")
+    a.add_argument("qid")
+    a.add_argument("text", nargs="+", help="the answer; several words are joined by spaces")
+    c = verbs.add_parser(
+        "cancel",
+        help="close an open question as its asker's console would",
+        description="Send the running bridge a cancel for an open question, in its asker's "
+        "name: the human gets the cancel note, the asker no response (C13).",
+        allow_abbrev=False,
+    )
+    _common(c)
+    c.add_argument("--name", default=DEFAULT_NAME, help="the bridge's peer name (user-remote)")
+    c.add_argument("qid")
+    return p
+
+
+def _config(args: argparse.Namespace) -> BridgeConfig:
+    validate_project(args.project)
+    argv = ["--project", args.project, "--name", getattr(args, "name", DEFAULT_NAME)]
+    if args.questions_dir:
+        argv += ["--questions-dir", args.questions_dir]
+    return parse_config(argv, os.environ)
+
+
+def span(seconds: float) -> str:
+    """A duration as an operator reads it at a glance: 45s, 3m07s, 2h05m, 1d04h."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _ago(at: str | None, now: datetime) -> str:
+    if at is None:
+        return "-"
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError:
+        return "-"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return f"{span((now - moment).total_seconds())} ago"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render(st: Status, now: datetime | None = None) -> str:
+    """The table `status` prints."""
+    moment = now or datetime.now(UTC)
+    lines: list[str] = []
+    if st.bridge is None:
+        lines.append(f"bridge for project {st.project}: not running")
+    else:
+        lines.append(
+            f"bridge {st.bridge.name}@{st.project}: running (pid {st.bridge.pid}, "
+            f"up since {st.bridge.started_at})"
+        )
+    lines.append(f"open questions: {len(st.open)}")
+    if st.open:
+        head = f"  {'QID':<26}  {'ASKER':<16}  {'STATE':<9}  {'AGE':>7}  {'LEFT':>7}  QUESTION"
+        lines.append(head)
+        for row in st.open:
+            lines.append(
+                f"  {row.qid:<26}  {_clip(row.asker or '-', 16):<16}  {row.state:<9}  "
+                f"{span(row.age_s):>7}  {span(row.left_s):>7}  {_clip(row.question, 72)}"
+            )
+    if st.closed:
+        lines.append(f"recently closed: {len(st.closed)}")
+        for closed in st.closed:
+            lines.append(f"  {closed.qid:<26}  {closed.state:<9}  {_ago(closed.closed_at, moment)}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.verb == "status":
+        st = status(config, closed_limit=max(0, args.closed))
+        print(dumps(st.to_json(), indent=2) if args.json else render(st))
+    elif args.verb == "answer":
+        by = args.by if args.by is not None else f"cli:{_login()}"
+        written = answer(config, args.qid, " ".join(args.text), by)
+        mapped = written.mapped
+        meaning = (
+            f"selects {mapped.selections[0]!r}"
+            if isinstance(mapped, SelectionAnswer)
+            else f"freeform {json.dumps(mapped.text, ensure_ascii=False)}"
+        )
+        later = "" if written.bridge else " (no bridge is running; the next one to start reads it)"
+        print(f"answered {args.qid}: {meaning}; wrote {written.path}{later}")
+    else:
+        bridge = cancel(config, args.qid)
+        print(f"cancelled {args.qid} through {bridge.name} (pid {bridge.pid})")
+    return 0
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a verb if the first word names one, else the daemon."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in VERBS:
+        from coms_hermes_bridge.actors.daemon import main as daemon
+
+        return daemon(args)
+    try:
+        return _run(_parser().parse_args(args))
+    except (UsageError, IdentityError, OpsError) as exc:
+        report(str(exc))
+        return 1
+    except BrokenPipeError:  # `status | head`
+        return 0

@@ -1,0 +1,300 @@
+"""The operator's three verbs, without a daemon of their own: see, answer, cancel.
+
+Each works from the outside, through the same doors anyone else uses: the
+state file read-only (`status`), an answer file written the way the Hermes
+gateway writes one (`answer`), and a cancel envelope sent to the running
+bridge's socket, found through its registry entry (`cancel`). None of them
+touches the daemon's internals, so they are safe while it runs and keep
+working when it is down (except `cancel`, which needs it up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ulid import ULID
+
+from coms_hermes_bridge.actors.base import utc_now
+from coms_hermes_bridge.actors.config import BridgeConfig
+from coms_hermes_bridge.actors.files import open_private, private_dir
+from coms_hermes_bridge.actors.peer import MODEL, deliver_response
+from coms_hermes_bridge.actors.registry import agents_dir, is_live, read_entry
+from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Snapshot, read_snapshot
+from coms_hermes_bridge.messages.commands import QuestionSpec
+from coms_hermes_bridge.messages.contract import ANSWER_SUFFIX, iso, map_answer
+from coms_hermes_bridge.messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
+from coms_hermes_bridge.messages.wire import CancelEnvelope, RegistryEntry
+
+CANCEL_TIMEOUT_S = 5.0  # for the bridge's ack, and again for the question to close
+LOG_TAIL_BYTES = 256 * 1024  # how much of log.ndjson `status` reads for closing times
+TERMINAL_EVENTS = ("answered", "cancelled", "timeout")
+MAX_ANSWER_CHARS = 16_000  # a Telegram message is at most 4096; a hand-typed one is no longer
+
+
+class OpsError(Exception):
+    """What went wrong, in one line for the operator."""
+
+
+@dataclass(frozen=True)
+class OpenRow:
+    qid: str
+    asker: str
+    state: str
+    age_s: float
+    left_s: float
+    question: str
+    options: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "qid": self.qid,
+            "asker": self.asker,
+            "state": self.state,
+            "age_s": round(self.age_s, 3),
+            "time_left_s": round(self.left_s, 3),
+            "question": self.question,
+            "options": list(self.options),
+        }
+
+
+@dataclass(frozen=True)
+class ClosedRow:
+    qid: str
+    state: State
+    closed_at: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"qid": self.qid, "state": self.state, "closed_at": self.closed_at}
+
+
+@dataclass(frozen=True)
+class Status:
+    project: str
+    state_path: Path
+    bridge: RegistryEntry | None
+    open: tuple[OpenRow, ...]
+    closed: tuple[ClosedRow, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        bridge = None
+        if self.bridge is not None:
+            b = self.bridge
+            bridge = {
+                "name": b.name,
+                "pid": b.pid,
+                "endpoint": b.endpoint,
+                "started_at": b.started_at,
+                "heartbeat_at": b.heartbeat_at,
+            }
+        return {
+            "project": self.project,
+            "state_path": str(self.state_path),
+            "bridge": bridge,
+            "open": [row.to_json() for row in self.open],
+            "closed": [row.to_json() for row in self.closed],
+        }
+
+
+def first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def running_bridge(config: BridgeConfig, now: datetime | None = None) -> RegistryEntry | None:
+    """The live bridge registered for the project: the one named `config.name` if it is
+    there, else any live `hermes-bridge` peer (a restart may have taken `user-remote2`)."""
+    moment = now or utc_now()
+    directory = agents_dir(config.coms_dir, config.project)
+    try:
+        paths = sorted(directory.glob("*.json"))
+    except OSError:
+        return None
+    found: list[RegistryEntry] = []
+    for path in paths:
+        entry = read_entry(path)
+        if entry is not None and entry.model == MODEL and is_live(entry, moment):
+            found.append(entry)
+    for entry in found:
+        if entry.name == config.name:
+            return entry
+    return found[0] if found else None
+
+
+def _snapshot(config: BridgeConfig, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
+    path = config.state_path
+    if not path.exists() and config.shared_state_path.exists():
+        path = config.shared_state_path  # not adopted yet: no bridge ran since the upgrade
+    try:
+        return read_snapshot(path, closed_limit)
+    except FileNotFoundError:
+        return Snapshot((), ())
+    except OSError as exc:
+        raise OpsError(str(exc)) from exc
+
+
+def _closing_times(log_path: Path, qids: set[str]) -> dict[str, str]:
+    """When each qid closed, from the tail of log.ndjson (bounded; older ones stay unknown)."""
+    found: dict[str, str] = {}
+    if not qids:
+        return found
+    try:
+        with open(log_path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - LOG_TAIL_BYTES))
+            tail = log.read(LOG_TAIL_BYTES)
+    except OSError:
+        return found
+    for raw in tail.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(raw)
+            if (
+                isinstance(record, dict)
+                and record.get("qid") in qids
+                and record.get("event") in TERMINAL_EVENTS
+                and isinstance(record.get("at"), str)
+            ):
+                found[record["qid"]] = record["at"]
+    return found
+
+
+def _open_row(spec: QuestionSpec, clock: float) -> OpenRow:
+    asked_at = spec.deadline - spec.timeout_ms / 1000
+    return OpenRow(
+        qid=spec.qid,
+        asker=spec.prompt.sender_name,
+        state=spec.state or "new",
+        age_s=max(0.0, clock - asked_at),
+        left_s=max(0.0, spec.deadline - clock),
+        question=first_line(spec.parsed.question),
+        options=tuple(option.title for option in spec.parsed.options),
+    )
+
+
+def status(config: BridgeConfig, closed_limit: int = 10, clock: float | None = None) -> Status:
+    """Open questions (oldest first) and the most recently closed ones, read-only."""
+    snapshot = _snapshot(config, closed_limit)
+    now = time.time() if clock is None else clock
+    times = _closing_times(config.log_path, {qid for qid, _ in snapshot.closed})
+    return Status(
+        project=config.project,
+        state_path=config.state_path,
+        bridge=running_bridge(config),
+        open=tuple(_open_row(spec, now) for spec in snapshot.open),
+        closed=tuple(ClosedRow(qid, state, times.get(qid)) for qid, state in snapshot.closed),
+    )
+
+
+def find_open(config: BridgeConfig, qid: str) -> QuestionSpec:
+    """The open question `qid`, or OpsError saying why there is none."""
+    if not is_valid_qid(qid):
+        raise OpsError(f"{qid!r} is not a qid (26 characters, Crockford base32)")
+    snapshot = _snapshot(config)
+    for spec in snapshot.open:
+        if spec.qid == qid:
+            return spec
+    for closed, state in snapshot.closed:
+        if closed == qid:
+            raise OpsError(f"question {qid} is already closed ({state})")
+    raise OpsError(
+        f"no open question {qid} in project {config.project} (state file {config.state_path})"
+    )
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    mapped: MappedAnswer
+    bridge: RegistryEntry | None
+
+
+def answer(
+    config: BridgeConfig,
+    qid: str,
+    text: str,
+    answered_by: str,
+    now: Callable[[], datetime] = utc_now,
+) -> Written:
+    """Write `<qid>.answer.json` as the gateway would (C7, C8), for an open question only.
+
+    Written to a temporary name in the questions directory first and renamed
+    into place, so the bridge never reads half a file; the temporary name does
+    not end in `.answer.json`, so a watcher that sees it waits (C10) rather
+    than rejecting it. An answer file already waiting for the qid is left
+    alone: the first answer wins, as it would in Telegram.
+    """
+    spec = find_open(config, qid)
+    if not text.strip():
+        raise OpsError("the answer is empty")
+    if len(text) > MAX_ANSWER_CHARS:
+        raise OpsError(f"the answer is longer than {MAX_ANSWER_CHARS} characters")
+    if not answered_by.strip():
+        raise OpsError("--by must not be empty")
+    body = AnswerFile(qid=qid, answer=text, answered_by=answered_by, at=iso(now()))
+    directory = config.questions_dir
+    target = directory / f"{qid}{ANSWER_SUFFIX}"
+    try:
+        private_dir(directory, tighten=False)
+        if target.exists():
+            raise OpsError(f"an answer file for {qid} is already waiting: {target}")
+        tmp = directory / f".{qid}.{os.getpid()}.{ULID()}.tmp"
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(body.to_json().encode("utf-8"))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.rename(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+    except OSError as exc:
+        raise OpsError(f"cannot write the answer file in {directory}: {exc}") from exc
+    return Written(target, map_answer(text, spec.parsed.options), running_bridge(config))
+
+
+def cancel(
+    config: BridgeConfig,
+    qid: str,
+    now: Callable[[], datetime] = utc_now,
+    wait_s: float = CANCEL_TIMEOUT_S,
+) -> RegistryEntry:
+    """Close an open question as the asker's console would (C12, C13, X2).
+
+    The envelope goes to the running bridge's socket with the asker's own name
+    as `from`, because only the asker may cancel. Returns once the bridge
+    acked it and the question left the open table, else OpsError.
+    """
+    spec = find_open(config, qid)
+    asker = spec.prompt.sender_name
+    if not asker:
+        raise OpsError(f"question {qid} names no asker, so it cannot be cancelled as its asker")
+    bridge = running_bridge(config)
+    if bridge is None:
+        raise OpsError(f"no running bridge is registered for project {config.project}")
+    envelope = CancelEnvelope(
+        msg_id=str(ULID()),
+        from_=asker,
+        to=bridge.name,
+        created_at=iso(now()),
+        ref_msg_id=qid,
+    )
+    reason, _ = deliver_response(bridge.endpoint, envelope.to_line(), CANCEL_TIMEOUT_S)
+    if reason is not None:
+        raise OpsError(f"the bridge at {bridge.endpoint} did not take the cancel: {reason}")
+    deadline = time.monotonic() + wait_s
+    while any(s.qid == qid for s in _snapshot(config, 0).open):
+        if time.monotonic() > deadline:
+            raise OpsError(f"the bridge acked the cancel, but {qid} is still open")
+        time.sleep(0.05)
+    return bridge

@@ -1,0 +1,214 @@
+"""The operator's verbs against a real daemon: status, answer, cancel (issue 11.1)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.bridge_process import ROOT, Bridge, new_qid
+from tests.fakes import wait_for
+
+OPTIONS_PROMPT = json.dumps({
+    "question": "Ship the release?\nIt has three fixes.",
+    "context": "CI is green.",
+    "options": [{"title": "Approve", "description": "Ship it"}, {"title": "Revise"}, "Stop"],
+})
+
+
+@pytest.fixture
+def bridge() -> Iterator[Bridge]:
+    b = Bridge()
+    yield b
+    b.close()
+
+
+def verb(bridge: Bridge, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+    """Run `python -m coms_hermes_bridge <verb> ...` in the bridge's world."""
+    return subprocess.run(
+        [sys.executable, "-m", "coms_hermes_bridge", *args],
+        cwd=str(ROOT),
+        env=bridge.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
+    # issue 11.1: status and status --json list both open questions, read-only while running
+    bridge.start()
+    plain = bridge.ask("Deploy now?")
+    options = bridge.ask(OPTIONS_PROMPT)
+    bridge.wait_log("delivered", plain)
+    bridge.wait_log("delivered", options)
+
+    table = verb(bridge, "status")
+    assert table.returncode == 0, table.stderr
+    assert table.stderr == ""
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith(f"bridge user-remote@default: running (pid {bridge.proc.pid if bridge.proc else 0},")
+    assert lines[1] == "open questions: 2"
+    rows = [line.split() for line in lines[3:5]]
+    # qid, asker, state, age, time left, then the question's first line only
+    assert rows[0][:3] == [plain, "builder", "delivered"] and rows[0][5:] == ["Deploy", "now?"]
+    assert rows[1][:3] == [options, "builder", "delivered"]
+    assert rows[1][5:] == ["Ship", "the", "release?"]
+    assert re.fullmatch(r"\d+s", rows[0][3])  # age: seconds
+    assert re.fullmatch(r"29m\d\ds", rows[0][4])  # time left of the default 30 minutes
+
+    done = verb(bridge, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["project"] == "default"
+    assert report["bridge"]["pid"] == bridge.entry["pid"]
+    assert report["bridge"]["endpoint"] == bridge.endpoint
+    assert [(q["qid"], q["question"], q["asker"], q["state"]) for q in report["open"]] == [
+        (plain, "Deploy now?", "builder", "delivered"),
+        (options, "Ship the release?", "builder", "delivered"),
+    ]
+    assert report["open"][1]["options"] == ["Approve", "Revise", "Stop"]
+    assert all(0 <= q["age_s"] < 60 and 1700 < q["time_left_s"] <= 1800 for q in report["open"])
+    assert report["closed"] == []
+
+    # once answered, a question moves to the closed list, newest first, with its closing time
+    bridge.answer(plain, "yes")
+    bridge.asker.response()
+    bridge.wait_log("answered", plain)
+    report = json.loads(verb(bridge, "status", "--json").stdout)
+    assert [q["qid"] for q in report["open"]] == [options]
+    assert report["closed"] == [
+        {"qid": plain, "state": "answered", "closed_at": bridge.wait_log("answered", plain)["at"]}
+    ]
+    assert bridge.ping()["agent_card"]["queue_depth"] == 1  # the daemon did not notice us
+
+
+def test_status_without_a_daemon_or_state(bridge: Bridge) -> None:
+    done = verb(bridge, "status")
+    assert done.returncode == 0
+    assert done.stdout == "bridge for project default: not running\nopen questions: 0\n"
+    assert not bridge.bridge_dir.exists()  # read-only: nothing created
+
+
+def test_answer_by_number_reaches_the_asker_as_the_option(bridge: Bridge) -> None:
+    # issue 11.1, C11: `answer <qid> 2` on an options question is a selection of the second
+    bridge.start()
+    qid = bridge.ask(OPTIONS_PROMPT)
+    bridge.wait_log("delivered", qid)
+    done = verb(bridge, "answer", qid, "2", "--by", "telegram:alice")
+    assert done.returncode == 0, done.stderr
+    path = bridge.questions / f"{qid}.answer.json"
+    assert done.stdout == f"answered {qid}: selects 'Revise'; wrote {path}\n"
+    response = bridge.asker.response()
+    assert (response["msg_id"], response["response"], response["error"]) == (
+        qid, {"kind": "selection", "selections": ["Revise"]}, None,
+    )
+    record = bridge.wait_log("answered", qid)
+    assert record["detail"] == {"answered_by": "telegram:alice"}
+    wait_for(lambda: not path.exists(), what="answer file removed")
+    assert not list(bridge.questions.iterdir())  # no temporary file left behind
+
+
+def test_answer_file_is_a_valid_gateway_file_written_while_no_daemon_runs(bridge: Bridge) -> None:
+    # C8: {qid, answer, answered_by, at}; several words are one answer; the next start reads it
+    bridge.start()
+    qid = bridge.ask("Which branch?")
+    bridge.wait_log("delivered", qid)
+    assert bridge.signal() == 0
+    done = verb(bridge, "answer", qid, "the", "release", "branch")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("(no bridge is running; the next one to start reads it)\n")
+    body = json.loads((bridge.questions / f"{qid}.answer.json").read_text())
+    assert set(body) == {"qid", "answer", "answered_by", "at"}
+    assert body["qid"] == qid and body["answer"] == "the release branch"
+    assert body["answered_by"].startswith("cli:") and body["at"].endswith("Z")
+    assert (bridge.questions / f"{qid}.answer.json").stat().st_mode & 0o077 == 0
+    bridge.start()
+    response = bridge.asker.response()
+    assert response["response"] == {"kind": "freeform", "text": "the release branch"}
+
+
+def test_answer_refuses_unknown_closed_and_invalid_qids(bridge: Bridge) -> None:
+    # issue 11.1: non-zero and one line; nothing written
+    bridge.start()
+    qid = bridge.ask("Go?")
+    bridge.wait_log("delivered", qid)
+    unknown = new_qid()
+    done = verb(bridge, "answer", unknown, "yes")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (
+        f"coms-hermes-bridge: no open question {unknown} in project default"
+        f" (state file {bridge.state_path()})\n"
+    )
+    bridge.answer(qid, "yes")
+    bridge.asker.response()
+    bridge.wait_log("answered", qid)
+    done = verb(bridge, "answer", qid, "again")
+    assert (done.returncode, done.stderr) == (
+        1, f"coms-hermes-bridge: question {qid} is already closed (answered)\n"
+    )
+    done = verb(bridge, "answer", "nope", "x")
+    assert (done.returncode, done.stderr.count("\n")) == (1, 1)
+    assert "'nope' is not a qid" in done.stderr
+    done = verb(bridge, "answer", qid)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert "the following arguments are required: text" in done.stderr
+    wait_for(lambda: not list(bridge.questions.iterdir()), what="questions dir empty")
+
+
+def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
+    # issue 11.1, C13: closed as the console would: note to the human, no response to the asker
+    bridge.start()
+    qid = bridge.ask(OPTIONS_PROMPT)
+    other = bridge.ask("Keep me open")
+    bridge.wait_log("delivered", qid)
+    bridge.wait_log("delivered", other)
+    done = verb(bridge, "cancel", qid)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"cancelled {qid} through user-remote (pid {bridge.entry['pid']})\n"
+    record = bridge.wait_log("cancelled", qid)
+    assert record["detail"] == {"reason": "cancel envelope"}
+    wait_for(lambda: len(bridge.hermes.calls()) == 3, what="cancel note")
+    assert bridge.sent_texts()[2] == (
+        f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
+    )
+    bridge.asker.no_response()
+    report = json.loads(verb(bridge, "status", "--json").stdout)
+    assert [q["qid"] for q in report["open"]] == [other]
+    assert report["closed"][0]["qid"] == qid and report["closed"][0]["state"] == "cancelled"
+    # a second cancel: the question is closed now, one line, non-zero
+    again = verb(bridge, "cancel", qid)
+    assert (again.returncode, again.stderr) == (
+        1, f"coms-hermes-bridge: question {qid} is already closed (cancelled)\n"
+    )
+
+
+def test_cancel_needs_a_running_bridge(bridge: Bridge) -> None:
+    bridge.start()
+    qid = bridge.ask("Anyone?")
+    bridge.wait_log("delivered", qid)
+    assert bridge.signal() == 0
+    done = verb(bridge, "cancel", qid)
+    assert (done.returncode, done.stderr) == (
+        1, "coms-hermes-bridge: no running bridge is registered for project default\n"
+    )
+
+
+def test_bad_project_is_one_line(bridge: Bridge) -> None:
+    done = verb(bridge, "status", "--project", "../x")
+    assert (done.returncode, done.stderr) == (1, 'coms-hermes-bridge: invalid project name: "../x"\n')
+
+
+def test_status_json_on_empty_state_file(bridge: Bridge, tmp_path: Path) -> None:
+    # a state file that exists but holds no tables yet (created, never written)
+    bridge.bridge_dir.mkdir(parents=True)
+    bridge.state_path().write_bytes(b"")
+    done = verb(bridge, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["open"] == []

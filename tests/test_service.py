@@ -1,0 +1,208 @@
+"""The daemon under a service manager: sd_notify, the earned watchdog, stderr lines for
+journald, SIGUSR1 stack dumps (issue 11.2, 11.3, issue 13.6)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pykka
+import pytest
+
+from coms_hermes_bridge.actors.service import ServiceLink
+from tests.bridge_process import Bridge
+from tests.fakes import wait_for
+
+
+@pytest.fixture
+def bridge() -> Iterator[Bridge]:
+    b = Bridge()
+    yield b
+    b.close()
+
+
+class NotifySocket:
+    """The service manager's end: a datagram socket that records what it is told, and when."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.seen: list[tuple[float, str]] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(path))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.messages.put((time.monotonic(), data.decode()))
+
+    def next(self, timeout: float = 10.0) -> tuple[float, str]:
+        try:
+            item = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no datagram within {timeout}s; saw {self.seen}") from None
+        self.seen.append(item)
+        return item
+
+    def until(self, field: str, timeout: float = 10.0) -> tuple[float, str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            at, text = self.next(max(0.01, deadline - time.monotonic()))
+            if field in text.split("\n"):
+                return at, text
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(timeout=2)
+
+
+def test_sd_notify_ready_watchdog_stopping(bridge: Bridge) -> None:
+    # issue 11.2: READY=1 after the registry entry exists, WATCHDOG=1 at half of
+    # WATCHDOG_USEC (>= 2 in 2.5 s at 1 s), STATUS= with the open count, STOPPING=1 on SIGTERM
+    notify = NotifySocket(bridge.base / "notify.sock")
+    try:
+        bridge.start(wait=False, NOTIFY_SOCKET=str(notify.path), WATCHDOG_USEC="1000000")
+        at, ready = notify.until("READY=1")
+        assert bridge.entry_path().exists()  # the entry came first (W7)
+        bridge.wait_ready()
+        assert ready.split("\n") == ["READY=1", "STATUS=0 open questions"]
+        qid = bridge.ask("Still there?")
+        bridge.wait_log("delivered", qid)
+        pings: list[tuple[float, str]] = []
+        while len(pings) < 2:
+            pings.append(notify.until("WATCHDOG=1", timeout=2.5))
+        assert pings[1][0] - at <= 2.5
+        last = notify.until("WATCHDOG=1", timeout=2.5)[1]
+        assert last.split("\n") == ["WATCHDOG=1", "STATUS=1 open question"]
+        assert bridge.signal(signal.SIGTERM) == 0
+        _, stopping = notify.until("STOPPING=1", timeout=1.0)
+        assert stopping.split("\n")[0] == "STOPPING=1"
+    finally:
+        notify.close()
+
+
+def test_no_watchdog_ping_while_the_tree_does_not_answer(coms_dir: Path) -> None:
+    # issue 11.2: the ping is earned by a bounded ask, not sent by a bare timer
+    notify = NotifySocket(coms_dir / "n.sock")
+    healthy = threading.Event()
+    asked: list[float] = []
+
+    def probe(timeout: float) -> int:
+        asked.append(timeout)
+        if not healthy.is_set():
+            raise pykka.Timeout("no answer")
+        return 3
+
+    link = ServiceLink.from_env(
+        {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "100000"}, pid=os.getpid()
+    )
+    try:
+        link.start_watchdog(probe)
+        wait_for(lambda: len(asked) >= 4, what="four probes")
+        assert notify.messages.empty()
+        assert all(t == pytest.approx(0.025) for t in asked)  # half the tick, at most 2 s
+        healthy.set()
+        _, text = notify.until("WATCHDOG=1", timeout=2.0)
+        assert text == "WATCHDOG=1\nSTATUS=3 open questions"
+    finally:
+        link.close()
+        notify.close()
+
+
+def test_service_link_without_systemd_does_nothing() -> None:
+    link = ServiceLink.from_env({"WATCHDOG_USEC": "100000"}, pid=os.getpid())
+    assert not link.enabled and link.watchdog_s is None
+    assert link.notify("READY=1") is False
+    link.start_watchdog(lambda timeout: 0)
+    link.ready(0)
+    link.stopping()
+    link.close()
+    # WATCHDOG_PID names another process: the watchdog is not ours to feed
+    other = ServiceLink.from_env(
+        {"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "100000", "WATCHDOG_PID": "1"}, pid=os.getpid()
+    )
+    assert other.enabled and other.address == "\0x" and other.watchdog_s is None
+
+
+def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
+    # issue 11.3: start, ready, stop, a delivery error, a rejected answer file, each one line
+    bridge.hermes.configure(exit=3, stderr="chat not found\n")
+    bridge.start()
+    qid = bridge.ask("Anyone?")
+    bridge.asker.response()
+    bridge.drop("notes.txt", b"hello")
+    bridge.wait_log("answer_rejected")
+    assert bridge.signal() == 0
+    lines = bridge.stderr_lines
+    assert lines[0] == "coms-hermes-bridge: info: user-remote@default starting (hermes target telegram)"
+    assert lines[1].startswith("coms-hermes-bridge: info: ready: user-remote@default at ")
+    assert re.search(r", [01] open question\(s\)$", lines[1])  # the asker may be first
+    assert (
+        f"coms-hermes-bridge: error: question for {qid} not delivered:"
+        " hermes send failed (3): chat not found"
+    ) in lines
+    assert "coms-hermes-bridge: warning: rejected answer file notes.txt: invalid_path" in lines
+    assert lines[-1] == "coms-hermes-bridge: info: stopping on SIGTERM (exit 0)"
+
+
+def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) -> None:
+    # issue 11.3: under systemd (JOURNAL_STREAM names our stderr) each line starts with <N>
+    out = tmp_path / "journal"
+    code = (
+        "from coms_hermes_bridge.actors.base import report\n"
+        "report('a\\nb', 'error'); report('w', 'warning'); report('i', 'info'); report('plain')\n"
+    )
+    with open(out, "wb") as stream:
+        st = os.fstat(stream.fileno())
+        for journal in (f"{st.st_dev}:{st.st_ino}", "1:2"):
+            subprocess.run(
+                [sys.executable, "-c", code], stderr=stream, check=True, timeout=20,
+                env={**os.environ, "JOURNAL_STREAM": journal},
+            )
+    assert out.read_text().splitlines() == [
+        "<3>coms-hermes-bridge: error: a b",
+        "<4>coms-hermes-bridge: warning: w",
+        "<6>coms-hermes-bridge: info: i",
+        "coms-hermes-bridge: plain",
+        # another stream's id: a terminal or a file, no priority prefix
+        "coms-hermes-bridge: error: a b",
+        "coms-hermes-bridge: warning: w",
+        "coms-hermes-bridge: info: i",
+        "coms-hermes-bridge: plain",
+    ]
+
+
+def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
+    # issue 13.6: pykka.debug's dump, as Mopidy wires it; the daemon carries on
+    bridge.start()
+    assert bridge.proc is not None
+    bridge.proc.send_signal(signal.SIGUSR1)
+    wait_for(
+        lambda: any("Current state of MainThread" in line for line in bridge.stderr_lines),
+        what="main thread's stack",
+    )
+    wait_for(
+        lambda: any("Current state of peer-heartbeat" in line for line in bridge.stderr_lines),
+        what="a helper thread's stack",
+    )
+    assert bridge.ping()["type"] == "pong"
+    assert bridge.signal() == 0
