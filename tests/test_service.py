@@ -196,13 +196,17 @@ def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
     bridge.start()
     assert bridge.proc is not None
     bridge.proc.send_signal(signal.SIGUSR1)
+    # the main thread's stack comes last
     wait_for(
         lambda: any("Current state of MainThread" in line for line in bridge.stderr_lines),
         what="main thread's stack",
     )
-    wait_for(
-        lambda: any("Current state of peer-heartbeat" in line for line in bridge.stderr_lines),
-        what="a helper thread's stack",
-    )
+    dumped = [
+        line.split("Current state of ", 1)[1].split(" (ident")[0]
+        for line in bridge.stderr_lines
+        if line.startswith("coms-hermes-bridge: info: Current state of ")
+    ]
+    assert any(name.startswith("Supervisor") for name in dumped), dumped  # an actor's thread
+    assert "SIGUSR1: stacks of every thread follow" in " ".join(bridge.stderr_lines)
     assert bridge.ping()["type"] == "pong"
     assert bridge.signal() == 0
