@@ -206,7 +206,7 @@ def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
         for line in bridge.stderr_lines
         if line.startswith("coms-hermes-bridge: info: Current state of ")
     ]
-    assert any(name.startswith("Supervisor") for name in dumped), dumped  # an actor's thread
+    assert any(name.startswith("PeerActor") for name in dumped), dumped  # an actor's thread
     assert "SIGUSR1: stacks of every thread follow" in " ".join(bridge.stderr_lines)
     assert bridge.ping()["type"] == "pong"
     assert bridge.signal() == 0
