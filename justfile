@@ -15,6 +15,11 @@ check: venv
     .venv/bin/ruff check coms_hermes_bridge actors messages scripts tests
     .venv/bin/mypy --strict coms_hermes_bridge $(ls scripts/*.py 2>/dev/null)
 
+# Install and enable the systemd user service for one coms project:
+#   just install-service PROJECT --to telegram:<chat_id> [daemon flags] [--bin PATH] [--no-enable]
+install-service project *flags: venv
+    @.venv/bin/python scripts/install_service.py "$@"
+
 # Make or refresh the project's virtual environment.
 venv:
     @scripts/ensure-venv

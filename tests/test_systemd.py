@@ -1,0 +1,143 @@
+"""The systemd user unit and its installer (issue 11.2)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bridge_process import ROOT
+
+TEMPLATE = ROOT / "contrib" / "systemd" / "coms-hermes-bridge@.service"
+INSTALLER = ROOT / "scripts" / "install_service.py"
+
+
+def settings(text: str) -> dict[str, list[str]]:
+    """Every `Key=value` of a unit file, repeated keys kept in order."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";", "[")) and "=" in line:
+            key, _, value = line.partition("=")
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_unit_promises_notify_watchdog_restart_and_hardening() -> None:
+    # issue 11.2
+    unit = settings(TEMPLATE.read_text())
+    assert unit["Type"] == ["notify"]
+    assert unit["NotifyAccess"] == ["main"]
+    assert unit["WatchdogSec"] == ["30s"]
+    assert unit["Restart"] == ["on-failure"]
+    assert unit["NoNewPrivileges"] == ["yes"]
+    assert unit["ProtectSystem"] == ["strict"]
+    assert "%h/.pi" in unit["ReadWritePaths"]
+    assert unit["PrivateTmp"] == ["yes"]
+    assert unit["ExecStart"] == [
+        "%h/.local/bin/coms-hermes-bridge --project %i $COMS_HERMES_BRIDGE_FLAGS"
+    ]
+    assert unit["EnvironmentFile"] == ["%E/coms-hermes-bridge/%i.env"]
+
+
+def install(home: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "PI_COMS_DIR")}
+    env.update(HOME=str(home))
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(
+        [sys.executable, str(INSTALLER), *args],
+        capture_output=True, text=True, timeout=30, env=env, check=False,
+    )
+
+
+def fake_hermes(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    hermes = directory / "hermes"
+    hermes.write_text("#!/bin/sh\nexit 0\n")
+    hermes.chmod(0o755)
+    return directory
+
+
+def test_install_writes_the_unit_and_the_instance_settings(tmp_path: Path) -> None:
+    # issue 11.2: `just install-service PROJECT --to ...` (here without systemctl)
+    home = tmp_path / "home"
+    home.mkdir()
+    tools = fake_hermes(tmp_path / "tools")
+    command = ROOT / ".venv" / "bin" / "coms-hermes-bridge"
+    done = install(
+        home, "acme", "--to", "telegram:-100123:7", "--timeout", "600000",
+        "--bin", str(command), "--no-enable", path=f"{tools}:{os.environ['PATH']}",
+    )
+    assert done.returncode == 0, done.stderr
+    unit_path = home / ".config" / "systemd" / "user" / "coms-hermes-bridge@.service"
+    env_path = home / ".config" / "coms-hermes-bridge" / "acme.env"
+    assert done.stdout.splitlines() == [
+        f"installed {unit_path} (runs {command})",
+        f"wrote {env_path}",
+        "not enabled; to start it: systemctl --user enable --now coms-hermes-bridge@acme.service",
+    ]
+    unit = settings(unit_path.read_text())
+    assert unit["ExecStart"] == [f"{command} --project %i $COMS_HERMES_BRIDGE_FLAGS"]
+    assert unit["Type"] == ["notify"]
+    assert settings(env_path.read_text()) == {
+        "COMS_HERMES_BRIDGE_FLAGS": ["--to telegram:-100123:7 --timeout 600000"],
+        "PATH": [f"{tools}:/usr/local/bin:/usr/bin:/bin"],  # where hermes was found
+    }
+    assert env_path.stat().st_mode & 0o777 == 0o600
+    assert (home / ".pi").is_dir()  # ReadWritePaths= needs it to exist
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--to", "a", "--to", "b"], "install-service: --to may only be specified once"),
+        (["--bogus"], "install-service: unrecognized arguments: --bogus"),
+        (["--project", "x"], "install-service: the project is the instance name; do not pass --project"),
+        (["--questions-dir", "/a b"], "install-service: flag '/a b' has a space, quote, backslash, % or $;"
+         " put such a value in a drop-in (systemctl --user edit) instead"),
+    ],
+)
+def test_install_refuses_what_the_daemon_would(tmp_path: Path, flags: list[str], message: str) -> None:
+    done = install(tmp_path, "acme", *flags, "--no-enable")
+    assert (done.returncode, done.stderr) == (1, message + "\n")
+    assert not (tmp_path / ".config").exists()
+
+
+def test_install_refuses_a_bad_project(tmp_path: Path) -> None:
+    done = install(tmp_path, "../x", "--no-enable")
+    assert (done.returncode, done.stderr) == (1, 'install-service: invalid project name: "../x"\n')
+
+
+def test_installed_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    # issue 11.2: the unit as installed, checked by systemd itself
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (.ci/run installs it where it can)")
+    home = tmp_path / "home"
+    home.mkdir()
+    command = ROOT / ".venv" / "bin" / "coms-hermes-bridge"
+    done = install(home, "acme", "--to", "telegram:42", "--bin", str(command), "--no-enable")
+    assert done.returncode == 0, done.stderr
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "SYSTEMD_LOG_COLOR": "0",
+    }
+    verify = subprocess.run(
+        [analyze, "--user", "--man=no", "verify", "coms-hermes-bridge@acme.service"],
+        capture_output=True, text=True, timeout=60, env=env, check=False, cwd=str(tmp_path),
+    )
+    if verify.returncode != 0 and "Failed to initialize manager" in verify.stderr:
+        pytest.skip(f"systemd-analyze cannot run here: {verify.stderr.strip()}")
+    # systemd only warns about unknown keys or bad values; any line about our unit is a fault
+    assert verify.returncode == 0, verify.stderr
+    assert "coms-hermes-bridge" not in verify.stderr, verify.stderr
