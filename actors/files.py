@@ -24,7 +24,9 @@ def private_dir(path: Path, *, tighten: bool = True) -> None:
     """Make `path` and any missing parents as 0700; tighten `path` itself if found looser.
 
     Parents that already exist are left alone: they may be shared (a home
-    directory, `~/.pi`). Raises OSError when the directory cannot be made.
+    directory, `~/.pi`). Raises OSError when the directory cannot be made, and
+    NotADirectoryError when something else is in its place (which is never
+    chmodded: it is not ours).
     """
     missing: list[Path] = []
     probe = path
@@ -37,8 +39,21 @@ def private_dir(path: Path, *, tighten: bool = True) -> None:
         except FileExistsError:
             continue  # made meanwhile by someone else; judged below if it is ours
         os.chmod(directory, DIR_MODE)  # mkdir's mode passed through the umask
-    if tighten:
-        tighten_mode(path, DIR_MODE)
+    if os.path.islink(path):
+        return  # an operator's link to a directory elsewhere: never chmod through it
+    try:
+        # O_DIRECTORY | O_NOFOLLOW: the very directory is judged and tightened,
+        # even if something else is swapped in between a check and a chmod.
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except NotADirectoryError:
+        raise NotADirectoryError(f"{path} is not a directory") from None
+    try:
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if tighten and current & ~DIR_MODE & 0o777:
+            os.fchmod(fd, current & DIR_MODE)
+            report(f"{path} was mode {current:04o}; tightened to {current & DIR_MODE:04o}")
+    finally:
+        os.close(fd)
 
 
 def tighten_mode(path: Path, mode: int) -> None:

@@ -264,12 +264,11 @@ class WatcherActor(Child):
             with contextlib.suppress(OSError):
                 inotify.rm_watch(self._wd)
             self._wd = None
-        private_dir(self.questions_dir)
-        if not self.questions_dir.is_dir():
-            raise NotADirectoryError(f"{self.questions_dir} is not a directory")
+        private_dir(self.questions_dir)  # NotADirectoryError if something else is there
         # Watch first, list after (the caller rescans): a file written in
-        # between raises an event or is in the listing, never neither.
-        wd = inotify.add_watch(str(self.questions_dir), _WATCH_MASK)
+        # between raises an event or is in the listing, never neither. ONLYDIR:
+        # something else put in its place meanwhile is refused (ENOTDIR), not watched.
+        wd = inotify.add_watch(str(self.questions_dir), _WATCH_MASK | flags.ONLYDIR)
         st = os.stat(self.questions_dir)
         self._wd, self._watched = wd, (st.st_dev, st.st_ino)
 

@@ -444,9 +444,11 @@ def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
             break
         except (FileExistsError, IsADirectoryError):
             continue
+    rig.dir.chmod(0o644)
     wait_for(lambda: "cannot make or watch" in capsys.readouterr().err, what="one report")
     time.sleep(0.3)  # several rescan beats fail meanwhile (part of the scenario)
     assert "cannot make or watch" not in capsys.readouterr().err  # said once
+    assert mode(rig.dir) == 0o644  # someone else's file: left as it is
     rig.dir.unlink()
     wait_for(rig.dir.is_dir, what="the directory made at the next beat")
     wait_for(lambda: "watching" in capsys.readouterr().err, what="the recovery line")

@@ -1,0 +1,60 @@
+"""Private directories whatever the umask, and never a chmod of what is not ours (issue 9.4)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from coms_hermes_bridge.actors.files import private_dir
+
+
+def mode(path: Path) -> int:
+    return os.lstat(path).st_mode & 0o777
+
+
+def test_missing_directories_are_made_0700_under_umask_000(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        private_dir(tmp_path / "a" / "b")
+    finally:
+        os.umask(old)
+    assert (mode(tmp_path / "a"), mode(tmp_path / "a" / "b")) == (0o700, 0o700)
+
+
+def test_a_looser_directory_is_tightened_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "q"
+    target.mkdir()
+    target.chmod(0o775)
+    private_dir(target)
+    assert mode(target) == 0o700
+    assert capsys.readouterr().err == f"coms-hermes-bridge: {target} was mode 0775; tightened to 0700\n"
+    private_dir(target)  # already private: nothing more to say
+    assert capsys.readouterr().err == ""
+
+
+def test_an_existing_parent_is_left_alone(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    private_dir(tmp_path / "q")
+    assert mode(tmp_path) == 0o755
+
+
+def test_something_else_in_its_place_is_refused_and_not_touched(tmp_path: Path) -> None:
+    target = tmp_path / "q"
+    target.write_bytes(b"")
+    target.chmod(0o644)
+    with pytest.raises(NotADirectoryError, match="is not a directory"):
+        private_dir(target)
+    assert mode(target) == 0o644
+
+
+def test_a_link_to_a_directory_is_not_chmodded_through(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    real.chmod(0o755)
+    (tmp_path / "q").symlink_to(real)
+    private_dir(tmp_path / "q")
+    assert mode(real) == 0o755
