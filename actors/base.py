@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import pykka
 
+from coms_hermes_bridge.actors.dispatch import PooledActor
 from coms_hermes_bridge.messages.commands import Address, ChildFailed
 
 # Which slot feeds which mailbox, so that a dying child can close its own slot
@@ -186,11 +187,12 @@ def is_resource_shortage(exc: BaseException | None) -> bool:
     return False
 
 
-class Child(pykka.ThreadingActor):
-    """A supervised actor: on a crash it tells its supervisor and hands over its work."""
+class Supervised(pykka.Actor):
+    """A supervised actor: on a crash it tells its supervisor and hands over its work.
 
-    # The daemon must be able to exit even if an actor thread is wedged.
-    use_daemon_thread = True
+    The runtime (a thread of its own, or turns on a shared pool) comes from the
+    concrete class: `Child` or `PooledChild`.
+    """
 
     def __init__(self, name: str, supervisor: Address) -> None:
         super().__init__()
@@ -266,3 +268,14 @@ class Child(pykka.ThreadingActor):
         self.supervisor.tell(
             ChildFailed(self.child_name, error, tuple(unread), is_resource_shortage(exc))
         )
+
+
+class Child(Supervised, pykka.ThreadingActor):
+    """A supervised actor on a thread of its own (the few long-lived actors)."""
+
+    # The daemon must be able to exit even if an actor thread is wedged.
+    use_daemon_thread = True
+
+
+class PooledChild(Supervised, PooledActor):
+    """A supervised actor whose turns run on the shared dispatcher (the many questions)."""

@@ -5,18 +5,22 @@ through the pure `transition` table, is written to the question's store row
 (the one record of its state: a restarted question resumes from that row), and
 is logged. A terminal question tells the Router (which keeps the table of open
 questions) and its QuestionSupervisor, and stops itself.
+
+Questions are many and mostly idle, so they hold no thread: each runs its
+turns on the shared dispatcher (actors/dispatch.py) and its deadline is one
+entry in the shared timer service (actors/timers.py).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from coms_hermes_bridge.actors.base import Child, utc_now
+from coms_hermes_bridge.actors.base import PooledChild, utc_now
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.timers import TimerHandle, TimerService, shared_timers
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
@@ -47,7 +51,7 @@ from coms_hermes_bridge.messages.contract import (
 from coms_hermes_bridge.messages.model import Event, State
 
 
-class QuestionActor(Child):
+class QuestionActor(PooledChild):
     """Owns one qid's state and timer; everything else it asks of others by message."""
 
     def __init__(
@@ -66,6 +70,7 @@ class QuestionActor(Child):
         store: Store | None = None,
         now: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.time,
+        timers: TimerService | None = None,
     ) -> None:
         super().__init__(name, supervisor)
         self.spec = spec
@@ -81,13 +86,17 @@ class QuestionActor(Child):
         self.store = store
         self.now = now
         self.clock = clock
-        self._timer: threading.Timer | None = None
+        # the timers must read the same clock as the deadline was set on
+        self.timers = timers if timers is not None else (
+            shared_timers() if clock is time.time else TimerService(clock)
+        )
+        self._timer: TimerHandle | None = None
 
     # -- life ---------------------------------------------------------------
 
     def begin(self) -> None:
-        # The Supervisor requests the question's delivery itself, in arrival
-        # order; the question's threads start in no particular order.
+        # The Router requests the question's delivery itself, in arrival
+        # order; the questions' first turns come in no promised order.
         if self.state is None:
             if not self._move("question_received", {"from": self.spec.prompt.sender_name}):
                 return
@@ -104,11 +113,8 @@ class QuestionActor(Child):
 
     def _arm_timer(self) -> None:
         """Fire at the question's absolute deadline, so a restart keeps the clock running."""
-        # threading.Timer cannot wait longer than TIMEOUT_MAX; such a deadline never comes
-        remaining = min(max(0.0, self.spec.deadline - self.clock()), threading.TIMEOUT_MAX)
-        self._timer = threading.Timer(remaining, self.me.tell, args=(TimedOut(),))
-        self._timer.daemon = True
-        self._timer.start()
+        me = self.me
+        self._timer = self.timers.at(self.spec.deadline, lambda: me.tell(TimedOut()))
 
     # -- messages -----------------------------------------------------------
 

@@ -38,6 +38,10 @@ from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps
 
 SCHEMA_VERSION = 3
 CLOSED_MEMORY = 1000
+# The closed table is trimmed back to CLOSED_MEMORY once per this many closes
+# (and at every start), not on every close: it holds at most the sum.
+CLOSED_TRIM_BATCH = 100
+_SEQ_TABLES = ("open_questions", "closed_questions", "outbox", "notes")
 
 _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
@@ -259,6 +263,13 @@ class Store:
         self.path = path
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
+        # The next `seq` of each table, kept here so that no write scans a table
+        # for MAX(seq) (none of them is indexed on it); one daemon owns the file.
+        self._seq = {
+            table: int(conn.execute(f"SELECT COALESCE(MAX(seq), 0) FROM {table}").fetchone()[0])
+            for table in _SEQ_TABLES
+        }
+        self._closed_since_trim = 0
 
     @classmethod
     def open(cls, path: Path) -> Store:
@@ -300,6 +311,11 @@ class Store:
                 conn.rollback()
                 raise
 
+    def _next_seq(self, table: str) -> int:
+        """The next number in `table`'s order (under the lock; a rolled-back one leaves a gap)."""
+        self._seq[table] += 1
+        return self._seq[table]
+
     def put_open(self, spec: QuestionSpec, owner: str | None = None) -> None:
         """Record a question as open.
 
@@ -311,8 +327,7 @@ class Store:
             conn.execute(
                 "INSERT INTO open_questions"
                 " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner)"
-                " VALUES (?, ?, ?, ?, ?, ?,"
-                "  (SELECT COALESCE(MAX(seq), 0) + 1 FROM open_questions), ?)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
                 "  deadline = excluded.deadline, state = excluded.state,"
@@ -324,6 +339,7 @@ class Store:
                     float(spec.timeout_ms),
                     float(spec.deadline),
                     spec.state,
+                    self._next_seq("open_questions"),
                     owner,
                 ),
             )
@@ -363,7 +379,8 @@ class Store:
         One transaction, so a crash can never leave a question both open and
         closed, or neither. None (delivery failed) leaves no closed row: the
         human never saw the question, so no answer to it can arrive late.
-        Only the newest CLOSED_MEMORY closed qids are kept, bounding the file.
+        Only the newest CLOSED_MEMORY closed qids are kept (trimmed every
+        CLOSED_TRIM_BATCH closes and at start), bounding the file.
 
         `response` is what the asker is now owed: it goes to the outbox in the
         same transaction, and leaves it only when `sent` says it was handed
@@ -386,13 +403,14 @@ class Store:
             if response is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
-                    " VALUES (?, ?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM outbox))",
+                    " VALUES (?, ?, ?, ?, ?, ?)",
                     (
                         qid,
                         owner or "",
                         response.prompt.to_json(),
                         dumps(response.response),
                         response.error,
+                        self._next_seq("outbox"),
                     ),
                 )
             if note is not None:
@@ -405,24 +423,30 @@ class Store:
                 consumed = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
                 "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
-                " VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM closed_questions), ?)",
-                (qid, state, consumed),
+                " VALUES (?, ?, ?, ?)",
+                (qid, state, self._next_seq("closed_questions"), consumed),
             )
-            conn.execute(
-                "DELETE FROM closed_questions WHERE seq NOT IN"
-                " (SELECT seq FROM closed_questions ORDER BY seq DESC LIMIT ?)",
-                (CLOSED_MEMORY,),
-            )
+            self._closed_since_trim += 1
+            if self._closed_since_trim >= CLOSED_TRIM_BATCH:
+                self._trim_closed(conn)
         return True
 
-    @staticmethod
-    def _owe_note(conn: sqlite3.Connection, note: SendText) -> None:
+    def _trim_closed(self, conn: sqlite3.Connection) -> None:
+        """Keep the newest CLOSED_MEMORY closed qids (a sort of at most CLOSED_TRIM_BATCH more)."""
+        conn.execute(
+            "DELETE FROM closed_questions WHERE seq NOT IN"
+            " (SELECT seq FROM closed_questions ORDER BY seq DESC LIMIT ?)",
+            (CLOSED_MEMORY,),
+        )
+        self._closed_since_trim = 0
+
+    def _owe_note(self, conn: sqlite3.Connection, note: SendText) -> None:
         if note.note_id is None:
             raise ValueError("a note kept in the store needs a note_id")
         conn.execute(
             "INSERT OR REPLACE INTO notes (id, qid, purpose, text, seq)"
-            " VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM notes))",
-            (note.note_id, note.qid, note.purpose, note.text),
+            " VALUES (?, ?, ?, ?, ?)",
+            (note.note_id, note.qid, note.purpose, note.text, self._next_seq("notes")),
         )
 
     def owe_note(self, note: SendText) -> None:
@@ -531,6 +555,7 @@ class Store:
         must not keep the daemon from resuming all the others.
         """
         with self._transaction() as conn:
+            self._trim_closed(conn)
             specs: list[QuestionSpec] = []
             bad_open: list[Any] = []
             for qid, prompt, parsed, timeout_ms, deadline, state in conn.execute(

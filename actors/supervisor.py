@@ -24,7 +24,6 @@ driven by messages, so it is tested with fake children and a fake clock.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from typing import Any, Literal
 import pykka
 
 from coms_hermes_bridge.actors.base import Slot, is_resource_shortage, report
+from coms_hermes_bridge.actors.timers import shared_timers
 from coms_hermes_bridge.messages.commands import Address, ChildFailed, RestartChild, UnknownMessage
 
 Restart = Literal["permanent", "transient", "temporary"]
@@ -47,11 +47,8 @@ BACKOFF_MAX_S = 30.0
 
 
 def timer_schedule(delay: float, action: Callable[[], None]) -> Callable[[], None]:
-    """The default scheduler: one daemon timer thread per pending restart (there are few)."""
-    timer = threading.Timer(delay, action)
-    timer.daemon = True
-    timer.start()
-    return timer.cancel
+    """The default scheduler: the process's one timer service (actors/timers.py)."""
+    return shared_timers().schedule(delay, action)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from coms_hermes_bridge.actors.question_supervisor import QuestionSupervisor
 from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor
+from coms_hermes_bridge.actors.timers import TimerService, shared_timers
 from coms_hermes_bridge.actors.watcher import WatcherActor
 from coms_hermes_bridge.messages.commands import (
     Address,
@@ -95,6 +96,8 @@ def start_tree(
     tree = Tree(root=None, slots=slots)  # type: ignore[arg-type]  # set below
     c = config
     run_tag = identity.session_id[-8:]
+    # every question's deadline on one heap and one thread, read on the questions' clock
+    timers = shared_timers() if clock is time.time else TimerService(clock)
 
     def logger(sup: Address, n: int) -> pykka.ActorRef[Any]:
         return LoggerActor.start(supervisor=sup, log_path=c.log_path)
@@ -126,6 +129,7 @@ def start_tree(
             store=store,
             now=now,
             clock=clock,
+            timers=timers,
         )
 
     def questions(sup: Address, n: int) -> pykka.ActorRef[Any]:

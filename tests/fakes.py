@@ -149,3 +149,12 @@ class FakeSchedule:
 
     def fire(self) -> None:
         self._actions.pop(0)()
+
+
+def thread_count() -> int:
+    """The process's OS threads, as the kernel counts them (/proc/self/status)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads line in /proc/self/status")

@@ -13,8 +13,10 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.base import Slot
+from coms_hermes_bridge.actors.dispatch import DEFAULT_THREADS
 from coms_hermes_bridge.actors.question import QuestionActor
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.timers import TimerService
 from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
     CancelRequested,
@@ -34,7 +36,7 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import Late, parse_prompt
 from coms_hermes_bridge.messages.model import AnswerFile, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope
-from tests.fakes import FakeRef, wait_for
+from tests.fakes import FakeClock, FakeRef, thread_count, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -352,4 +354,70 @@ def test_the_note_is_owed_in_the_closing_transaction(
     assert store.owed_notes() == [note]
     store.note_sent(note.note_id or "")
     assert store.owed_notes() == []
+    store.shutdown()
+
+
+def test_timer_fires_at_the_absolute_deadline_across_a_restart() -> None:
+    # C16, issue 14.2: one timer service; a restarted question keeps its deadline
+    clock = FakeClock()
+    timers = TimerService(clock)
+    spec = QuestionSpec(
+        qid=QID, prompt=PROMPT, parsed=parse_prompt(PROMPT), timeout_ms=100_000.0,
+        deadline=clock.now + 100, state="delivered",
+    )
+    fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
+                                      "watcher")}
+
+    def run(name: str) -> tuple[pykka.ActorRef[Any], Slot]:
+        slot = Slot(name)
+        ref = QuestionActor.start(spec=spec, me=slot, target="telegram", name=name,
+                                  now=lambda: NOW, clock=clock, timers=timers, **fakes)
+        slot.bind(ref)
+        return ref, slot
+
+    first, _ = run("question:x:1")
+    wait_for(lambda: len(timers) == 1, what="the first timer set")
+    clock.now += 60
+    first.stop()
+    assert len(timers) == 0  # released with the actor
+    run("question:x:2")  # the restart: same stored deadline
+    wait_for(lambda: len(timers) == 1, what="the second timer set")
+    clock.now += 39.9
+    fakes["logger"].quiet(1.3)  # the service looks at the clock at least once a second
+    clock.now += 0.1
+    assert fakes["logger"].expect(LogEvent).record.event == "timeout"
+    assert fakes["peer"].expect(SendResponse).error == "no remote answer within 100000ms"
+
+
+def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None:
+    # issue 14.1: every question an actor with its own mailbox and deadline, yet the
+    # thread count stays flat (<= 40 for the process, as /proc/self/status counts)
+    store = Store.open(tmp_path / "state.sqlite3")
+    fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
+                                      "watcher")}
+    timers = TimerService()
+    before = thread_count()
+    slots = []
+    for i in range(2000):
+        qid = f"01ARZ3NDEKTSV4RRFFQ{i:07d}"
+        spec = QuestionSpec(qid=qid, prompt=PROMPT, parsed=parse_prompt(PROMPT),
+                            timeout_ms=600_000.0, deadline=time.time() + 600, state=None)
+        store.put_open(spec, owner=f"question:x:{i}")
+        slot = Slot(qid)
+        ref = QuestionActor.start(spec=spec, me=slot, target="telegram",
+                                  name=f"question:x:{i}", store=store, now=lambda: NOW,
+                                  timers=timers, **fakes)
+        slot.bind(ref)
+        slots.append((qid, slot))
+    for qid, slot in slots:
+        slot.tell(Delivered(qid))
+    delivered = 0
+    while delivered < 2000:
+        if fakes["logger"].expect(LogEvent, timeout=30).record.event == "delivered":
+            delivered += 1
+    assert len(timers) == 2000  # every question holds its own deadline
+    assert sum(1 for _, slot in slots if slot.ref is not None and slot.ref.is_alive()) == 2000
+    after = thread_count()
+    assert after <= 40, after
+    assert after - before <= DEFAULT_THREADS + 1  # the pool and the timer thread, if new
     store.shutdown()

@@ -1,0 +1,244 @@
+"""Many actors, few threads: a pykka actor whose turns run on a shared pool.
+
+A `PooledActor` is a pykka actor in every way its callers can see: it has its
+own mailbox, its own state, an `ActorRef` for `tell`/`ask`/`stop`, a place in
+the `ActorRegistry`, and `on_start`/`on_stop`/`on_failure` with the meaning
+they have for `pykka.ThreadingActor`. What differs is where its code runs.
+A ThreadingActor owns an OS thread that blocks on its mailbox; with thousands
+of open questions that is thousands of sleeping threads, and waking one gets
+slower as they pile up. A PooledActor's mailbox instead asks a `Dispatcher`
+(a few worker threads shared by many actors, as Akka's dispatchers are) to
+run the actor for one turn whenever it holds a message and is not already
+scheduled. A turn handles up to `throughput` messages, in mailbox order, and
+gives the thread back, so a busy actor cannot starve the others.
+
+The guarantees are the ones an actor needs: one turn at a time per actor
+(the mailbox is in the pool's ready queue, or being run, at most once), its
+messages handled in the order they were put, `on_start` before the first
+message, and after a failure or a stop nothing more of its code runs; what
+was still in its mailbox stays readable there (`actor_inbox.empty()/get()`),
+so a supervised actor can hand it over from `on_failure`, as it does on a
+thread of its own. Turns must not block for long: they share the pool.
+
+pykka internals relied on (pinned in setup.cfg, exercised by
+tests/test_dispatch.py): the `ActorInbox` protocol (`put`, `get`, `empty`);
+`Actor._create_actor_inbox`, `_create_future` and `_start_actor_loop`, the
+three hooks pykka leaves for new runtimes; `Actor._actor_loop_setup`,
+`_actor_loop_teardown`, `_handle_receive`, `_handle_failure` and `_stop`;
+`pykka._envelope.Envelope` (`message`, `reply_to`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pykka
+from pykka import ActorRegistry, ThreadingFuture
+
+if TYPE_CHECKING:
+    from pykka._actor import ActorInbox
+    from pykka._envelope import Envelope
+
+__all__ = ["DEFAULT_THREADS", "Dispatcher", "PooledActor", "shared_dispatcher"]
+
+DEFAULT_THREADS = 4
+DEFAULT_THROUGHPUT = 8
+
+
+class Dispatcher:
+    """A fixed set of worker threads running actor turns from one ready queue.
+
+    Threads start on first use and are daemon threads, as the actors' own
+    threads are: a wedged turn must not keep the process from exiting. The
+    ready queue holds at most one entry per actor, so it is bounded by the
+    number of live actors.
+    """
+
+    def __init__(self, threads: int = DEFAULT_THREADS, name: str = "dispatch") -> None:
+        if threads < 1:
+            raise ValueError("a dispatcher needs at least one thread")
+        self.size = threads
+        self.name = name
+        self._ready: deque[PoolInbox] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, inbox: PoolInbox) -> None:
+        """Queue one turn for the actor behind `inbox` (its caller made sure it is not queued)."""
+        with self._cond:
+            if not self._threads:
+                self._start_threads()
+            self._ready.append(inbox)
+            self._cond.notify()
+
+    def _start_threads(self) -> None:
+        for i in range(self.size):
+            thread = threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._ready:
+                    self._cond.wait()
+                inbox = self._ready.popleft()
+            try:
+                inbox.run_turn()
+            except BaseException as exc:  # a bug in the turn machinery itself; keep the worker
+                from coms_hermes_bridge.actors.base import report  # base imports this module
+
+                report(f"{self.name}: a turn failed outside its actor: {exc!r}")
+
+    @property
+    def threads(self) -> int:
+        """How many worker threads are running (0 until first use)."""
+        with self._cond:
+            return len(self._threads)
+
+
+_SHARED: Dispatcher | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_dispatcher() -> Dispatcher:
+    """The process's default pool, made on first use."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = Dispatcher(DEFAULT_THREADS, "questions")
+        return _SHARED
+
+
+class PoolInbox:
+    """An actor's mailbox that schedules a turn on its dispatcher when it has mail.
+
+    `get` never blocks: the actor only reads when a turn runs, or when it
+    drains what is left at failure or stop. Putting is never refused (as
+    pykka's unbounded queue), so a `tell` does not block its caller.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[Envelope[Any]] = deque()
+        self._actor: PooledActor | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._scheduled = False
+
+    def attach(self, actor: PooledActor, dispatcher: Dispatcher) -> None:
+        """Start running `actor` (its on_start comes first, in the first turn)."""
+        with self._lock:
+            self._actor = actor
+            self._dispatcher = dispatcher
+            self._scheduled = True
+        dispatcher.submit(self)
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        with self._lock:
+            self._queue.append(envelope)
+            if self._scheduled or self._dispatcher is None:
+                return
+            self._scheduled = True
+            dispatcher = self._dispatcher
+        dispatcher.submit(self)
+
+    def get(self) -> Envelope[Any]:
+        with self._lock:
+            return self._queue.popleft()  # IndexError if empty: callers check empty() first
+
+    def take(self) -> Envelope[Any] | None:
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._queue
+
+    def qsize(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def run_turn(self) -> None:
+        """Run the actor once; then schedule it again if mail came, or mark it idle."""
+        actor = self._actor
+        assert actor is not None and self._dispatcher is not None
+        actor._turn()  # the inbox is the actor's own runtime
+        with self._lock:
+            if not self._queue:
+                self._scheduled = False
+                return
+        self._dispatcher.submit(self)  # still marked scheduled: nobody else submits it
+
+
+class PooledActor(pykka.Actor):
+    """A pykka actor that runs on a `Dispatcher` instead of a thread of its own.
+
+    `dispatcher` picks the pool (the shared one by default); `throughput` is
+    how many messages one turn may handle before the thread goes to another
+    actor.
+    """
+
+    dispatcher: ClassVar[Dispatcher | None] = None
+    throughput: ClassVar[int] = DEFAULT_THROUGHPUT
+
+    _started = False
+
+    @staticmethod
+    def _create_actor_inbox() -> ActorInbox:
+        return PoolInbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return ThreadingFuture()
+
+    def _start_actor_loop(self) -> None:
+        inbox = self.actor_inbox
+        assert isinstance(inbox, PoolInbox)
+        inbox.attach(self, self.dispatcher or shared_dispatcher())
+
+    def _turn(self) -> None:
+        """One turn: on_start the first time, then up to `throughput` messages.
+
+        Mirrors pykka's ThreadingActor loop message for message, so the hooks
+        keep their meaning: an exception from an ask goes to its caller, one
+        from a tell stops the actor and calls on_failure, a BaseException stops
+        every actor. Once stopped, what is left is torn down as pykka does
+        (asks get ActorDeadError, a late stop is answered), also for mail that
+        comes after the stop.
+        """
+        inbox = self.actor_inbox
+        assert isinstance(inbox, PoolInbox)
+        if not self._started:
+            self._started = True
+            self._actor_loop_setup()
+        for _ in range(self.throughput):
+            if self.actor_stopped.is_set():
+                break
+            envelope = inbox.take()
+            if envelope is None:
+                break
+            self._handle_envelope(envelope)
+        if self.actor_stopped.is_set():
+            self._actor_loop_teardown()
+
+    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:
+            self._stop()
+            # never block a pool thread on other pooled actors' stops
+            ActorRegistry.stop_all(block=False)

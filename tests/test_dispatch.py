@@ -1,0 +1,268 @@
+"""The dispatcher: pooled pykka actors keep every promise a thread-per-actor gives (issue 14.1)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+import pykka
+import pytest
+
+from coms_hermes_bridge.actors.base import PooledChild
+from coms_hermes_bridge.actors.dispatch import Dispatcher, PooledActor, PoolInbox
+from coms_hermes_bridge.messages.commands import ChildFailed
+from tests.fakes import FakeRef, thread_count, wait_for
+
+
+class Recorder(PooledActor):
+    """Records what it handles, with the thread and a concurrency check."""
+
+    dispatcher = Dispatcher(3, "test-dispatch")
+
+    def __init__(self, log: list[Any], busy: float = 0.0) -> None:
+        super().__init__()
+        self.log = log
+        self.busy = busy
+        self.inside = 0
+        self.overlaps = 0
+        self.threads: set[str] = set()
+        self.events: list[str] = []
+
+    def on_start(self) -> None:
+        self.events.append("start")
+
+    def on_stop(self) -> None:
+        self.events.append("stop")
+        self.log.append(("stopped", self.events))
+
+    def on_receive(self, message: Any) -> Any:
+        self.inside += 1
+        if self.inside > 1:
+            self.overlaps += 1
+        self.threads.add(threading.current_thread().name)
+        if self.busy:
+            time.sleep(self.busy)
+        self.events.append(f"msg:{message}")
+        self.log.append(message)
+        self.inside -= 1
+        if message == "boom":
+            raise ValueError("boom")
+        return ("echo", message)
+
+    def report(self) -> tuple[int, set[str], list[str]]:
+        return self.overlaps, set(self.threads), list(self.events)
+
+
+def test_messages_are_handled_in_mailbox_order_one_at_a_time() -> None:
+    # issue 14.1: ordering per actor, one turn at a time per actor
+    logs: list[list[Any]] = [[] for _ in range(20)]
+    refs = [Recorder.start(logs[i], busy=0.0005) for i in range(20)]
+    senders = []
+    for k in range(3):
+        def send(k: int = k) -> None:
+            for n in range(100):
+                for ref in refs:
+                    ref.tell((k, n))
+        senders.append(threading.Thread(target=send))
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    wait_for(lambda: all(len(log) == 300 for log in logs), timeout=30, what="all handled")
+    for ref, log in zip(refs, logs, strict=True):
+        for k in range(3):
+            assert [m for m in log if m[0] == k] == [(k, n) for n in range(100)]
+        overlaps, threads, events = ref.proxy().report().get(timeout=5)
+        assert overlaps == 0
+        assert events[0] == "start"
+        assert threads <= {f"test-dispatch-{i}" for i in range(3)}
+    # the pool was shared: 20 actors, 3 threads, and more than one of them did work
+    assert Recorder.dispatcher is not None and Recorder.dispatcher.threads == 3
+
+
+def test_ask_tell_stop_and_registry() -> None:
+    log: list[Any] = []
+    ref = Recorder.start(log)
+    assert ref in pykka.ActorRegistry.get_by_class(Recorder)
+    assert pykka.ActorRegistry.get_by_urn(ref.actor_urn) is ref
+    ref.tell("a")
+    assert ref.ask("b", timeout=5) == ("echo", "b")
+    assert ref.proxy().on_receive("c").get(timeout=5) == ("echo", "c")
+    assert ref.stop(timeout=5) is True
+    assert not ref.is_alive()
+    assert ref not in pykka.ActorRegistry.get_all()
+    assert log[:3] == ["a", "b", "c"]
+    assert log[3] == ("stopped", ["start", "msg:a", "msg:b", "msg:c", "stop"])
+    with pytest.raises(pykka.ActorDeadError):
+        ref.tell("late")
+    assert ref.stop(timeout=5) is False  # already dead
+
+
+def test_messages_told_before_stop_are_handled_then_later_asks_fail() -> None:
+    log: list[Any] = []
+    ref = Recorder.start(log, busy=0.01)
+    for i in range(5):
+        ref.tell(i)
+    stopped = ref.stop(block=False)
+    assert stopped.get(timeout=5) is True
+    assert log[:5] == [0, 1, 2, 3, 4]
+    # an ask that slipped into the mailbox after the stop gets ActorDeadError, not silence
+    future = ref.actor_class._create_future()
+    from pykka._envelope import Envelope
+
+    ref.actor_inbox.put(Envelope("after", reply_to=future))
+    with pytest.raises(pykka.ActorDeadError):
+        future.get(timeout=5)
+
+
+def test_an_ask_that_raises_goes_back_to_the_caller_and_the_actor_lives_on() -> None:
+    log: list[Any] = []
+    ref = Recorder.start(log)
+    with pytest.raises(ValueError, match="boom"):
+        ref.ask("boom", timeout=5)
+    assert ref.ask("next", timeout=5) == ("echo", "next")
+
+
+class Failing(PooledActor):
+    """Fails on 'boom'; its on_failure reads what is left in its mailbox (the hand-over)."""
+
+    dispatcher = Dispatcher(2, "test-failing")
+
+    def __init__(self, out: FakeRef, gate: threading.Event) -> None:
+        super().__init__()
+        self.out = out
+        self.gate = gate
+
+    def on_receive(self, message: Any) -> None:
+        if message == "boom":
+            self.gate.wait(5)  # let the test queue more mail behind the fatal message
+            raise RuntimeError("boom")
+        self.out.tell(("handled", message))
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        unread = []
+        while not self.actor_inbox.empty():
+            unread.append(self.actor_inbox.get().message)
+        self.out.tell(("failed", str(exception_value), self.actor_stopped.is_set(), unread))
+
+    def on_stop(self) -> None:
+        self.out.tell("on_stop")
+
+
+def test_on_failure_runs_once_dead_with_the_unread_mailbox_drainable() -> None:
+    # as pykka's ThreadingActor: a tell that raises stops the actor (unregistered,
+    # stopped) and calls on_failure, not on_stop; the unread mail can be handed over
+    out = FakeRef()
+    gate = threading.Event()
+    ref = Failing.start(out, gate)
+    ref.tell(1)
+    ref.tell("boom")
+    assert out.next() == ("handled", 1)
+    ref.tell(2)
+    ref.tell(3)
+    gate.set()
+    assert out.next() == ("failed", "boom", True, [2, 3])
+    out.quiet(0.2)  # no on_stop, nothing handled after the failure
+    assert not ref.is_alive()
+    assert ref not in pykka.ActorRegistry.get_all()
+
+
+class FailsToStart(PooledActor):
+    dispatcher = Dispatcher(1, "test-start")
+
+    def __init__(self, out: FakeRef) -> None:
+        super().__init__()
+        self.out = out
+
+    def on_start(self) -> None:
+        raise RuntimeError("no start")
+
+    def on_receive(self, message: Any) -> None:
+        self.out.tell(message)
+
+
+def test_on_start_failure_stops_the_actor_before_any_message() -> None:
+    out = FakeRef()
+    ref = FailsToStart.start(out)
+    ref.tell("never")
+    wait_for(lambda: not ref.is_alive(), what="stopped")
+    out.quiet(0.2)
+
+
+class PooledQuestion(PooledChild):
+    """A supervised pooled actor, as the QuestionActors are."""
+
+    dispatcher = Dispatcher(2, "test-child")
+
+    def __init__(self, name: str, supervisor: FakeRef, gate: threading.Event) -> None:
+        super().__init__(name, supervisor)
+        self.gate = gate
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+    def on_receive(self, message: Any) -> None:
+        if message == "boom":
+            self.gate.wait(5)
+            raise RuntimeError("boom")
+
+
+def test_a_pooled_child_hands_its_unread_mailbox_to_its_supervisor() -> None:
+    supervisor = FakeRef("supervisor")
+    gate = threading.Event()
+    ref = PooledQuestion.start("q.1", supervisor, gate)
+    ref.tell("boom")
+    ref.tell("x")
+    ref.tell("y")
+    gate.set()
+    failed = supervisor.expect(ChildFailed)
+    assert failed.child == "q.1"
+    assert failed.error == "RuntimeError: boom"
+    assert failed.unread == ("x", "y")
+
+
+def test_thread_count_stays_flat_with_thousands_of_actors() -> None:
+    # issue 14.1: 3,000 live actors, each handling mail, on the same few threads
+    before = thread_count()
+    logs: list[list[Any]] = [[] for _ in range(3000)]
+    refs = [Recorder.start(log) for log in logs]
+    for ref in refs:
+        ref.tell("hello")
+    wait_for(lambda: all(log == ["hello"] for log in logs), timeout=30, what="all handled")
+    assert thread_count() <= before + 3
+    for ref in refs:
+        ref.stop(block=False)
+    wait_for(lambda: not any(ref.is_alive() for ref in refs), timeout=30, what="all stopped")
+
+
+def test_a_busy_actor_does_not_starve_the_others() -> None:
+    # a turn handles at most `throughput` messages, then the thread serves other actors
+    class Single(Recorder):
+        dispatcher = Dispatcher(1, "test-single")
+        throughput = 2
+
+    busy_log: list[Any] = []
+    busy = Single.start(busy_log, busy=0.002)
+    for i in range(200):
+        busy.tell(i)
+    other_log: list[Any] = []
+    other = Single.start(other_log)
+    other.tell("me")
+    wait_for(lambda: other_log == ["me"], what="the other actor's turn")
+    assert len(busy_log) < 200
+    wait_for(lambda: len(busy_log) == 200, timeout=10, what="the busy actor done")
+
+
+def test_the_inbox_is_pykkas_mailbox_protocol() -> None:
+    inbox = PoolInbox()
+    assert inbox.empty()
+    with pytest.raises(IndexError):
+        inbox.get()
