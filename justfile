@@ -2,6 +2,13 @@
 
 set positional-arguments
 
+# List the recipes (a bare `just` must not start the daemon).
+default:
+    @"{{just_executable()}}" --justfile "{{justfile()}}" --list
+
+# Signal the daemon, not just: just itself ends with 128 + a signal it receives
+# (`scripts/dev run` execs the daemon, so there the status is always the daemon's).
+
 # Launch the daemon (the user-remote coms peer); flags go to coms-hermes-bridge.
 run *args: venv
     @exec .venv/bin/coms-hermes-bridge "$@"
@@ -15,8 +22,9 @@ check: venv
     .venv/bin/ruff check coms_hermes_bridge actors messages scripts tests
     .venv/bin/mypy --strict coms_hermes_bridge $(ls scripts/*.py 2>/dev/null)
 
-# Install and enable the systemd user service for one coms project:
-#   just install-service PROJECT --to telegram:<chat_id> [daemon flags] [--bin PATH] [--no-enable]
+# just install-service PROJECT --to telegram:<chat_id> [daemon flags] [--bin PATH] [--no-enable]
+
+# Install and enable the systemd user service for one coms project (docs/operations.md).
 install-service project *flags: venv
     @.venv/bin/python scripts/install_service.py "$@"
 

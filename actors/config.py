@@ -67,11 +67,39 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+HELP_EPILOG = f"""\
+operator's commands (the same program, first word):
+  status [--project P] [--json]       open and recently closed questions
+  answer QID TEXT... [--project P] [--by NAME]
+                                      answer an open question by hand
+  cancel QID [--project P]            close an open question as its asker's console would
+  (coms-hermes-bridge status --help, and so on, for each)
+
+environment:
+  HOME                     the bridge's files: ~/.pi/coms/hermes-bridge/ (questions/, log, state)
+  PI_COMS_DIR              the coms root: registry and sockets (default: ~/.pi/coms)
+  PI_COMS_TIMEOUT_MS       per-question timeout when --timeout is not given (default: 1800000)
+  PATH                     where `hermes` is found
+  NOTIFY_SOCKET            systemd's notify socket (Type=notify): READY=1, WATCHDOG=1, STOPPING=1
+  WATCHDOG_USEC, WATCHDOG_PID
+                           systemd's watchdog (WatchdogSec=): pinged at half the interval
+  JOURNAL_STREAM           set by systemd: stderr lines then carry journald priorities
+  {HEARTBEAT_ENV}
+                           registry heartbeat interval in ms (default: 30000; tests and drills)
+  COMS_HERMES_BRIDGE_DEBUG any value: actor tracebacks on stderr
+
+signals: SIGTERM/SIGINT stop cleanly (exit 0); SIGUSR1 writes every thread's stack to stderr.
+exit status: 0 after SIGTERM/SIGINT, 1 on a bad command line or when the daemon gives up.
+"""
+
+
 def _parser() -> _Parser:
     p = _Parser(
         prog="coms-hermes-bridge",
         description="Join the coms pool as the remote human: ask via `hermes send`, "
         "answer from the Hermes gateway's answer files.",
+        epilog=HELP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     p.add_argument("--name", default=DEFAULT_NAME, help="peer name (default: user-remote)")

@@ -142,13 +142,19 @@ class Bridge:
         return env
 
     def start(
-        self, *args: str, wait: bool = True, preexec: Callable[[], None] | None = None, **env: str
+        self,
+        *args: str,
+        wait: bool = True,
+        preexec: Callable[[], None] | None = None,
+        command: tuple[str, ...] = (sys.executable, "-m", "coms_hermes_bridge"),
+        **env: str,
     ) -> Bridge:
-        """`preexec` runs in the child before the daemon starts (e.g. a umask, an rlimit)."""
+        """`preexec` runs in the child before the daemon starts (e.g. a umask, an rlimit);
+        `command` is what starts the daemon (e.g. `scripts/dev run`)."""
         if "--project" in args:  # readiness is the entry in the project's registry (W2, W7)
             self.project = args[list(args).index("--project") + 1]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coms_hermes_bridge", *args],
+            [*command, *args],
             cwd=str(ROOT),
             env=self.env(**env),
             preexec_fn=preexec,

@@ -19,7 +19,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.service import ServiceLink
-from tests.bridge_process import Bridge
+from tests.bridge_process import ROOT, Bridge
 from tests.fakes import wait_for
 
 
@@ -210,3 +210,36 @@ def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
     assert "SIGUSR1: stacks of every thread follow" in " ".join(bridge.stderr_lines)
     assert bridge.ping()["type"] == "pong"
     assert bridge.signal() == 0
+
+
+def test_scripts_dev_run_ends_with_the_daemons_own_status(bridge: Bridge) -> None:
+    # issue 11.5: `scripts/dev run` becomes the daemon (exec), so SIGTERM to what was
+    # started is SIGTERM to the daemon, and its exit 0 is the status (not just's 143)
+    bridge.start(command=(str(ROOT / "scripts" / "dev"), "run"))
+    assert bridge.proc is not None and bridge.entry["pid"] == bridge.proc.pid
+    assert bridge.signal(signal.SIGTERM, timeout=10) == 0
+    assert bridge.stderr_lines[-1] == "coms-hermes-bridge: info: stopping on SIGTERM (exit 0)"
+
+
+def test_scripts_dev_without_a_recipe_lists_them(bridge: Bridge) -> None:
+    # issue 11.5: no argument prints the recipes instead of starting the daemon
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "dev")], capture_output=True, text=True, timeout=120,
+        env=bridge.env(), stdin=subprocess.DEVNULL, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "usage: scripts/dev <recipe> [args...]"
+    recipes = {line.split()[0] for line in lines[2:] if line.startswith("    ")}
+    assert {"run", "test", "check", "install-service"} <= recipes
+    assert not bridge.coms.exists()  # nothing was started or registered
+
+
+def test_help_lists_the_environment_the_daemon_reads(bridge: Bridge) -> None:
+    # issue 11.5
+    done = bridge.run("--help")
+    assert done.returncode == 0
+    for name in ("HOME", "PI_COMS_DIR", "PI_COMS_TIMEOUT_MS", "NOTIFY_SOCKET", "WATCHDOG_USEC",
+                 "JOURNAL_STREAM", "COMS_HERMES_BRIDGE_HEARTBEAT_MS", "COMS_HERMES_BRIDGE_DEBUG"):
+        assert f"\n  {name}" in done.stdout, name
+    assert "status [--project P] [--json]" in done.stdout and "SIGUSR1" in done.stdout
