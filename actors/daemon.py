@@ -2,7 +2,7 @@
 
 The main thread does three things only: validate the command line, install
 the shutdown handlers (before anything is published, W7), and wait. The
-Supervisor does the rest; a fatal supervision verdict or SIGTERM/SIGINT wakes
+supervision tree (actors/tree.py) does the rest; a fatal supervision verdict or SIGTERM/SIGINT wakes
 the main thread, which stops the tree (the Peer first, so the registry entry
 and socket go away, W8) and exits 0, or 1 when the daemon gave up.
 """
@@ -30,7 +30,7 @@ SHUTDOWN_BUDGET_S = 1.5
 
 
 def _quiet_pykka() -> None:
-    """Crashes are reported in one line by the Supervisor; tracebacks only on request."""
+    """Crashes are reported in one line by the supervisors; tracebacks only on request."""
     if os.environ.get("COMS_HERMES_BRIDGE_DEBUG"):
         logging.basicConfig(level=logging.DEBUG)
     else:
@@ -112,7 +112,7 @@ def run(config: BridgeConfig) -> int:
         report("shutdown took too long; exiting anyway", "warning")
     except pykka.ActorDeadError:
         pass
-    # If the Supervisor died, its children are still up: the Peer at least must
+    # If the root supervisor died, its children are still up: the Peer at least must
     # take its registry entry and socket with it (W8); the rest just stops.
     for peer in pykka.ActorRegistry.get_by_class(PeerActor):
         try:

@@ -143,7 +143,7 @@ class QuestionActor(PooledChild):
                         self.peer.tell(owed)
                         self.watcher.tell(RemoveAnswerFile(name, signature))
                 elif self.state is not None:
-                    # closed between the Supervisor's look and ours: a late answer (C15)
+                    # closed between the Router's look and ours: a late answer (C15)
                     late = Late(self.qid, self.state)
                     self.watcher.tell(DisposeAnswerFile(name, signature, late))
             case CancelRequested():

@@ -1,9 +1,11 @@
 """The durable record of open questions, so that none is lost when the daemon dies.
 
-The Supervisor writes here before it reports an effect done (a question
-accepted, a state reached, a question closed) and reads everything back on
-start, so a crashed or killed daemon resumes every open question where it was
-and still recognises answers to questions it closed recently (late answers).
+The actors write here before an effect is reported done (a question accepted,
+a state reached, a question closed, a response or note owed) and the Router
+reads everything back on start, so a crashed or killed daemon resumes every
+open question where it was and still recognises answers to questions it closed
+recently (late answers). Which actor writes which rows, and why the store has
+no actor of its own: docs/architecture.md.
 
 One SQLite file holds it all. SQLite gives atomic multi-row updates (closing a
 question removes it from one table and adds it to another in one step) and

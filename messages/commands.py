@@ -183,7 +183,7 @@ class AnswerFileSeen:
 
 @dataclass(frozen=True, slots=True)
 class DisposeAnswerFile:
-    """The Supervisor's verdict on a file that is not a valid answer to an open question."""
+    """The Router's verdict on a file that is not a valid answer to an open question."""
 
     name: str
     signature: FileSignature
