@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pykka
 import pytest
@@ -356,18 +356,32 @@ def test_a_factory_that_cannot_start_a_thread_backs_off(rig: Callable[..., Rig])
     root.stop()
 
 
-def test_stop_goes_in_reverse_start_order(rig: Callable[..., Rig]) -> None:
-    r = rig(("first", "second", "third"))
-    refs = [r.slots[n].ref for n in ("first", "second", "third")]
-    stopped: list[str] = []
-    for name, ref in zip(("first", "second", "third"), refs, strict=True):
-        assert ref is not None
-        threading.Thread(
-            target=lambda n=name, f=ref: (f.actor_stopped.wait(5), stopped.append(n)), daemon=True
-        ).start()
-    r.root.stop(block=True, timeout=5)
-    wait_for(lambda: len(stopped) == 3, what="all stopped")
-    assert stopped == ["third", "second", "first"]
+class StopRecorder(Recorder):
+    """Notes, in its own on_stop, that it was stopped (the root waits for each in turn)."""
+
+    stops: ClassVar[list[str]] = []
+
+    def on_stop(self) -> None:
+        StopRecorder.stops.append(self.child_name)
+
+
+def test_stop_goes_in_reverse_start_order() -> None:
+    names = ("first", "second", "third")
+    slots = {n: Slot(n) for n in names}
+
+    def factory(name: str) -> Callable[[Address, int], pykka.ActorRef[Any]]:
+        def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+            return StopRecorder.start(supervisor=sup, seen=FakeRef(), name=name, incarnation=n)
+        return start
+
+    StopRecorder.stops = []
+    root = RootSupervisor.start(
+        specs=[ChildSpec(slots[n], factory(n)) for n in names], on_fatal=lambda r: None
+    )
+    for slot in slots.values():
+        wait_for(lambda s=slot: s.ref, what=f"{slot.name} started")  # type: ignore[misc]
+    root.stop(block=True, timeout=5)
+    assert StopRecorder.stops == ["third", "second", "first"]
 
 
 # -- Delivery's hand-over ------------------------------------------------------
