@@ -141,6 +141,9 @@ def _stderr_is_journal() -> bool:
     return stream == f"{st.st_dev}:{st.st_ino}"
 
 
+_REPORT_LOCK = threading.Lock()
+
+
 def report(message: str, level: Level | None = None) -> None:
     """One operator-facing line on stderr; never raises.
 
@@ -159,7 +162,12 @@ def report(message: str, level: Level | None = None) -> None:
             line = f"{level}: {line}"
             if _stderr_is_journal():
                 prefix = f"<{_PRIORITY[level]}>"
-        print(f"{prefix}coms-hermes-bridge: {line}", file=sys.stderr, flush=True)
+        # One write of the whole line under a lock: print() writes the text and
+        # the newline separately, so two threads reporting at once (actors start
+        # side by side) could run their lines together.
+        with _REPORT_LOCK:
+            sys.stderr.write(f"{prefix}coms-hermes-bridge: {line}\n")
+            sys.stderr.flush()
     except (OSError, ValueError):
         pass
 

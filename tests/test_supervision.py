@@ -9,6 +9,7 @@ backoff are tested without waiting for them.
 from __future__ import annotations
 
 import errno
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import pytest
 from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
 from hermes_fake import FakeHermes
 
-from coms_hermes_bridge.actors.base import Slot, is_resource_shortage
+from coms_hermes_bridge.actors.base import Slot, is_resource_shortage, report
 from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.supervisor import (
     Backoff,
@@ -412,3 +413,21 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     assert question_b.expect(Delivered) == Delivered(QID_B)
     assert [argv[-1] for argv in hermes.argvs()] == ["question A", "question B"]
     root.stop()
+
+
+def test_operator_lines_from_threads_at_once_never_run_together(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # children start side by side and report at once: each line must stay whole
+    def go(n: int) -> None:
+        for i in range(300):
+            report(f"thread {n} line {i}")
+
+    threads = [threading.Thread(target=go, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1200
+    assert all(re.fullmatch(r"coms-hermes-bridge: thread \d line \d+", line) for line in lines)
