@@ -138,7 +138,7 @@ class _Client:
 
     conn: socket.socket
     deadline: float
-    buffer: bytes = b""
+    buffer: bytearray = field(default_factory=bytearray)
 
 
 _Line = bytes | type[_LineTooLarge]
@@ -343,8 +343,10 @@ class Listener:
             return
         client.buffer += chunk
         found: _Line | None
+        if chunk and b"\n" not in chunk and len(client.buffer) <= MAX_LINE:
+            return  # still mid-line: no need to look at the whole buffer again
         try:
-            found, done = _take_line(client.buffer, eof=not chunk)
+            found, done = _take_line(bytes(client.buffer), eof=not chunk)
         except _LineTooLarge:
             found, done = _LineTooLarge, True
         if not done:
@@ -650,6 +652,7 @@ class PeerActor(Child):
 
     def begin(self) -> None:
         """Listen first and publish last: the entry's appearance means "ready" (W7)."""
+        self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
         self._listener = Listener(server, self.questions, self._card, self.admit)
