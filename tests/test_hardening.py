@@ -183,4 +183,4 @@ def test_looser_private_files_are_tightened_at_start(bridge: Bridge) -> None:  #
     for path, was, now in [(bridge.bridge_dir, "0755", "0700"), (bridge.log, "0644", "0600"),
                            (state, "0666", "0600")]:
         line = f"coms-hermes-bridge: {path} was mode {was}; tightened to {now}"
-        wait_for(lambda line=line: line in bridge.stderr_lines, what=line)
+        wait_for(lambda line=line: line in bridge.stderr_lines, what=f"{line} in {bridge.stderr_lines}")
