@@ -82,7 +82,10 @@ REPLY_GRACE_S = 5.0  # for writing the reply once the line is in
 MAX_CONNECTIONS = 64
 HANDLER_THREADS = 8
 RESPONSE_THREADS = 4
-RESPONSE_QUEUE = 4096  # responses waiting to be sent, retries included
+# Responses waiting to be sent, retries included: room for every question the
+# daemon may hold open (--max-open, 10,000 by default) to be answered at once,
+# plus as many owed from the last run.
+RESPONSE_QUEUE = 20_000
 ACCEPT_POLL_S = 0.5
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
 ACCEPT_BATCH = 64

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -100,6 +100,23 @@ class OpenQuestion:
     prompt: PromptEnvelope
     answering: bool = False
     answer_file: str | None = None  # the file it is handling, while answering
+
+
+class _Answering(Mapping[str, bool]):
+    """Which open questions are handling an answer: a view of the table, not a copy,
+    so that routing one answer costs the same with 10 or 10,000 questions open."""
+
+    def __init__(self, table: dict[str, OpenQuestion]) -> None:
+        self._table = table
+
+    def __getitem__(self, qid: str) -> bool:
+        return self._table[qid].answering
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
 
 
 class QuestionRouter(Child):
@@ -273,8 +290,7 @@ class QuestionRouter(Child):
         self.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
 
     def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
-        answering = {qid: q.answering for qid, q in self.open.items()}
-        verdict = triage_answer(name, answering, self.closed)
+        verdict = triage_answer(name, _Answering(self.open), self.closed)
         match verdict:
             case Answering():
                 return  # the same file seen twice is handled once
