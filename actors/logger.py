@@ -46,7 +46,7 @@ class LoggerActor(Child):
             directory = self.log_path.parent
             if not directory.is_dir():
                 bridge_dir(directory)
-                report(f"{directory} was gone; made it again (0700)")
+                report(f"{directory} was gone; made it again (0700)", "warning")
             fd = open_private(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             with open(fd, "w", encoding="utf-8") as log:
                 log.write(line)

@@ -267,7 +267,7 @@ class Listener:
                 for fd in [fd for fd, c in clients.items() if c.deadline <= now]:
                     self._drop(fd, selector, clients)  # no whole line in time
         except Exception as exc:  # say why: the heartbeat restarts a dead loop
-            report(f"coms listener stopped: {exc!r}")
+            report(f"coms listener stopped: {exc!r}", "error")
         finally:
             for fd in list(clients):
                 self._drop(fd, selector, clients)
@@ -296,12 +296,12 @@ class Listener:
                     if self._short_since is None:
                         self._short_since = time.monotonic()
                         report(f"cannot accept a coms connection: {exc.strerror or exc}; "
-                               f"retrying every {ACCEPT_PAUSE_S:g}s")
+                               f"retrying every {ACCEPT_PAUSE_S:g}s", "warning")
                     return False
-                report(f"cannot accept a coms connection: {exc}")
+                report(f"cannot accept a coms connection: {exc}", "warning")
                 return False
             if self._short_since is not None:
-                report("accepting coms connections again")
+                report("accepting coms connections again", "info")
                 self._short_since = None
             with self._lock:
                 full = self._open >= self.max_connections
@@ -312,7 +312,7 @@ class Listener:
                 continue
             if self._refused:
                 report(f"refused {self._refused} coms connection(s) while "
-                       f"{self.max_connections} were open")
+                       f"{self.max_connections} were open", "warning")
                 self._refused = 0
             conn.setblocking(False)
             clients[conn.fileno()] = _Client(conn, time.monotonic() + self.line_deadline_s)
@@ -322,7 +322,8 @@ class Listener:
     def _refuse(self, conn: socket.socket) -> None:
         """Past the connection cap: a nack if it fits in the socket buffer, then close."""
         if self._refused == 0:
-            report(f"{self.max_connections} coms connections open; refusing more until some close")
+            report(f"{self.max_connections} coms connections open; refusing more until some close",
+                   "warning")
         self._refused += 1
         with conn:
             conn.setblocking(False)
@@ -556,8 +557,8 @@ class ResponsePool:
         with self._lock:
             if len(self._heap) + self._busy >= self.capacity:
                 return False
+            self._start_workers()  # first: if none can start, nothing is left queued
             self._push(_Send(time.monotonic(), 0, qid, attempt, pauses, done))
-            self._start_workers()
             return True
 
     def _push(self, send: _Send) -> None:
@@ -738,11 +739,11 @@ class PeerActor(Child):
         except OSError as exc:
             if not self._failing:
                 report(f"cannot write the registry entry {self.identity.entry_path}: {exc}; "
-                       "trying again at every heartbeat")
+                       "trying again at every heartbeat", "error")
             self._failing = True
             return
         if self._failing:
-            report(f"registry entry {self.identity.entry_path} written again")
+            report(f"registry entry {self.identity.entry_path} written again", "info")
             self._failing = False
 
     def _heal(self) -> None:
@@ -750,10 +751,10 @@ class PeerActor(Child):
         for directory in (ident.agents_dir, ident.endpoint.parent):
             if not directory.is_dir():
                 private_dir(directory, tighten=False)
-                report(f"{directory} was gone; made it again (0700)")
+                report(f"{directory} was gone; made it again (0700)", "warning")
         if self._listener is not None and not _is_socket(ident.endpoint):
             self._listener.replace_server(bind_endpoint(ident.endpoint))
-            report(f"{ident.endpoint} was gone; listening on it again")
+            report(f"{ident.endpoint} was gone; listening on it again", "warning")
 
     def _current_depth(self) -> int:
         """The supervisor's count, or the last one we saw when it does not answer in time."""
@@ -838,12 +839,13 @@ class PeerActor(Child):
             )
         except RuntimeError as exc:  # not one sender thread could start
             queued = False
-            report(f"cannot send the response for {qid} now: {exc}")
+            report(f"cannot send the response for {qid} now: {exc}", "error")
         if not queued:
             # Refused, never dropped: it stays in the outbox (not settled) and
             # is sent again at the next start.
             report(
                 f"response for {qid} not sent now: {self.responses.pending} responses are "
                 f"already being sent (limit {self.responses.capacity}); it stays owed in "
-                "the state database and is sent at the next start"
+                "the state database and is sent at the next start",
+                "error",
             )
