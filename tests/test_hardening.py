@@ -138,12 +138,12 @@ def test_200_trickling_clients_with_128_descriptors(bridge: Bridge) -> None:  # 
 
 
 def test_registry_dir_deleted_comes_back_within_one_heartbeat(bridge: Bridge) -> None:  # 9.3
-    bridge.start(COMS_HERMES_BRIDGE_HEARTBEAT_MS="500")
+    bridge.start(COMS_HERMES_BRIDGE_HEARTBEAT_MS="1000")
     agents = bridge.entry_path().parent
     shutil.rmtree(agents)
     began = time.monotonic()
     wait_for(bridge.entry_path().exists, timeout=3, what="entry back")
-    assert time.monotonic() - began < 0.5 + 0.3
+    assert time.monotonic() - began < 1.0 + 0.3  # one heartbeat, and a little for the write
     assert stat.S_IMODE(agents.stat().st_mode) == 0o700
     assert json.loads(bridge.entry_path().read_text())["pid"] == bridge.proc.pid  # type: ignore[union-attr]
     round_trip(bridge, "After the clean-up?")

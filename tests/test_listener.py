@@ -137,11 +137,12 @@ def test_waiting_clients_take_no_threads_and_handlers_are_bounded(short_tmp: Pat
     def slow_admit(envelope: PromptEnvelope) -> None:
         release.wait(5)
 
-    before = threading.active_count()
+    before = set(threading.enumerate())
     served = Served(short_tmp, handlers=2, max_connections=40, admit=slow_admit)
     try:
-        started = threading.active_count()
-        assert started - before == 3  # the reader and two handlers
+        started = set(threading.enumerate())
+        assert sorted(t.name for t in started - before) == [
+            "peer-handler-0", "peer-handler-1", "peer-listener"]
         waiting = [connect(served.path) for _ in range(30)]
         replies: dict[str, bytes] = {}
 
@@ -153,7 +154,7 @@ def test_waiting_clients_take_no_threads_and_handlers_are_bounded(short_tmp: Pat
         for thread in askers:
             thread.start()
         wait_for(lambda: served.listener.open_connections == 34, what="all connected")
-        assert threading.active_count() - len(askers) == started  # no thread per connection
+        assert set(threading.enumerate()) - started == set(askers)  # none per connection
         release.set()
         for thread in askers:
             thread.join(10)
@@ -267,7 +268,7 @@ def test_heartbeat_heals_deleted_registry_and_sockets_dirs(identity: PeerIdentit
     shutil.rmtree(identity.endpoint.parent)
     began = time.monotonic()
     wait_for(identity.entry_path.exists, timeout=2, what="entry back")
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 0.2 + 0.4  # one beat, and a little for the write
     assert (identity.agents_dir.stat().st_mode & 0o777) == 0o700
     wait_for(identity.endpoint.exists, timeout=2, what="socket back")
     assert json.loads(exchange(identity.endpoint, PING))["type"] == "pong"
