@@ -9,9 +9,12 @@ and found-looser modes are tightened with one stderr line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
+
+from ulid import ULID
 
 from coms_hermes_bridge.actors.base import report
 
@@ -93,3 +96,20 @@ def bridge_dir(path: Path) -> None:
     directory the operator chose, which may be shared (a home directory).
     """
     private_dir(path, tighten=path.name == BRIDGE_DIR_NAME)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Readers must never see half a file (W5, C8): write a temp file beside
+    `path`, fsync it, then rename it over `path` in one step."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{ULID()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

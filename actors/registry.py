@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from ulid import ULID
 
+from coms_hermes_bridge.actors.files import write_atomic
 from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import RegistryEntry
 
@@ -240,17 +241,7 @@ def resolve_identity(
 
 def write_entry(path: Path, entry: RegistryEntry) -> None:
     """W5: readers must never see half a file, so write aside and rename over."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{ULID()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(entry.to_file_text())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    write_atomic(path, entry.to_file_text().encode("utf-8"))
 
 
 def remove_entry_if_ours(path: Path, session_id: str) -> bool:

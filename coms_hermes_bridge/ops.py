@@ -24,7 +24,7 @@ from ulid import ULID
 
 from coms_hermes_bridge.actors.base import utc_now
 from coms_hermes_bridge.actors.config import BridgeConfig
-from coms_hermes_bridge.actors.files import open_private, private_dir
+from coms_hermes_bridge.actors.files import private_dir, write_atomic
 from coms_hermes_bridge.actors.peer import MODEL, deliver_response
 from coms_hermes_bridge.actors.registry import agents_dir, is_live, read_entry
 from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Snapshot, read_snapshot
@@ -246,18 +246,7 @@ def answer(
         private_dir(directory, tighten=False)
         if target.exists():
             raise OpsError(f"an answer file for {qid} is already waiting: {target}")
-        tmp = directory / f".{qid}.{os.getpid()}.{ULID()}.tmp"
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(body.to_json().encode("utf-8"))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.rename(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        write_atomic(target, body.to_json().encode("utf-8"))
     except OSError as exc:
         raise OpsError(f"cannot write the answer file in {directory}: {exc}") from exc
     return Written(target, map_answer(text, spec.parsed.options), running_bridge(config))
