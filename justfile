@@ -32,7 +32,7 @@ install-service project *flags: venv
 venv:
     @scripts/ensure-venv
 
-# Mutation testing (mutmut) of the contract rules, the question actor and the supervisors;
-# a few minutes. Scores and surviving mutants go to .mutate/report.txt (docs/testing.md).
+# Scores and surviving mutants go to .mutate/report.txt; docs/testing.md says more.
+# Mutation testing (mutmut) of the contract rules, the question actor and the supervisors.
 mutate *modules: venv
     scripts/mutate "$@"
