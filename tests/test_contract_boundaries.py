@@ -1,0 +1,150 @@
+"""Boundaries of the contract rules that the per-requirement tables step over.
+
+Each test sits exactly on a comparison the rules make (a limit reached, not
+passed; a range's first index; the last unit of a budget), where an
+off-by-one or a lost field would change what the asker or the human sees.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coms_hermes_bridge.messages.contract import (
+    Answering,
+    Late,
+    Rejected,
+    ToValidate,
+    cancel_target,
+    defuse_markers,
+    effective_timeout_ms,
+    format_question,
+    over_capacity,
+    triage_answer,
+    utf16_len,
+)
+from coms_hermes_bridge.messages.model import ParsedPrompt, QuestionOption
+from coms_hermes_bridge.messages.wire import JsonValue, PromptEnvelope
+
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+NAME = f"{QID}.answer.json"
+INSTRUCTION = f"\n\n↩ Reply to this message, or type: HUB-Q:{QID}: <answer>"
+
+
+def prompt(reply_timeout_ms: JsonValue) -> PromptEnvelope:
+    return PromptEnvelope(
+        msg_id=QID,
+        sender_endpoint="/tmp/asker.sock",
+        hops=0,
+        prompt="Ship it?",
+        sender_name="builder",
+        reply_timeout_ms=reply_timeout_ms,
+    )
+
+
+def test_the_smallest_positive_whole_reply_timeout_is_taken() -> None:
+    # X5: any positive reply_timeout_ms is the question's timeout, 1 ms included
+    assert effective_timeout_ms(prompt(1), 1_800_000) == 1
+    assert effective_timeout_ms(prompt(0.5), 1_800_000) == 0.5
+    assert effective_timeout_ms(prompt(0), 1_800_000) == 1_800_000
+
+
+def test_a_whole_reply_timeout_is_logged_as_javascript_writes_it() -> None:
+    # X5, C16: the timeout's log detail carries the number; JSON.stringify(5000) is "5000"
+    assert json.dumps(effective_timeout_ms(prompt(5000), 1_800_000)) == "5000"
+    assert json.dumps(effective_timeout_ms(prompt(2500.5), 1_800_000)) == "2500.5"
+
+
+# -- C5: the context gets what is left, and nothing when nothing is left ---------
+
+CONTEXT = "c" * 50
+PREFIX = "\n\nContext: "
+
+
+@pytest.mark.parametrize("slack", range(len(PREFIX) + 1))
+def test_context_is_left_out_whole_when_its_label_would_not_fit(slack: int) -> None:
+    # C4, C5: no "Context:" label with nothing after it, and never past the limit
+    bare = ParsedPrompt(question="Ship it?", options=(QuestionOption(title="yes"),))
+    fixed = utf16_len(format_question(QID, bare))
+    with_context = bare.model_copy(update={"context": CONTEXT})
+    text = format_question(QID, with_context, limit=fixed + slack)
+    assert text == format_question(QID, bare, limit=fixed + slack)
+    assert utf16_len(text) == fixed
+
+
+def test_the_first_unit_past_the_label_gets_an_ellipsis_of_context() -> None:
+    # C5: the context is cut with "…" to whatever budget remains
+    bare = ParsedPrompt(question="Ship it?")
+    fixed = utf16_len(format_question(QID, bare))
+    text = format_question(
+        QID, bare.model_copy(update={"context": CONTEXT}), limit=fixed + len(PREFIX) + 1
+    )
+    assert text.endswith("Ship it?" + PREFIX + "…" + INSTRUCTION)
+
+
+def test_a_question_cut_to_its_ellipsis_keeps_every_option() -> None:
+    # C5: header, options and instruction survive whole whenever they fit, even
+    # when only one unit is left for the question itself
+    options = (QuestionOption(title="yes"), QuestionOption(title="no", description="wait"))
+    parsed = ParsedPrompt(question="q" * 40, options=options)
+    fixed = utf16_len(format_question(QID, parsed))
+    text = format_question(QID, parsed, limit=fixed - 40 + 1)
+    assert text == f"❓ [HUB-Q:{QID}] …\n\nOptions:\n1. yes\n2. no — wait" + INSTRUCTION
+
+
+# -- X3: keep ranges are [start, end) ---------------------------------------------
+
+
+def test_a_marker_whose_q_opens_a_kept_range_is_kept() -> None:
+    # X3: the bridge's own markers (the ranges in `keep`) are left alone
+    text = "see HUB-Q:x"
+    q = text.index("Q")
+    assert defuse_markers(text, keep=[(q, len(text))]) == text
+
+
+def test_a_marker_whose_q_is_just_past_a_kept_range_is_defused() -> None:
+    # X3: `end` is outside the range, so a marker starting there is an agent's
+    text = "see HUB-Q:x"
+    q = text.index("Q")
+    assert defuse_markers(text, keep=[(0, q)]) == "see HUB-Ɋ:x"
+
+
+# -- C9, C15: what the name alone decides ------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
+def test_a_closed_qids_file_is_late_with_its_final_state(state: str) -> None:
+    # C15: the late note and log name the qid and how it closed
+    assert triage_answer(NAME, {}, {QID: state}) == Late(QID, state)  # type: ignore[arg-type]
+
+
+def test_an_unknown_qids_file_is_foreign() -> None:
+    # C9, X6: a valid name whose qid is neither open nor closed here
+    assert triage_answer(NAME, {}, {}) == Rejected("foreign_qid", QID)
+
+
+def test_an_open_idle_questions_file_goes_on_to_validation() -> None:
+    # C9
+    assert triage_answer(NAME, {QID: False}, {}) == ToValidate(QID)
+
+
+def test_a_file_seen_again_while_its_question_answers_is_not_validated_twice() -> None:
+    # C9, C12: one answer per question
+    assert triage_answer(NAME, {QID: True}, {}) == Answering(QID)
+
+
+# -- issue 9.10, C13, C14 ------------------------------------------------------------
+
+
+def test_max_open_is_reached_at_max_open_not_after() -> None:
+    # issue 9.10: --max-open N admits N questions, and refuses the N+1st
+    assert over_capacity(1, 2) is None
+    assert over_capacity(2, 2) == "bridge has 2 open questions; try again later"
+
+
+def test_a_cancel_names_an_open_question_or_nothing() -> None:
+    # C13, C14
+    assert cancel_target(QID, {QID}) == QID
+    assert cancel_target(QID, set()) is None
+    assert cancel_target("not-a-qid", {QID}) is None
