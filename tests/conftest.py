@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pykka
 import pytest
+
+from coms_hermes_bridge.actors import dispatch, timers
+
+
+def _forget_shared_services() -> None:
+    """A forked test process starts without the parent's shared pool and timer threads.
+
+    Mutation testing (mutmut) runs each mutant in a fork of a process that has
+    already run tests; the singletons it inherits would point at threads that
+    do not exist in the fork, and every pooled question would wait forever.
+    """
+    dispatch._SHARED_LOCK = threading.Lock()
+    dispatch._SHARED = None
+    timers._SHARED_LOCK = threading.Lock()
+    timers._SHARED = None
+
+
+os.register_at_fork(after_in_child=_forget_shared_services)
 
 
 @pytest.fixture(autouse=True)
