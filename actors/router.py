@@ -100,6 +100,7 @@ class OpenQuestion:
     prompt: PromptEnvelope
     answering: bool = False
     answer_file: str | None = None  # the file it is handling, while answering
+    answer_signature: FileSignature | None = None  # and its version
 
 
 class _Answering(Mapping[str, bool]):
@@ -311,6 +312,7 @@ class QuestionRouter(Child):
                     question = self.open[qid]
                     question.answering = True
                     question.answer_file = name
+                    question.answer_signature = signature
                     question.slot.tell(AnswerArrived(checked.answer, name, signature))
                 else:
                     self.watcher.tell(DisposeAnswerFile(name, signature, checked))
@@ -339,6 +341,12 @@ class QuestionRouter(Child):
         question.slot.retire()
         if state is not None:  # C18: a failed delivery leaves no trace of the qid
             self._remember_closed(qid, state)
+        if state == "answered" and question.answer_file and question.answer_signature:
+            # Until the Watcher has removed it, a rescan may offer this very file
+            # again: that is the answer it gave, not a late one (issue 14).
+            self.consumed[qid] = (question.answer_file, question.answer_signature)
+            while len(self.consumed) > CLOSED_MEMORY:  # bounded as the closed memory is
+                del self.consumed[next(iter(self.consumed))]
 
     def _remember_closed(self, qid: str, state: State) -> None:
         self.closed[qid] = state

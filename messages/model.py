@@ -62,6 +62,12 @@ _COMMENT = re.compile(r"\([^()]*\)")
 # (dateutil would read it the POSIX way round), so the label goes.
 _LABELLED_OFFSET = re.compile(r"\b(?:GMT|UTC|UT)(?=[+-]\d)", re.IGNORECASE)
 _YEAR_OR_MONTH = re.compile(r"\d{4}(?:-\d{2})?")
+# The form nearly every answer carries (hermes writes `toISOString()`): a whole
+# date and time, `Z` or an offset. `fromisoformat` reads it as dateutil does at a
+# fraction of the cost; anything it refuses still goes through dateutil.
+_PLAIN_ISO = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,6})?)?(?:Z|[+-]\d{2}:?\d{2})?"
+)
 # Two different defaults: a field the text does not carry shows up as a difference.
 _PROBES = (datetime(2000, 1, 1), datetime(2001, 2, 2))
 
@@ -96,6 +102,11 @@ def parse_timestamp(value: str) -> datetime:
         raise ValueError("not a timestamp")
     if _YEAR_OR_MONTH.fullmatch(text):
         return datetime.fromisoformat(text + "-01" * (3 - len(text.split("-"))))
+    if _PLAIN_ISO.fullmatch(text):
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            pass  # no such day or hour: dateutil has the last word, as before
     try:
         first, second = (
             dateutil_parser.parse(text, default=probe, tzinfos=_zone) for probe in _PROBES

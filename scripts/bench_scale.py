@@ -296,6 +296,10 @@ def run_once(command: str, n: int, clients: int, seq: int) -> dict[str, float]:
         sampler.stop()
         out["threads_max"] = float(sampler.threads)
         out["rss_max_mib"] = sampler.rss_kib / 1024
+        # every answer was on time and valid: any of these is a fault in the daemon
+        counts = log.poll()
+        out["late_answers"] = float(counts.get("late_answer", 0))
+        out["rejected_answers"] = float(counts.get("answer_rejected", 0))
         return out
     finally:
         daemon.terminate()
@@ -323,6 +327,8 @@ FIGURES = [
     ("rss_max_mib", "RSS peak, MiB", "{:.0f}"),
     ("threads_max", "threads (peak)", "{:.0f}"),
     ("cpu_ms_per_q", "daemon CPU/question, ms", "{:.2f}"),
+    ("late_answers", "late_answer events (want 0)", "{:.0f}"),
+    ("rejected_answers", "answer_rejected events (want 0)", "{:.0f}"),
 ]
 
 

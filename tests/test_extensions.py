@@ -8,6 +8,7 @@ import unicodedata
 from datetime import UTC, datetime
 
 import pytest
+from dateutil import parser as dateutil_parser
 
 from coms_hermes_bridge.messages.contract import (
     MAX_REPLY_TIMEOUT_MS,
@@ -35,6 +36,7 @@ from coms_hermes_bridge.messages.model import (
     ParsedPrompt,
     QuestionOption,
     SelectionAnswer,
+    _zone,
     parse_timestamp,
 )
 from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
@@ -122,6 +124,24 @@ def test_garbage_at_is_refused(at: str) -> None:
     body = {"qid": QID, "answer": "yes", "answered_by": "telegram:alice", "at": at}
     verdict = validate_answer(f"{QID}.answer.json", json.dumps(body).encode(), {QID})
     assert verdict.reason == "invalid_schema"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("at", [
+    *(at for at in ACCEPTED_AT if re.match(r"\s*\d{4}-\d{2}-\d{2}[T ]", at)),
+    "2026-11-30T18:00:00.5-05:30",
+    "2026-02-29T00:00:00Z",
+    "2026-11-30T24:00:00Z",
+])
+def test_quick_iso_reading_agrees_with_the_general_one(at: str) -> None:
+    # X4, issue 14: the quick path for plain ISO reads the same instant dateutil reads
+    text = at.strip()
+    try:
+        general = dateutil_parser.parse(text, default=datetime(2000, 1, 1), tzinfos=_zone)
+    except ValueError:  # 2026-02-29: no such day, refused both ways
+        with pytest.raises(ValueError):
+            parse_timestamp(at)
+        return
+    assert parse_timestamp(at).isoformat() == general.isoformat()
 
 
 @pytest.mark.parametrize(

@@ -252,6 +252,27 @@ def test_the_file_that_answered_a_question_is_not_late(make: Any) -> None:
     rig.logger.quiet(0.05)
 
 
+def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: Any) -> None:
+    # issue 14: a rescan re-offering the answering file between the close and its
+    # removal logged a spurious late_answer and sent a late note to the human
+    rig = make()
+    start = rig.admit(QIDS[0])
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    assert len(start.slot.held) == 1  # AnswerArrived
+    rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # offered again
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    rig.logger.quiet(0.05)
+    assert rig.store.owed_notes() == []
+    # another version of the file after the close is late, as before (C15)
+    other = FileSignature(SIG.inode, SIG.size + 1, SIG.mtime_ns)
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), other))
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, other)
+    assert rig.logger.expect(LogEvent).record.event == "late_answer"
+
+
 # -- cancel, close, restore ---------------------------------------------------------
 
 

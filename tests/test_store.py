@@ -34,6 +34,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope
+from tests.fakes import wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
@@ -361,6 +362,52 @@ def test_owed_response_survives_until_sent(store: Store) -> None:
         assert again.outbox() == []
     finally:
         again.shutdown()
+
+
+def owe_many(store: Store, count: int) -> list[str]:
+    """`count` answered questions whose responses are owed, one owner each."""
+    owners = []
+    for i in range(count):
+        qid = f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}"
+        owner = f"q{i}"
+        store.put_open(spec(qid), owner=owner)
+        store.close(qid, "answered", owner=owner,
+                    response=SendResponse(spec(qid).prompt, "yes", None, owner))
+        owners.append(owner)
+    return owners
+
+
+def test_settles_arriving_together_share_one_commit(store: Store) -> None:
+    # issue 14: one commit per settled response serialized every sender on the store's lock
+    owe_many(store, 8)
+    commits: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
+    returned: list[int] = []
+    with store._lock:  # a write in progress: the first settle waits, the others join it
+        leader = threading.Thread(target=store.sent, args=("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0"))
+        leader.start()
+        wait_for(lambda: store._settle_leader, what="the first settle to lead")
+        for i in range(1, 8):
+            store.sent(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")  # returns at once
+            returned.append(i)
+    leader.join(5)
+    assert returned == list(range(1, 8)) and not leader.is_alive()
+    assert store.outbox() == []
+    assert commits.count("COMMIT") == 2  # the leader's, with all eight, and outbox()'s read
+
+
+def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: Store) -> None:
+    owe_many(store, 2)
+    store._settle_leader = True  # as if a settle's write were on its way
+    store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+    assert rows(store, "outbox") == 2  # not yet committed
+    store.put_open(spec(QID))  # any write settles what waits, in its own transaction
+    assert rows(store, "outbox") == 1
+    store._settle_leader = True
+    store.sent("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
+    store.shutdown()
+    assert rows(store, "outbox") == 0  # flushed before the file was closed
 
 
 def test_delivery_failure_owes_its_error_response_without_a_closed_row(store: Store) -> None:
