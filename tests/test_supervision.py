@@ -459,3 +459,45 @@ def test_no_tell_through_a_slot_is_lost_while_its_child_crashes(rig: Callable[..
     for n in range(4):
         assert [i for m, i in got if m == n] == list(range(per_thread))
     assert r.fatal == []
+
+
+# -- what the operator reads, and the end of the line (issue 11.3, 9.2, 13.1) ------
+
+
+def test_giving_up_is_one_error_line_and_nothing_restarts_after_it(
+    rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 13.1: past the intensity the root gives up once, for good; issue 11.3:
+    # the operator's line carries the level journald and grep filter on
+    r = rig(max_restarts=1)
+    r.crash("a")
+    r.crash("a")
+    assert r.fatal == ["a crashed 2 times within 10s; last error: RuntimeError: boom"]
+    b = r.slots["b"].ref
+    assert b is not None
+    r.slots["b"].tell(Boom())
+    wait_for(lambda: not b.is_alive(), what="b died")
+    r.slots["b"].tell("after the end")
+    r.seen["b"].quiet(0.1)
+    assert r.slots["b"].ref is None  # not restarted: the daemon is going down
+    assert len(r.fatal) == 1
+    err = capsys.readouterr().err
+    assert err.count("coms-hermes-bridge: error: a crashed 2 times within 10s") == 1
+    assert "coms-hermes-bridge: warning: a crashed (RuntimeError: boom); restarting it" in err
+
+
+def test_each_child_short_of_a_resource_has_its_own_backoff_and_episode(
+    rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 9.2: the backoff is per child: one child's shortage does not lengthen
+    # another's first delay or hide its warning line
+    r = rig(("a", "b"))
+    r.slots["a"].tell(Short())
+    wait_for(lambda: len(r.schedule.delays) == 1, what="a's restart scheduled")
+    r.slots["b"].tell(Short())
+    wait_for(lambda: len(r.schedule.delays) == 2, what="b's restart scheduled")
+    assert r.schedule.delays == [0.1, 0.1]
+    err = capsys.readouterr().err
+    for name in ("a", "b"):
+        assert err.count(f"coms-hermes-bridge: warning: {name} ran short of a resource (") == 1
+    assert r.fatal == []
