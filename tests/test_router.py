@@ -318,3 +318,64 @@ def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None
     rig.delivery.quiet(0.05)
     # the rows now belong to the new children
     assert rig.store.open_spec(QIDS[1], starts[1].child) is not None
+
+
+# -- late files: each judged once, within a bounded memory (C15, issue 9.7) ----------
+
+
+def _late_notes(rig: Rig, count: int) -> list[SendText]:
+    notes: list[SendText] = []
+    while len(notes) < count:
+        note = rig.delivery.expect(SendText)
+        if note.purpose == "late_note":
+            notes.append(note)
+    return notes
+
+
+def _late_records(rig: Rig, count: int) -> list[Any]:
+    records: list[Any] = []
+    while len(records) < count:
+        record = rig.logger.expect(LogEvent).record
+        if record.event == "late_answer":
+            records.append(record)
+    return records
+
+
+def test_each_late_file_gets_its_own_note_and_log_line(make: Any) -> None:
+    # C15, C20: two closed questions, one late file each: two notes, two lines naming them
+    rig = make()
+    for qid, state in ((QIDS[0], "cancelled"), (QIDS[1], "timeout")):
+        start = rig.admit(qid)
+        rig.ref.tell(QuestionClosed(qid, state, start.child))  # type: ignore[arg-type]
+    for qid in QIDS[:2]:
+        rig.ref.tell(AnswerFileSeen(f"{qid}.answer.json", answer_file(qid), SIG))
+    assert [rig.watcher.expect(RemoveAnswerFile) for _ in range(2)] == [
+        RemoveAnswerFile(f"{QIDS[0]}.answer.json", SIG),
+        RemoveAnswerFile(f"{QIDS[1]}.answer.json", SIG),
+    ]
+    assert [(r.qid, r.detail) for r in _late_records(rig, 2)] == [
+        (QIDS[0], {"state": "cancelled"}),
+        (QIDS[1], {"state": "timeout"}),
+    ]
+    assert [n.text for n in _late_notes(rig, 2)] == [late_note(QIDS[0]), late_note(QIDS[1])]
+
+
+def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # C15: a file version already judged late is not noted again (a rescan may offer
+    # it before the Watcher removes it); bounded: only the most recent ones are kept
+    monkeypatch.setattr("coms_hermes_bridge.actors.router._JUDGED_MEMORY", 2)
+    rig = make()
+    start = rig.admit(QIDS[0])
+    rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
+    name = f"{QIDS[0]}.answer.json"
+    versions = [FileSignature(7, 80, n) for n in (1, 2, 3)]
+    for sig in versions:
+        rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
+    assert len(_late_notes(rig, 3)) == 3
+    for sig in versions[1:]:  # the two most recent: remembered
+        rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)  # the router has read them
+    rig.delivery.quiet(0.1)
+    assert len(rig.router._judged) == 2

@@ -501,3 +501,35 @@ def test_each_child_short_of_a_resource_has_its_own_backoff_and_episode(
     for name in ("a", "b"):
         assert err.count(f"coms-hermes-bridge: warning: {name} ran short of a resource (") == 1
     assert r.fatal == []
+
+
+def test_a_backoff_episode_lasts_until_the_cap_has_passed_since_the_last_delay() -> None:
+    # issue 9.2: one warning per episode; a shortage exactly `max_s` after the last
+    # delay ran out is still the same episode, one later starts a new one
+    clock = FakeClock()
+    backoff = Backoff(clock, first_s=1.0, max_s=8.0)
+    assert backoff.next("a") == (1.0, True)
+    clock.now += 1.0 + 8.0
+    assert backoff.next("a") == (2.0, False)
+    clock.now += 2.0 + 8.0 + 0.5
+    assert backoff.next("a") == (1.0, True)
+
+
+def test_the_default_schedule_runs_a_restart_later_and_can_be_cancelled() -> None:
+    # issue 9.2: the backoff delay is a message for later on the one timer service
+    from coms_hermes_bridge.actors.supervisor import timer_schedule
+
+    fired, cancelled = threading.Event(), threading.Event()
+    timer_schedule(0.05, fired.set)
+    cancel = timer_schedule(0.05, cancelled.set)
+    cancel()
+    wait_for(fired.is_set, what="the scheduled restart ran")
+    assert not cancelled.wait(0.2)
+
+
+def test_a_crash_of_the_root_itself_is_fatal_with_its_reason(rig: Callable[..., Rig]) -> None:
+    # issue 13.1: nothing supervises the root; its own failure ends the daemon, saying why
+    r = rig(("a",))
+    r.root.tell("no such message")
+    wait_for(lambda: r.fatal, what="the root gives up")
+    assert r.fatal[0].startswith("supervisor failed: UnknownMessage(")
