@@ -7,7 +7,9 @@ place that complains instead of every actor crashing on its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +18,43 @@ from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private,
 from coms_hermes_bridge.messages.commands import Address, LogEvent, UnknownMessage
 
 
+# A batch is written once the mailbox is empty, or at these bounds.
+BATCH_LINES = 256
+BATCH_BYTES = 256 * 1024
+
+
 class LoggerActor(Child):
-    """Appends one JSON line per LogEvent, and never lets a write failure escape."""
+    """Appends one JSON line per LogEvent, and never lets a write failure escape.
+
+    Lines are written in batches: each record joins a batch that is written
+    (one write call) as soon as the mailbox is empty, or at BATCH_LINES or
+    BATCH_BYTES, so a burst of thousands of events costs a few writes, while a
+    lone event is written at once. The file stays open between batches; before
+    each batch one stat of the path tells whether it was rotated away, deleted
+    or loosened, so logrotate and chmod take effect at the next line as when
+    the file was opened per record.
+    """
 
     def __init__(self, *, supervisor: Address, log_path: Path, name: str = "logger") -> None:
         super().__init__(name, supervisor)
         self.log_path = log_path
+        self._batch: list[str] = []
+        self._batch_size = 0
+        self._fd: int | None = None
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
 
     def on_receive(self, message: Any) -> None:
         match message:
             case LogEvent(record=record):
-                self._append(record.to_line())
+                line = record.to_line()
+                self._batch.append(line)
+                self._batch_size += len(line)
+                if (
+                    self._batch_size >= BATCH_BYTES
+                    or len(self._batch) >= BATCH_LINES
+                    or self.actor_inbox.empty()
+                ):
+                    self._flush()
             case _:
                 raise UnknownMessage(self.child_name, message)
 
@@ -39,19 +67,49 @@ class LoggerActor(Child):
         except OSError as exc:
             report(f"cannot prepare {self.log_path}: {exc}")
 
-    def _append(self, line: str) -> None:
-        # Opened per record, so that logrotate moving the file away takes
-        # effect at the next line without any signal to the daemon.
+    def release(self) -> None:
+        """Write what is batched (a stop or a crash loses no line), then close the file."""
+        if self._batch:
+            self._flush()
+        self._close()
+
+    def _flush(self) -> None:
+        data = "".join(self._batch).encode("utf-8")
+        self._batch.clear()
+        self._batch_size = 0
         try:
-            directory = self.log_path.parent
-            if not directory.is_dir():
-                bridge_dir(directory)
-                report(f"{directory} was gone; made it again (0700)", "warning")
-            fd = open_private(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            with open(fd, "w", encoding="utf-8") as log:
-                log.write(line)
-                log.flush()
+            fd = self._file_for_append()
+            while data:
+                data = data[os.write(fd, data) :]
         except (OSError, ValueError) as exc:
             # A lost log line must not take the bridge down with it (C20 is
             # a record of what happened, not a precondition for doing it).
+            self._close()
             report(f"cannot write {self.log_path}: {exc}")
+
+    def _file_for_append(self) -> int:
+        """The open log file, opened again when the path no longer names it."""
+        try:
+            st: os.stat_result | None = os.stat(self.log_path)
+        except FileNotFoundError:
+            st = None
+        if self._fd is not None and st is not None and (st.st_dev, st.st_ino) == self._file:
+            if stat.S_IMODE(st.st_mode) & 0o077:  # loosened since: tightened, with one line
+                self._close()
+            else:
+                return self._fd
+        self._close()
+        directory = self.log_path.parent
+        if not directory.is_dir():
+            bridge_dir(directory)
+            report(f"{directory} was gone; made it again (0700)", "warning")
+        fd = open_private(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        opened = os.fstat(fd)
+        self._fd, self._file = fd, (opened.st_dev, opened.st_ino)
+        return fd
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = self._file = None

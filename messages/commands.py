@@ -229,7 +229,14 @@ class WatchLost:
 
 @dataclass(frozen=True, slots=True)
 class Rescan:
-    """Time for the safety-net scan of the whole questions directory."""
+    """Time for the safety-net scan of the whole questions directory.
+
+    A plain beat skips the files already handed on and not yet due again,
+    without touching them: inotify reports any change to those. A `deep` one
+    (after inotify overflowed and events were lost) looks at every file.
+    """
+
+    deep: bool = False
 
 
 # -- log ----------------------------------------------------------------------

@@ -63,8 +63,11 @@ def js_trim(text: str) -> str:
 
 def iso(moment: datetime) -> str:
     """An instant as JavaScript's toISOString() writes it: UTC, milliseconds, Z."""
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    u = moment.astimezone(UTC)
+    return (
+        f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}"
+        f".{u.microsecond // 1000:03d}Z"
+    )
 
 
 def format_ms(ms: float) -> str:

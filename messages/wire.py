@@ -36,14 +36,19 @@ def dumps(value: Any, *, indent: int | None = None) -> str:
     (a Python str can hold them; UTF-8 cannot), so that every line we write
     is valid UTF-8 and byte-identical to what a node peer would send.
     """
-    text = json.dumps(
-        value,
-        ensure_ascii=False,
-        indent=indent,
-        separators=(",", ": ") if indent is not None else (",", ":"),
-        allow_nan=False,
-    )
+    if indent is None:
+        text = _COMPACT.encode(value)
+    else:
+        text = json.dumps(
+            value, ensure_ascii=False, indent=indent, separators=(",", ": "), allow_nan=False
+        )
+    if text.isascii():  # the common case: nothing to escape, no scan
+        return text
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# One encoder for every compact line: json.dumps with options builds a new one per call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 LINE_LIMIT = 64 * 1024 - 1

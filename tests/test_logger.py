@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pykka
 import pytest
 from fakes import FakeRef, wait_for
 
+from coms_hermes_bridge.actors import logger as logger_module
 from coms_hermes_bridge.actors.logger import LoggerActor
 from coms_hermes_bridge.messages.commands import LogEvent
 from coms_hermes_bridge.messages.contract import log_record
@@ -76,3 +81,73 @@ def test_an_unknown_message_fails_loudly(tmp_path: Path) -> None:
     ref.tell("not a LogEvent")
     failed = supervisor.next()
     assert "logger" in repr(failed) and "str" in repr(failed)
+
+
+class _GatedOs:
+    """The `os` module as the logger sees it, with `write` counted and held shut
+    until the test opens the gate (so records pile up in the mailbox meanwhile)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.writes: list[bytes] = []
+
+    def write(self, fd: int, data: bytes) -> int:
+        self.gate.wait(10)
+        self.writes.append(bytes(data))
+        return os.write(fd, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+def test_a_burst_is_written_in_a_few_batches_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C20, issue 14: one write per batch, not one open and write per line
+    gated = _GatedOs()
+    monkeypatch.setattr(logger_module, "os", gated)
+    log_path = tmp_path / "log.ndjson"
+    ref = start(log_path)
+    records = [log_record(AT, QID, "question_received", {"from": f"asker {i}"})
+               for i in range(1000)]
+    for record in records:
+        ref.tell(LogEvent(record))  # the first write is held: the rest queue up
+    gated.gate.set()
+    expected = "".join(r.to_line() for r in records).encode("utf-8")
+    wait_for(lambda: log_path.exists() and log_path.read_bytes() == expected, what="1000 lines")
+    assert b"".join(gated.writes) == expected
+    # the first line alone (the mailbox looked empty), then batches of at most BATCH_LINES
+    assert len(gated.writes) <= 1 + -(-999 // logger_module.BATCH_LINES) + 1
+    assert all(w.count(b"\n") <= logger_module.BATCH_LINES for w in gated.writes)
+
+
+def test_lines_still_batched_at_a_stop_are_written(tmp_path: Path) -> None:  # C20
+    log_path = tmp_path / "log.ndjson"
+    ref = start(log_path)
+    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
+    for record in records:
+        ref.tell(LogEvent(record))
+    ref.stop()
+    assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")
+
+
+def test_a_log_file_loosened_meanwhile_is_tightened_at_the_next_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # the log holds the conversation: 0600, as when it was opened per line
+    log_path = tmp_path / "log.ndjson"
+    ref = start(log_path)
+    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
+    log_path.chmod(0o644)
+    ref.ask(LogEvent(log_record(AT, QID, "delivered")))
+    assert stat.S_IMODE(log_path.stat().st_mode) == 0o600
+    assert f"{log_path} was mode 0644; tightened to 0600" in capfd.readouterr().err
+    assert len(log_path.read_bytes().splitlines()) == 2
+
+
+def test_a_deleted_log_file_is_made_again(tmp_path: Path) -> None:  # C20
+    log_path = tmp_path / "log.ndjson"
+    ref = start(log_path)
+    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
+    log_path.unlink()
+    second = log_record(AT, QID, "delivered")
+    ref.ask(LogEvent(second))
+    assert log_path.read_text(encoding="utf-8") == second.to_line()

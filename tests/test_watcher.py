@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import inotify_simple
 import pykka
 import pytest
 from fakes import FakeRef, wait_for
@@ -162,6 +163,49 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     newer = write(rig.dir / NAME, ANSWER.replace(b'"yes"', b'"no"'))  # a new version goes at once
     assert rig.seen().signature == newer
+
+
+def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
+    tmp_path: Path,
+) -> None:  # issue 14.4
+    clock = Clock()
+    rig = start(tmp_path, clock=clock, reoffer_s=30)
+    rig.sync()
+    write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    # A change inotify is not asked to report (attributes only): it stands for
+    # an event lost in an overflow.
+    os.utime(rig.dir / NAME, ns=(1_000_000_000, 2_000_000_000))
+    st = os.stat(rig.dir / NAME)
+    changed = FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
+    rig.ref.tell(Rescan())
+    rig.sync()
+    rig.router.quiet(0.1)  # handed on and not due: not even looked at
+    rig.ref.tell(Rescan(deep=True))
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, changed)
+
+
+def test_an_inotify_overflow_brings_a_deep_rescan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # issue 14.4: events lost, so every file is looked at again
+    overflow = threading.Event()
+
+    class OverflowingINotify(watcher_module.INotify):  # type: ignore[misc]
+        def read(self, timeout: int | None = None, read_delay: int | None = None) -> list[Any]:
+            if overflow.is_set():
+                overflow.clear()
+                return [inotify_simple.Event(-1, inotify_simple.flags.Q_OVERFLOW, 0, "")]
+            return list(super().read(timeout=timeout, read_delay=read_delay))
+
+    monkeypatch.setattr(watcher_module, "INotify", OverflowingINotify)
+    rig = start(tmp_path, reoffer_s=3600)
+    rig.sync()
+    write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    os.utime(rig.dir / NAME, ns=(1_000_000_000, 2_000_000_000))
+    st = os.stat(rig.dir / NAME)
+    overflow.set()
+    assert rig.seen().signature == FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:  # issue 14.4
