@@ -283,7 +283,8 @@ class Supervised(pykka.Actor):
 
 
 class Child(Supervised, pykka.ThreadingActor):
-    """A supervised actor on a thread of its own (the few long-lived actors)."""
+    """A supervised actor on a thread of its own: the root's children whose turns may
+    wait (Delivery, which hands hermes to its worker but joins it at a stop)."""
 
     # The daemon must be able to exit even if an actor thread is wedged.
     use_daemon_thread = True
@@ -299,4 +300,7 @@ class Child(Supervised, pykka.ThreadingActor):
 
 
 class PooledChild(Supervised, PooledActor):
-    """A supervised actor whose turns run on the shared dispatcher (the many questions)."""
+    """A supervised actor whose turns run on the shared dispatcher: the many questions,
+    and the long-lived actors whose turns never wait for long (Logger, Router,
+    QuestionSupervisor, Watcher, Peer): their blocking work is in helper threads,
+    and what is left (a store write, a bounded file read, a log append) is short."""

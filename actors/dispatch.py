@@ -44,7 +44,12 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_THREADS", "Dispatcher", "PooledActor", "shared_dispatcher"]
 
-DEFAULT_THREADS = 4
+# One thread runs every pooled actor's turns. CPython runs one thread's Python
+# at a time, so more threads add no throughput here; they added contention: each
+# blocking call handed the interpreter lock to another thread and back, two
+# context switches a time. With one, a message to an actor whose turn comes
+# next costs an append, not a thread wake-up (docs/architecture.md, figures).
+DEFAULT_THREADS = 1
 DEFAULT_THROUGHPUT = 8
 
 
@@ -109,7 +114,7 @@ def shared_dispatcher() -> Dispatcher:
     global _SHARED
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = Dispatcher(DEFAULT_THREADS, "questions")
+            _SHARED = Dispatcher(DEFAULT_THREADS, "actors")
         return _SHARED
 
 

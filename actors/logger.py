@@ -13,17 +13,16 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from coms_hermes_bridge.actors.base import Child, report
+from coms_hermes_bridge.actors.base import PooledChild, report
 from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from coms_hermes_bridge.messages.commands import Address, LogEvent, UnknownMessage
-
 
 # A batch is written once the mailbox is empty, or at these bounds.
 BATCH_LINES = 256
 BATCH_BYTES = 256 * 1024
 
 
-class LoggerActor(Child):
+class LoggerActor(PooledChild):
     """Appends one JSON line per LogEvent, and never lets a write failure escape.
 
     Lines are written in batches: each record joins a batch that is written

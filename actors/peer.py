@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import heapq
 import json
 import os
 import queue
@@ -27,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.actors.base import PooledChild, report, utc_now
 from coms_hermes_bridge.actors.files import private_dir
 from coms_hermes_bridge.actors.registry import (
     PROBE_TIMEOUT_S,
@@ -38,6 +37,7 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
+from coms_hermes_bridge.actors.responses import ResponsePool, deliver_response
 from coms_hermes_bridge.messages.commands import (
     Address,
     AdmissionRefused,
@@ -81,11 +81,6 @@ LINE_DEADLINE_S = 10.0  # for a whole request line, however it trickles in
 REPLY_GRACE_S = 5.0  # for writing the reply once the line is in
 MAX_CONNECTIONS = 64
 HANDLER_THREADS = 8
-RESPONSE_THREADS = 4
-# Responses waiting to be sent, retries included: room for every question the
-# daemon may hold open (--max-open, 10,000 by default) to be answered at once,
-# plus as many owed from the last run.
-RESPONSE_QUEUE = 20_000
 ACCEPT_POLL_S = 0.5
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
 ACCEPT_BATCH = 64
@@ -473,145 +468,10 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
     return server
 
 
-def deliver_response(endpoint: str, line: bytes, timeout: float) -> tuple[str | None, bool]:
-    """Send one envelope line and read the reply (W15).
-
-    Returns the failure reason (None on ack) and whether the outcome is final:
-    an ack, a nack, or a refused or missing socket (W15: the asker is gone).
-    A timeout, a full backlog or a dropped connection may pass, so they are
-    worth another try.
-    """
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout)
-            conn.connect(endpoint)
-            conn.sendall(line)
-            reply = b""
-            while b"\n" not in reply and len(reply) <= MAX_LINE:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-    except TimeoutError:
-        return "timed out", False
-    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError) as exc:
-        return str(exc) or type(exc).__name__, True
-    except (OSError, ValueError) as exc:
-        return str(exc) or type(exc).__name__, False
-    text = reply.partition(b"\n")[0].decode("utf-8", "replace")
-    if not text.strip():
-        return "connection closed without a reply", False
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return f"unexpected reply: {text[:200]}", True
-    if isinstance(body, dict) and body.get("type") == "ack":
-        return None, True
-    if isinstance(body, dict) and body.get("type") == "nack":
-        return f"nack: {body.get('error')}", True
-    return f"unexpected reply: {text[:200]}", True
-
-
-@dataclass(order=True)
-class _Send:
-    due: float
-    seq: int
-    qid: str = field(compare=False)
-    attempt: Callable[[], tuple[str | None, bool]] = field(compare=False)
-    pauses: tuple[float, ...] = field(compare=False)
-    done: Callable[[str | None], None] = field(compare=False)
-
-
-class ResponsePool:
-    """A few threads that send responses, with their retries, for every Peer there will be.
-
-    Not tied to one actor's life: a restarted Peer must not drop a response
-    mid-retry. A retry waits in a heap by its due time, not in a sleeping
-    thread, so `threads` senders serve any number of slow askers, and at most
-    `capacity` sends wait at once; past that, `submit` refuses and says so.
-    """
-
-    def __init__(self, threads: int = RESPONSE_THREADS, capacity: int = RESPONSE_QUEUE) -> None:
-        self.threads = threads
-        self.capacity = capacity
-        self._lock = threading.Condition()
-        self._heap: list[_Send] = []
-        self._seq = 0
-        self._busy = 0
-        self._workers: list[threading.Thread] = []
-
-    @property
-    def pending(self) -> int:
-        """Sends waiting or being made."""
-        with self._lock:
-            return len(self._heap) + self._busy
-
-    def submit(
-        self,
-        qid: str,
-        attempt: Callable[[], tuple[str | None, bool]],
-        pauses: tuple[float, ...],
-        done: Callable[[str | None], None],
-    ) -> bool:
-        """Queue a send; False (nothing queued) when `capacity` sends already wait."""
-        with self._lock:
-            if len(self._heap) + self._busy >= self.capacity:
-                return False
-            self._start_workers()  # first: if none can start, nothing is left queued
-            self._push(_Send(time.monotonic(), 0, qid, attempt, pauses, done))
-            return True
-
-    def _push(self, send: _Send) -> None:
-        self._seq += 1
-        send.seq = self._seq
-        heapq.heappush(self._heap, send)
-        self._lock.notify()
-
-    def _start_workers(self) -> None:
-        # Started on first use and kept: a thread that cannot start now is
-        # tried again at the next submit; one running worker is enough to drain.
-        while len(self._workers) < self.threads:
-            worker = threading.Thread(target=self._work, name="peer-response", daemon=True)
-            try:
-                worker.start()
-            except RuntimeError as exc:
-                if not self._workers:
-                    raise
-                report(f"response senders: {exc}; going on with {len(self._workers)}")
-                return
-            self._workers.append(worker)
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                while not self._heap or self._heap[0].due > time.monotonic():
-                    wait = self._heap[0].due - time.monotonic() if self._heap else None
-                    self._lock.wait(wait)
-                send = heapq.heappop(self._heap)
-                self._busy += 1
-            try:
-                try:
-                    reason, final = send.attempt()
-                except Exception as exc:
-                    reason, final = repr(exc), True
-                if final or not send.pauses:
-                    send.done(reason)
-                else:
-                    with self._lock:
-                        send.due = time.monotonic() + send.pauses[0]
-                        send.pauses = send.pauses[1:]
-                        self._push(send)
-            except Exception as exc:
-                report(f"response for {send.qid}: {exc!r}")
-            finally:
-                with self._lock:
-                    self._busy -= 1
-
-
 _RESPONSES = ResponsePool()
 
 
-class PeerActor(Child):
+class PeerActor(PooledChild):
     """Owns the coms identity: socket, registry entry, heartbeat, outgoing responses."""
 
     def __init__(
@@ -835,9 +695,9 @@ class PeerActor(Child):
 
         try:
             queued = self.responses.submit(
-                qid, lambda: deliver_response(endpoint, line, timeout), self.retry_pauses_s, done
+                qid, endpoint, line, timeout, self.retry_pauses_s, done
             )
-        except RuntimeError as exc:  # not one sender thread could start
+        except (RuntimeError, OSError) as exc:  # the sender thread could not start
             queued = False
             report(f"cannot send the response for {qid} now: {exc}", "error")
         if not queued:

@@ -24,7 +24,13 @@ from typing import Any
 
 import pykka
 
-from coms_hermes_bridge.actors.base import Child, Slot, is_resource_shortage, report, utc_now
+from coms_hermes_bridge.actors.base import (
+    PooledChild,
+    Slot,
+    is_resource_shortage,
+    report,
+    utc_now,
+)
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Backoff, Intensity, Schedule, timer_schedule
 from coms_hermes_bridge.messages.commands import (
@@ -67,7 +73,7 @@ class Running:
     intensity: Intensity
 
 
-class QuestionSupervisor(Child):
+class QuestionSupervisor(PooledChild):
     """Starts, restarts and, past its bound, gives up on single questions."""
 
     def __init__(

@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import Any, cast, get_args
 
 from coms_hermes_bridge.actors.base import report
 from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
+from coms_hermes_bridge.actors.timers import shared_timers
 from coms_hermes_bridge.messages.commands import (
     FileSignature,
     QuestionSpec,
@@ -43,6 +44,10 @@ CLOSED_MEMORY = 1000
 # The closed table is trimmed back to CLOSED_MEMORY once per this many closes
 # (and at every start), not on every close: it holds at most the sum.
 CLOSED_TRIM_BATCH = 100
+# Settled responses wait this long (or for the next write) to share a commit;
+# this many waiting are committed at once (see Store.sent).
+SETTLE_DELAY_S = 0.05
+SETTLE_BATCH = 1000
 _SEQ_TABLES = ("open_questions", "closed_questions", "outbox", "notes")
 
 _STATES: frozenset[str] = frozenset(get_args(State))
@@ -261,8 +266,14 @@ class Store:
     so that each method is atomic with respect to the others.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(
+        self,
+        path: Path,
+        conn: sqlite3.Connection,
+        schedule: Callable[[float, Callable[[], None]], object] | None = None,
+    ) -> None:
         self.path = path
+        self._schedule = schedule or _after
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
         # The next `seq` of each table, kept here so that no write scans a table
@@ -278,7 +289,9 @@ class Store:
         self._settle_leader = False
 
     @classmethod
-    def open(cls, path: Path) -> Store:
+    def open(
+        cls, path: Path, schedule: Callable[[float, Callable[[], None]], object] | None = None
+    ) -> Store:
         """Open (or create) the store at `path`.
 
         A bad file is never fatal: the daemon must come up even if its state
@@ -300,7 +313,7 @@ class Store:
                     f"state database {path} was unreadable ({why}); "
                     f"moved it to {aside} and started empty"
                 )
-        return cls(path, _connect(path))
+        return cls(path, _connect(path), schedule)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -407,12 +420,13 @@ class Store:
         """
         with self._transaction() as conn:
             if owner is not None:
-                row = conn.execute(
-                    "SELECT owner FROM open_questions WHERE qid = ?", (qid,)
-                ).fetchone()
-                if row is None or row[0] != owner:  # closed already, or someone else's now
+                gone = conn.execute(
+                    "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
+                )
+                if gone.rowcount == 0:  # closed already, or someone else's now
                     return False
-            conn.execute("DELETE FROM open_questions WHERE qid = ?", (qid,))
+            else:
+                conn.execute("DELETE FROM open_questions WHERE qid = ?", (qid,))
             if response is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
@@ -524,20 +538,26 @@ class Store:
         the same qid cannot clear the one a newer question owes.
 
         Group commit: the settle joins a list that the next write transaction
-        applies first, whichever method it is. The first settle to find no
-        write pending starts one itself (and waits for the lock meanwhile
-        others join its list), so one commit settles every response handed
-        over in the meantime, instead of one commit each, and nothing waits
-        for a timer. The list holds at most one settle per response being
-        sent (the Peer's sender pool is bounded). A crash before that commit
-        only leaves the response owed, and it is sent again at the next start,
-        which the outbox's at-least-once rule already allows.
+        applies first, whichever method it is (under load, the next question
+        to close), and a timer commits the list SETTLE_DELAY_S after the first
+        settle when no write came meanwhile; SETTLE_BATCH waiting settles are
+        committed at once. So settling costs no commit of its own while
+        answers stream in, instead of one each, and returns without waiting
+        for the lock. A crash before that commit only leaves the response
+        owed, and it is sent again at the next start, which the outbox's
+        at-least-once rule already allows.
         """
         with self._settle_lock:
             self._settles.append((qid, owner or ""))
-            if self._settle_leader:  # a write that will take this one is on its way
-                return
+            now = len(self._settles) >= SETTLE_BATCH
+            first = not self._settle_leader
             self._settle_leader = True
+        if now:
+            self._commit_settles()
+        elif first:  # no commit is on its way for these yet
+            self._schedule(SETTLE_DELAY_S, self._settle_later)
+
+    def _commit_settles(self) -> None:
         try:
             with self._transaction():
                 pass
@@ -545,6 +565,18 @@ class Store:
             with self._settle_lock:  # let the next settle (or write) try again
                 self._settle_leader = False
             raise
+
+    def _settle_later(self) -> None:
+        """The timer's commit of waiting settles (none left if a write took them)."""
+        with self._settle_lock:
+            if not self._settles:
+                return
+        try:
+            self._commit_settles()
+        except StoreClosedError:
+            pass  # shut down meanwhile: shutdown() committed them
+        except Exception as exc:  # on the timer thread: reported, never raised
+            report(f"state database {self.path}: could not record sent responses: {exc!r}")
 
     def outbox(self) -> list[SendResponse]:
         """Responses decided but not yet handed to their askers, oldest first."""
@@ -634,6 +666,11 @@ class Store:
             conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _after(delay_s: float, action: Callable[[], None]) -> object:
+    """Run `action` on the shared timer thread in `delay_s` seconds."""
+    return shared_timers().at(time.time() + delay_s, action)
 
 
 def _connect(path: Path) -> sqlite3.Connection:

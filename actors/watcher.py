@@ -36,7 +36,7 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
-from coms_hermes_bridge.actors.base import Child, report, utc_now
+from coms_hermes_bridge.actors.base import PooledChild, report, utc_now
 from coms_hermes_bridge.actors.files import private_dir
 from coms_hermes_bridge.messages.commands import (
     Address,
@@ -112,7 +112,7 @@ class _Tracked:
     resend_at: float = 0.0  # that version is not sent again before this
 
 
-class WatcherActor(Child):
+class WatcherActor(PooledChild):
     """Turns files in the questions directory into AnswerFileSeen, and disposes of them."""
 
     def __init__(

@@ -25,8 +25,9 @@ from ulid import ULID
 from coms_hermes_bridge.actors.base import utc_now
 from coms_hermes_bridge.actors.config import BridgeConfig
 from coms_hermes_bridge.actors.files import private_dir, write_atomic
-from coms_hermes_bridge.actors.peer import MODEL, deliver_response
+from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, is_live, read_entry
+from coms_hermes_bridge.actors.responses import deliver_response
 from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Snapshot, read_snapshot
 from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import ANSWER_SUFFIX, iso, map_answer

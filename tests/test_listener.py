@@ -199,39 +199,7 @@ def test_accept_out_of_descriptors_is_retried_not_fatal(
         served.stop()
 
 
-def test_the_response_pool_refuses_past_its_capacity() -> None:  # 9.1, 14.3
-    pool = ResponsePool(threads=1, capacity=2)
-    gate = threading.Event()
-    done: list[tuple[str, str | None]] = []
-
-    def blocked() -> tuple[str | None, bool]:
-        gate.wait(5)
-        return None, True
-
-    assert pool.submit("a", blocked, (), lambda r: done.append(("a", r)))
-    assert pool.submit("b", blocked, (), lambda r: done.append(("b", r)))
-    assert not pool.submit("c", blocked, (), lambda r: done.append(("c", r)))
-    gate.set()
-    wait_for(lambda: len(done) == 2, what="both sent")
-    assert done == [("a", None), ("b", None)]
-    assert pool.submit("d", blocked, (), lambda r: done.append(("d", r)))
-    wait_for(lambda: len(done) == 3, what="d sent")
-
-
-def test_retries_wait_in_the_pool_not_in_a_thread() -> None:  # 14.3
-    pool = ResponsePool(threads=1, capacity=8)
-    tries: dict[str, int] = {"slow": 0, "fast": 0}
-    done: list[str] = []
-
-    def attempt(name: str) -> tuple[str | None, bool]:
-        tries[name] += 1
-        return ("timed out", False) if name == "slow" else (None, True)
-
-    pool.submit("slow", lambda: attempt("slow"), (0.3, 0.3), lambda r: done.append(f"slow:{r}"))
-    pool.submit("fast", lambda: attempt("fast"), (), lambda r: done.append(f"fast:{r}"))
-    wait_for(lambda: "fast:None" in done, timeout=0.25, what="fast sent while slow waits")
-    wait_for(lambda: "slow:timed out" in done, timeout=2, what="slow given up")
-    assert tries == {"slow": 3, "fast": 1}
+# The response pool itself is tested over real sockets in tests/test_responses.py.
 
 
 @pytest.fixture
@@ -244,7 +212,7 @@ def identity(coms_dir: Path) -> PeerIdentity:
 def test_a_full_response_pool_is_a_logged_refusal_and_stays_owed(
     identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
 ) -> None:  # 9.1: never a silent drop; the outbox keeps it
-    pool = ResponsePool(threads=1, capacity=0)
+    pool = ResponsePool(capacity=0)
     settled: list[str] = []
     ref = PeerActor.start(
         supervisor=FakeRef(), identity=identity, questions=FakeRef(), queue_depth=lambda: 0,

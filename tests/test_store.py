@@ -13,7 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,8 @@ from coms_hermes_bridge.actors.store import (
     CLOSED_MEMORY,
     CLOSED_TRIM_BATCH,
     SCHEMA_VERSION,
+    SETTLE_BATCH,
+    SETTLE_DELAY_S,
     Store,
     StoreClosedError,
     adopt_shared_state,
@@ -377,24 +379,67 @@ def owe_many(store: Store, count: int) -> list[str]:
     return owners
 
 
-def test_settles_arriving_together_share_one_commit(store: Store) -> None:
-    # issue 14: one commit per settled response serialized every sender on the store's lock
-    owe_many(store, 8)
-    commits: list[str] = []
-    assert store._conn is not None
-    store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
-    returned: list[int] = []
-    with store._lock:  # a write in progress: the first settle waits, the others join it
-        leader = threading.Thread(target=store.sent, args=("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0"))
-        leader.start()
-        wait_for(lambda: store._settle_leader, what="the first settle to lead")
-        for i in range(1, 8):
-            store.sent(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")  # returns at once
-            returned.append(i)
-    leader.join(5)
-    assert returned == list(range(1, 8)) and not leader.is_alive()
-    assert store.outbox() == []
-    assert commits.count("COMMIT") == 2  # the leader's, with all eight, and outbox()'s read
+def test_settles_arriving_together_share_one_commit(path: Path) -> None:
+    # issue 14: one commit per settled response cost as much as the close itself
+    timers: list[tuple[float, Callable[[], None]]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append((delay, action)))
+    try:
+        owe_many(store, 8)
+        commits: list[str] = []
+        assert store._conn is not None
+        store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
+        for i in range(8):
+            store.sent(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")  # no commit, no wait
+        assert commits == [] and rows(store, "outbox") == 8
+        assert [delay for delay, _ in timers] == [SETTLE_DELAY_S]  # one timer for all eight
+        timers[0][1]()  # it fires
+        assert commits == ["COMMIT"] and rows(store, "outbox") == 0
+        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the next settle starts a new wait
+        assert len(timers) == 2
+    finally:
+        store.shutdown()
+
+
+def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path) -> None:
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    try:
+        owe_many(store, 1)
+        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        store.put_open(spec(QID))  # this write takes the settle
+        assert rows(store, "outbox") == 0
+        commits: list[str] = []
+        assert store._conn is not None
+        store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
+        timers[0]()
+        assert commits == []
+    finally:
+        store.shutdown()
+
+
+def test_a_full_batch_of_settles_is_committed_at_once(path: Path) -> None:
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    try:
+        owe_many(store, 1)
+        store._settles = [(f"q{i}", "o") for i in range(SETTLE_BATCH - 1)]
+        store._settle_leader = True  # as if a timer were on its way for those
+        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the batch is full: committed now
+        assert rows(store, "outbox") == 0 and store._settles == [] and timers == []
+    finally:
+        store.shutdown()
+
+
+def test_a_settle_is_committed_by_the_real_timer_soon(path: Path) -> None:
+    store = Store.open(path)
+    try:
+        owe_many(store, 1)
+        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        with sqlite3.connect(path) as other:  # another reader sees the commit land
+            wait_for(lambda: other.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0,
+                     timeout=SETTLE_DELAY_S + 2, what="the timer's commit")
+    finally:
+        store.shutdown()
 
 
 def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: Store) -> None:

@@ -1,0 +1,250 @@
+"""The response sender over real unix sockets (W15, issue 9.1, issue 14.3).
+
+Each test stands up a real asker socket that behaves one way (acks, nacks,
+stays silent, is gone, has a full backlog) and checks what the pool reports
+through `done`, how often it tried, and that it never waits on one asker
+while another could be served. The blocking `deliver_response` (used by the
+`cancel` command) must judge each case the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from coms_hermes_bridge.actors.responses import ResponsePool, deliver_response
+from tests.fakes import read_line, wait_for
+
+LINE = b'{"type":"response","msg_id":"q"}\n'
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(f"/tmp/chr{os.getpid()}-{time.monotonic_ns()}")
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class FakeAsker:
+    """An asker's socket: `reply(line)` says what to answer (None: stay silent)."""
+
+    def __init__(
+        self,
+        path: Path,
+        reply: Callable[[bytes], bytes | None],
+        gate: threading.Event | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.reply = reply
+        self.gate = gate
+        self.lines: list[bytes] = []
+        self.connections = 0
+        self.open_now = 0
+        self.most_open = 0
+        self._lock = threading.Lock()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.path)
+        self._server.listen(64)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+            self.open_now += 1
+            self.most_open = max(self.most_open, self.open_now)
+        try:
+            line = read_line(conn)
+            with self._lock:
+                self.lines.append(line)
+            if self.gate is not None:
+                self.gate.wait(10)
+            answer = self.reply(line)
+            if answer is None:
+                conn.recv(1)  # silent: until the sender gives up and closes
+            else:
+                conn.sendall(answer)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self.open_now -= 1
+            conn.close()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def ack(line: bytes) -> bytes:
+    return json.dumps({"type": "ack", "msg_id": json.loads(line)["msg_id"]}).encode() + b"\n"
+
+
+class Done:
+    """Collects `done` calls by qid, with the moment each came."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, str | None] = {}
+        self.at: dict[str, float] = {}
+
+    def __call__(self, qid: str) -> Callable[[str | None], None]:
+        def done(reason: str | None) -> None:
+            assert qid not in self.outcomes, f"done twice for {qid}"
+            self.outcomes[qid] = reason
+            self.at[qid] = time.monotonic()
+
+        return done
+
+
+def test_an_ack_is_success_and_the_line_arrives_whole(short_tmp: Path) -> None:  # W15
+    asker = FakeAsker(short_tmp / "a.sock", ack)
+    pool, done = ResponsePool(), Done()
+    assert pool.submit("q", asker.path, LINE, 5.0, (2.0,), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the ack")
+    assert done.outcomes == {"q": None}
+    assert asker.lines == [LINE]
+    assert pool.pending == 0
+
+
+def test_a_nack_is_final_and_says_why(short_tmp: Path) -> None:  # W15
+    asker = FakeAsker(short_tmp / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.path, LINE, 5.0, (0.05, 0.05), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the nack")
+    assert done.outcomes == {"q": "nack: no such qid"}
+    assert asker.connections == 1  # a nack is an answer: not tried again
+    assert deliver_response(asker.path, LINE, 5.0) == ("nack: no such qid", True)
+
+
+@pytest.mark.parametrize("gone", ["missing", "refused"])
+def test_an_asker_that_is_gone_is_final_at_once(short_tmp: Path, gone: str) -> None:  # W15
+    path = short_tmp / "gone.sock"
+    if gone == "refused":  # a socket file nobody listens on
+        leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        leftover.bind(str(path))
+        leftover.close()
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", str(path), LINE, 5.0, (0.05, 0.05), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the refusal")
+    expected = ("[Errno 2] No such file or directory" if gone == "missing"
+                else "[Errno 111] Connection refused")
+    assert done.outcomes == {"q": expected}
+    assert deliver_response(str(path), LINE, 5.0) == (expected, True)
+
+
+def test_a_reply_without_a_newline_then_eof_is_judged(short_tmp: Path) -> None:
+    asker = FakeAsker(short_tmp / "a.sock", lambda _: b'{"type":"ack"}')
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.path, LINE, 5.0, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the reply")
+    assert done.outcomes == {"q": None}
+
+
+def test_a_closed_connection_without_a_reply_is_retried(short_tmp: Path) -> None:  # W15
+    asker = FakeAsker(short_tmp / "a.sock", lambda _: b"")
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.path, LINE, 5.0, (0.05, 0.05), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the last try")
+    assert done.outcomes == {"q": "connection closed without a reply"}
+    assert asker.connections == 3
+    assert deliver_response(asker.path, LINE, 5.0) == ("connection closed without a reply", False)
+
+
+def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
+    short_tmp: Path,
+) -> None:  # 14.3: retries wait in the pool's heap, not in a thread
+    slow = FakeAsker(short_tmp / "slow.sock", lambda _: None)
+    fast = FakeAsker(short_tmp / "fast.sock", ack)
+    pool, done = ResponsePool(), Done()
+    began = time.monotonic()
+    pool.submit("slow", slow.path, LINE, 0.2, (0.3, 0.3), done("slow"))
+    pool.submit("fast", fast.path, LINE, 5.0, (), done("fast"))
+    wait_for(lambda: "fast" in done.outcomes, timeout=0.15, what="fast served while slow waits")
+    wait_for(lambda: "slow" in done.outcomes, timeout=5, what="slow given up")
+    assert done.outcomes == {"fast": None, "slow": "timed out"}
+    assert slow.connections == 3  # the first try and two retries
+    assert done.at["slow"] - began >= 3 * 0.2 + 0.3 + 0.3  # each try waited its timeout
+
+
+def test_the_pool_refuses_past_its_capacity(short_tmp: Path) -> None:  # 9.1, 14.3
+    gate = threading.Event()
+    asker = FakeAsker(short_tmp / "a.sock", ack, gate)
+    pool, done = ResponsePool(capacity=2), Done()
+    assert pool.submit("a", asker.path, LINE, 5.0, (), done("a"))
+    assert pool.submit("b", asker.path, LINE, 5.0, (), done("b"))
+    assert not pool.submit("c", asker.path, LINE, 5.0, (), done("c"))
+    assert pool.pending == 2
+    gate.set()
+    wait_for(lambda: len(done.outcomes) == 2, what="both sent")
+    assert done.outcomes == {"a": None, "b": None}
+    assert pool.submit("d", asker.path, LINE, 5.0, (), done("d"))
+    wait_for(lambda: "d" in done.outcomes, what="d sent")
+
+
+def test_at_most_flights_sends_hold_a_socket_at_once(short_tmp: Path) -> None:  # bounded fds
+    gate = threading.Event()
+    asker = FakeAsker(short_tmp / "a.sock", ack, gate)
+    pool, done = ResponsePool(flights=3), Done()
+    for i in range(10):
+        assert pool.submit(f"q{i}", asker.path, LINE, 5.0, (), done(f"q{i}"))
+    wait_for(lambda: asker.open_now == 3, what="three in flight")
+    time.sleep(0.05)  # give a fourth the chance to connect, if the bound were broken
+    assert asker.open_now == 3
+    assert pool.pending == 10
+    gate.set()
+    wait_for(lambda: len(done.outcomes) == 10, what="every send")
+    assert set(done.outcomes.values()) == {None}
+    assert asker.most_open == 3
+
+
+def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(short_tmp: Path) -> None:
+    big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
+    asker = FakeAsker(short_tmp / "a.sock", ack)
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.path, big, 10.0, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
+    assert done.outcomes == {"q": None}
+    assert asker.lines == [big]
+
+
+def test_a_full_backlog_is_waited_out_until_the_timeout(short_tmp: Path) -> None:  # W15
+    path = short_tmp / "full.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)  # never accepts: the backlog fills at once
+    fillers: list[socket.socket] = []
+    while True:  # fill it, as many askers' peers connecting at once would
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(path))
+        except BlockingIOError:
+            filler.close()
+            break
+        fillers.append(filler)
+    pool, done = ResponsePool(), Done()
+    began = time.monotonic()
+    pool.submit("q", str(path), LINE, 0.3, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the timeout")
+    assert done.outcomes == {"q": "timed out"}
+    assert done.at["q"] - began >= 0.3
+    # the blocking send gives up at once (EAGAIN) rather than waiting: worth a retry too
+    assert deliver_response(str(path), LINE, 0.3)[1] is False
+    server.close()
+    for filler in fillers:
+        filler.close()
