@@ -44,6 +44,8 @@ class Slot:
     here for the successor.
     """
 
+    __slots__ = ("_held", "_lock", "_ref", "_retired", "name")
+
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()

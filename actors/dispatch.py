@@ -126,9 +126,13 @@ class PoolInbox:
     pykka's unbounded queue), so a `tell` does not block its caller.
     """
 
+    __slots__ = ("__weakref__", "_actor", "_dispatcher", "_lock", "_queue", "_scheduled")
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: deque[Envelope[Any]] = deque()
+        # Made when mail comes and dropped when it is read: an empty deque costs
+        # over 600 bytes, and thousands of questions sit with empty mailboxes.
+        self._queue: deque[Envelope[Any]] | None = None
         self._actor: PooledActor | None = None
         self._dispatcher: Dispatcher | None = None
         self._scheduled = False
@@ -143,6 +147,8 @@ class PoolInbox:
 
     def put(self, envelope: Envelope[Any], /) -> None:
         with self._lock:
+            if self._queue is None:
+                self._queue = deque()
             self._queue.append(envelope)
             if self._scheduled or self._dispatcher is None:
                 return
@@ -151,12 +157,20 @@ class PoolInbox:
         dispatcher.submit(self)
 
     def get(self) -> Envelope[Any]:
-        with self._lock:
-            return self._queue.popleft()  # IndexError if empty: callers check empty() first
+        envelope = self.take()
+        if envelope is None:
+            raise IndexError("get from an empty mailbox")  # callers check empty() first
+        return envelope
 
     def take(self) -> Envelope[Any] | None:
         with self._lock:
-            return self._queue.popleft() if self._queue else None
+            queue = self._queue
+            if not queue:
+                return None
+            envelope = queue.popleft()
+            if not queue:
+                self._queue = None
+            return envelope
 
     def empty(self) -> bool:
         with self._lock:
@@ -164,7 +178,7 @@ class PoolInbox:
 
     def qsize(self) -> int:
         with self._lock:
-            return len(self._queue)
+            return len(self._queue) if self._queue else 0
 
     def run_turn(self) -> None:
         """Run the actor once; then schedule it again if mail came, or mark it idle."""
@@ -176,6 +190,49 @@ class PoolInbox:
                 self._scheduled = False
                 return
         self._dispatcher.submit(self)  # still marked scheduled: nobody else submits it
+
+
+class StopFlag:
+    """`actor_stopped` for a pooled actor: a threading.Event's interface, without
+    its Condition until someone waits.
+
+    pykka makes a threading.Event per actor; its Condition's empty deque costs
+    some 700 bytes, paid by every one of thousands of open questions although
+    the runtime only ever calls `set` and `is_set`. A waiter (anyone may call
+    `ref.actor_stopped.wait()`) gets a real Event, made on demand.
+    """
+
+    __slots__ = ("_event", "_flag")
+    _lock = threading.Lock()  # one for all flags: only `set` and a first `wait` take it
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        with StopFlag._lock:
+            self._flag = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def clear(self) -> None:
+        with StopFlag._lock:
+            self._flag = False
+            if self._event is not None:
+                self._event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with StopFlag._lock:
+            if self._flag:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
 
 class PooledActor(pykka.Actor):
@@ -190,6 +247,14 @@ class PooledActor(pykka.Actor):
     throughput: ClassVar[int] = DEFAULT_THROUGHPUT
 
     _started = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # pykka made an Event and gave it to the ref; both get the flag instead,
+        # before the actor is started or its ref handed out (start() does both later).
+        stopped = StopFlag()
+        self.actor_stopped = stopped  # type: ignore[assignment]
+        self._actor_ref.actor_stopped = stopped  # type: ignore[assignment]
 
     @staticmethod
     def _create_actor_inbox() -> ActorInbox:

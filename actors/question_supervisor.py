@@ -64,7 +64,7 @@ def failed_error(error: str) -> str:
     return f"{FAILED_PREFIX}: {error}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Running:
     """One question this supervisor watches over."""
 

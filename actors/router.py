@@ -89,7 +89,7 @@ from coms_hermes_bridge.messages.wire import PromptEnvelope
 _JUDGED_MEMORY = 1000
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenQuestion:
     """The Router's view of one open question: where to reach it, whose it is
     (the prompt that opened it, X2), and if it is answering."""

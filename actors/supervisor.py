@@ -25,7 +25,6 @@ driven by messages, so it is tested with fake children and a fake clock.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -74,17 +73,21 @@ class ChildSpec:
 class Intensity:
     """MaxR restarts in MaxT seconds, over a monotonic clock; pure and injectable."""
 
+    __slots__ = ("_times", "clock", "max_restarts", "window_s")
+
     def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float]) -> None:
         self.max_restarts = max_restarts
         self.window_s = window_s
         self.clock = clock
-        self._times: deque[tuple[float, str]] = deque()
+        # A list, not a deque: it holds at most a few entries, and one Intensity
+        # per open question must not cost an empty deque's 600 bytes each.
+        self._times: list[tuple[float, str]] = []
 
     def allow(self, who: str = "") -> bool:
         """Record one restart (of `who`) now; False when it is one too many in the window."""
         now = self.clock()
         while self._times and now - self._times[0][0] >= self.window_s:
-            self._times.popleft()
+            del self._times[0]
         self._times.append((now, who))
         return len(self._times) <= self.max_restarts
 

@@ -11,7 +11,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.base import PooledChild
-from coms_hermes_bridge.actors.dispatch import Dispatcher, PooledActor, PoolInbox
+from coms_hermes_bridge.actors.dispatch import Dispatcher, PooledActor, PoolInbox, StopFlag
 from coms_hermes_bridge.messages.commands import ChildFailed
 from tests.fakes import FakeRef, thread_count, wait_for
 
@@ -266,3 +266,37 @@ def test_the_inbox_is_pykkas_mailbox_protocol() -> None:
     assert inbox.empty()
     with pytest.raises(IndexError):
         inbox.get()
+
+
+def test_a_stopped_pooled_actor_wakes_whoever_waits_for_its_stop() -> None:
+    # pykka's `actor_stopped` keeps its Event interface (is_set, wait) on a pooled actor
+    ref = Recorder.start([])
+    assert isinstance(ref.actor_stopped, StopFlag) and ref.is_alive()
+    assert not ref.actor_stopped.wait(0.01)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(ref.actor_stopped.wait(5)))
+    waiter.start()
+    ref.stop()
+    waiter.join(5)
+    assert woken == [True]
+    assert ref.actor_stopped.is_set() and not ref.is_alive()
+    assert ref.actor_stopped.wait(0)  # set already: at once
+
+
+def test_an_idle_mailbox_holds_no_queue() -> None:
+    # issue 14 (memory): thousands of idle questions must not each keep an empty deque
+    log: list[Any] = []
+    ref = Recorder.start(log)
+    inbox = ref.actor_inbox
+    assert isinstance(inbox, PoolInbox)
+    for n in range(5):
+        ref.tell(n)
+    wait_for(lambda: log == [0, 1, 2, 3, 4], what="all five")
+    wait_for(lambda: inbox.qsize() == 0, what="read")
+    assert inbox._queue is None and inbox.empty()
+    ref.tell("again")  # and mail still comes through
+    wait_for(lambda: log[-1] == "again", what="the sixth")
+    with pytest.raises(IndexError):
+        wait_for(lambda: inbox._queue is None, what="read")
+        inbox.get()
+    ref.stop()
