@@ -2,10 +2,11 @@
 
 `Slot` is a child's stable address: collaborators hold the slot, never the
 actor ref, so a restarted child is reachable at once and nothing told to it
-while it was down is lost. `Child` is the base of every supervised actor: when
-it dies of an exception it hands what was still in its mailbox (and whatever
-work it had taken out of it) to its supervisor, which restarts it and replays
-those messages in order.
+while it was down is lost. `Supervised` is the base of every supervised actor
+(`Child` on a thread of its own, `PooledChild` and `PooledService` on the
+shared dispatcher): when it dies of an exception it hands what was still in
+its mailbox (and whatever work it had taken out of it) to its supervisor,
+which restarts it and replays those messages in order.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ class Supervised(pykka.Actor):
         self.supervisor = supervisor
 
     def begin(self) -> None:
-        """Take over this actor's resources; runs in the actor's thread before any message."""
+        """Take over this actor's resources; runs in the actor's first turn, before any message."""
 
     def on_start(self) -> None:
         # pykka stops an actor whose on_start raises without calling
@@ -302,7 +303,18 @@ class Child(Supervised, pykka.ThreadingActor):
 
 
 class PooledChild(Supervised, PooledActor):
-    """A supervised actor whose turns run on the shared dispatcher: the many questions,
-    and the long-lived actors whose turns never wait for long (Logger, Router,
-    QuestionSupervisor, Watcher, Peer): their blocking work is in helper threads,
-    and what is left (a store write, a bounded file read, a log append) is short."""
+    """A supervised actor whose turns run on the shared dispatcher (the many questions)."""
+
+
+class PooledService(PooledChild):
+    """A long-lived supervised actor on the shared dispatcher, served ahead of the
+    questions (Logger, Router, QuestionSupervisor, Watcher, Peer).
+
+    Its turns must not wait for long: what waits on another process (a
+    connection, inotify, hermes) is in a helper thread, and what is left (a
+    store write, a file of at most 64 KiB, a log append, the registry entry
+    written every 30 s) is short and local. At a stop or a crash its `release`
+    may join a helper thread for up to a second.
+    """
+
+    urgent = True

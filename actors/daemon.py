@@ -9,9 +9,11 @@ and socket go away, W8) and exits 0, or 1 when the daemon gave up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 from types import FrameType
@@ -21,7 +23,7 @@ import pykka
 from coms_hermes_bridge.actors.base import report, utc_now
 from coms_hermes_bridge.actors.config import BridgeConfig, UsageError, parse_config
 from coms_hermes_bridge.actors.peer import IdentityError, PeerActor, resolve_identity
-from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry
+from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, remove_entry_if_ours
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from coms_hermes_bridge.actors.store import Store, adopt_shared_state
 from coms_hermes_bridge.actors.tree import start_tree
@@ -41,6 +43,23 @@ def published(identity: PeerIdentity) -> bool:
     """Our registry entry is up, and with it the socket (the Peer listens first, W7)."""
     entry = read_entry(identity.entry_path)
     return entry is not None and entry.session_id == identity.session_id
+
+
+def unpublish_if_left(identity: PeerIdentity) -> bool:
+    """W8 whatever the stops managed: our entry and socket go with the daemon.
+
+    A Peer whose stop waited behind a long backlog may not have run its release
+    before the daemon exits, and the pool must not keep sending to a dead
+    socket under an entry with a fresh heartbeat. Only our own entry (same
+    session) is removed, and the endpoint only if it is a socket. True if the
+    entry was still there.
+    """
+    if not remove_entry_if_ours(identity.entry_path, identity.session_id):
+        return False
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(identity.endpoint).st_mode):
+            os.unlink(identity.endpoint)
+    return True
 
 
 def run(config: BridgeConfig) -> int:
@@ -120,6 +139,7 @@ def run(config: BridgeConfig) -> int:
         except (pykka.Timeout, pykka.ActorDeadError):
             pass
     pykka.ActorRegistry.stop_all(block=False)
+    unpublish_if_left(identity)
     store.shutdown()
     link.close()
     return exit_code[0]

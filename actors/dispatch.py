@@ -7,7 +7,8 @@ they have for `pykka.ThreadingActor`. What differs is where its code runs.
 A ThreadingActor owns an OS thread that blocks on its mailbox; with thousands
 of open questions that is thousands of sleeping threads, and waking one gets
 slower as they pile up. A PooledActor's mailbox instead asks a `Dispatcher`
-(a few worker threads shared by many actors, as Akka's dispatchers are) to
+(worker threads shared by many actors, as Akka's dispatchers are; the
+daemon's has one, see DEFAULT_THREADS) to
 run the actor for one turn whenever it holds a message and is not already
 scheduled. A turn handles up to `throughput` messages, in mailbox order, and
 gives the thread back, so a busy actor cannot starve the others.
@@ -51,15 +52,24 @@ __all__ = ["DEFAULT_THREADS", "Dispatcher", "PooledActor", "shared_dispatcher"]
 # next costs an append, not a thread wake-up (docs/architecture.md, figures).
 DEFAULT_THREADS = 1
 DEFAULT_THROUGHPUT = 8
+# Urgent actors (the few long-lived ones) go first, but after this many urgent
+# turns in a row one ordinary turn runs, if one waits: neither lane starves.
+URGENT_BURST = 4
 
 
 class Dispatcher:
-    """A fixed set of worker threads running actor turns from one ready queue.
+    """A fixed set of worker threads running actor turns from two ready queues.
 
     Threads start on first use and are daemon threads, as the actors' own
-    threads are: a wedged turn must not keep the process from exiting. The
+    threads are: a wedged turn must not keep the process from exiting. Each
     ready queue holds at most one entry per actor, so it is bounded by the
     number of live actors.
+
+    Actors marked `urgent` (the long-lived ones: the Router, the Peer, ...)
+    are served ahead of the others (the questions), URGENT_BURST turns at a
+    time, then one ordinary turn: a health probe, an admission or a stop
+    waits behind the long-lived actors' own mail, not behind thousands of
+    questions' turns, and the questions still move.
     """
 
     def __init__(self, threads: int = DEFAULT_THREADS, name: str = "dispatch") -> None:
@@ -68,6 +78,8 @@ class Dispatcher:
         self.size = threads
         self.name = name
         self._ready: deque[PoolInbox] = deque()
+        self._urgent: deque[PoolInbox] = deque()
+        self._urgent_run = 0  # urgent turns since the last ordinary one
         self._cond = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
 
@@ -76,7 +88,7 @@ class Dispatcher:
         with self._cond:
             if not self._threads:
                 self._start_threads()
-            self._ready.append(inbox)
+            (self._urgent if inbox.urgent else self._ready).append(inbox)
             self._cond.notify()
 
     def _start_threads(self) -> None:
@@ -88,15 +100,23 @@ class Dispatcher:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._ready:
+                while not self._ready and not self._urgent:
                     self._cond.wait()
-                inbox = self._ready.popleft()
+                inbox = self._next()
             try:
                 inbox.run_turn()
             except BaseException as exc:  # a bug in the turn machinery itself; keep the worker
                 from coms_hermes_bridge.actors.base import report  # base imports this module
 
                 report(f"{self.name}: a turn failed outside its actor: {exc!r}")
+
+    def _next(self) -> PoolInbox:
+        """The next actor to run (under the lock; one of the queues holds one)."""
+        if self._urgent and (self._urgent_run < URGENT_BURST or not self._ready):
+            self._urgent_run += 1
+            return self._urgent.popleft()
+        self._urgent_run = 0
+        return self._ready.popleft()
 
     @property
     def threads(self) -> int:
@@ -126,7 +146,7 @@ class PoolInbox:
     pykka's unbounded queue), so a `tell` does not block its caller.
     """
 
-    __slots__ = ("__weakref__", "_actor", "_dispatcher", "_lock", "_queue", "_scheduled")
+    __slots__ = ("__weakref__", "_actor", "_dispatcher", "_lock", "_queue", "_scheduled", "urgent")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -136,6 +156,7 @@ class PoolInbox:
         self._actor: PooledActor | None = None
         self._dispatcher: Dispatcher | None = None
         self._scheduled = False
+        self.urgent = False
 
     def attach(self, actor: PooledActor, dispatcher: Dispatcher) -> None:
         """Start running `actor` (its on_start comes first, in the first turn)."""
@@ -143,6 +164,7 @@ class PoolInbox:
             self._actor = actor
             self._dispatcher = dispatcher
             self._scheduled = True
+            self.urgent = actor.urgent
         dispatcher.submit(self)
 
     def put(self, envelope: Envelope[Any], /) -> None:
@@ -215,9 +237,8 @@ class StopFlag:
     def set(self) -> None:
         with StopFlag._lock:
             self._flag = True
-            event = self._event
-        if event is not None:
-            event.set()
+            if self._event is not None:
+                self._event.set()
 
     def clear(self) -> None:
         with StopFlag._lock:
@@ -245,6 +266,7 @@ class PooledActor(pykka.Actor):
 
     dispatcher: ClassVar[Dispatcher | None] = None
     throughput: ClassVar[int] = DEFAULT_THROUGHPUT
+    urgent: ClassVar[bool] = False  # served ahead of the others (see Dispatcher)
 
     _started = False
 

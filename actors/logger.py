@@ -10,25 +10,29 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
-from coms_hermes_bridge.actors.base import PooledChild, report
+from coms_hermes_bridge.actors.base import PooledService, report
 from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from coms_hermes_bridge.messages.commands import Address, LogEvent, UnknownMessage
 
-# A batch is written once the mailbox is empty, or at these bounds.
+# A batch is written once the mailbox is empty, or at these bounds (the size in
+# characters, which bounds the bytes to four times as many).
 BATCH_LINES = 256
-BATCH_BYTES = 256 * 1024
+BATCH_CHARS = 256 * 1024
+BATCH_AGE_S = 0.2
 
 
-class LoggerActor(PooledChild):
+class LoggerActor(PooledService):
     """Appends one JSON line per LogEvent, and never lets a write failure escape.
 
     Lines are written in batches: each record joins a batch that is written
     (one write call) as soon as the mailbox is empty, or at BATCH_LINES or
     BATCH_BYTES, so a burst of thousands of events costs a few writes, while a
-    lone event is written at once. The file stays open between batches; before
+    lone event is written at once, and no line waits more than BATCH_AGE_S for
+    a busy mailbox to empty. The file stays open between batches; before
     each batch one stat of the path tells whether it was rotated away, deleted
     or loosened, so logrotate and chmod take effect at the next line as when
     the file was opened per record.
@@ -39,6 +43,7 @@ class LoggerActor(PooledChild):
         self.log_path = log_path
         self._batch: list[str] = []
         self._batch_size = 0
+        self._batch_since = 0.0  # when its first line came
         self._fd: int | None = None
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
 
@@ -46,12 +51,15 @@ class LoggerActor(PooledChild):
         match message:
             case LogEvent(record=record):
                 line = record.to_line()
+                if not self._batch:
+                    self._batch_since = time.monotonic()
                 self._batch.append(line)
                 self._batch_size += len(line)
                 if (
-                    self._batch_size >= BATCH_BYTES
+                    self._batch_size >= BATCH_CHARS
                     or len(self._batch) >= BATCH_LINES
                     or self.actor_inbox.empty()
+                    or time.monotonic() - self._batch_since >= BATCH_AGE_S
                 ):
                     self._flush()
             case _:

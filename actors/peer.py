@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coms_hermes_bridge.actors.base import PooledChild, report, utc_now
+from coms_hermes_bridge.actors.base import PooledService, report, utc_now
 from coms_hermes_bridge.actors.files import private_dir
 from coms_hermes_bridge.actors.registry import (
     PROBE_TIMEOUT_S,
@@ -471,7 +471,7 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
 _RESPONSES = ResponsePool()
 
 
-class PeerActor(PooledChild):
+class PeerActor(PooledService):
     """Owns the coms identity: socket, registry entry, heartbeat, outgoing responses."""
 
     def __init__(

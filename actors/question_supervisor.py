@@ -25,7 +25,7 @@ from typing import Any
 import pykka
 
 from coms_hermes_bridge.actors.base import (
-    PooledChild,
+    PooledService,
     Slot,
     is_resource_shortage,
     report,
@@ -73,7 +73,7 @@ class Running:
     intensity: Intensity
 
 
-class QuestionSupervisor(PooledChild):
+class QuestionSupervisor(PooledService):
     """Starts, restarts and, past its bound, gives up on single questions."""
 
     def __init__(

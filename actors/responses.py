@@ -56,7 +56,7 @@ def judge_reply(reply: bytes) -> Outcome:
         return "connection closed without a reply", False
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return f"unexpected reply: {text[:200]}", True
     if isinstance(body, dict) and body.get("type") == "ack":
         return None, True
@@ -229,9 +229,13 @@ class ResponsePool:
                 due.append(heapq.heappop(self._heap))
             self._starting = len(due)  # so that `pending` never dips meanwhile
         for send in due:
-            self._begin(selector, send, now)
-            with self._lock:
-                self._starting -= 1
+            try:
+                self._begin(selector, send, now)
+            except Exception as exc:  # a fault in one send must not stop the others
+                self._finish(send, (_failure(exc), False))
+            finally:
+                with self._lock:
+                    self._starting -= 1
         wait = self._next_wait(time.monotonic())
         with self._lock:
             if self._heap and self._heap[0].due <= time.monotonic() and (
@@ -249,10 +253,13 @@ class ResponsePool:
                 continue
             flight = key.data
             assert isinstance(flight, _Flight)
-            if mask & selectors.EVENT_WRITE:
-                self._write(selector, flight)
-            elif mask & selectors.EVENT_READ:
-                self._read(selector, flight)
+            try:
+                if mask & selectors.EVENT_WRITE:
+                    self._write(selector, flight)
+                elif mask & selectors.EVENT_READ:
+                    self._read(selector, flight)
+            except Exception as exc:  # this send fails (and may be retried); not the loop
+                self._land(selector, flight, (_failure(exc), False))
         self._expire(selector, time.monotonic())
 
     def _next_wait(self, now: float) -> float | None:
@@ -298,9 +305,13 @@ class ResponsePool:
             self._finish(send, (_failure(error), code in _GONE))
             return
         flight = _Flight(send, sock, send.started + send.timeout, memoryview(send.line))
+        try:
+            selector.register(sock, selectors.EVENT_WRITE, flight)
+        except BaseException:
+            sock.close()
+            raise
         with self._lock:
             self._flying[sock.fileno()] = flight
-        selector.register(sock, selectors.EVENT_WRITE, flight)
         self._write(selector, flight)
 
     def _write(self, selector: selectors.BaseSelector, flight: _Flight) -> None:

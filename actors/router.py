@@ -31,7 +31,7 @@ from typing import Any
 
 from ulid import ULID
 
-from coms_hermes_bridge.actors.base import PooledChild, Slot, report, utc_now
+from coms_hermes_bridge.actors.base import PooledService, Slot, report, utc_now
 from coms_hermes_bridge.actors.config import DEFAULT_MAX_OPEN, DEFAULT_PROJECT
 from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store
 from coms_hermes_bridge.messages.commands import (
@@ -120,7 +120,7 @@ class _Answering(Mapping[str, bool]):
         return len(self._table)
 
 
-class QuestionRouter(PooledChild):
+class QuestionRouter(PooledService):
     """Owns the question table; told by the Peer, the Watcher and the questions."""
 
     def __init__(

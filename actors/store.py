@@ -255,7 +255,8 @@ class Store:
 
     One SQLite file, in WAL mode, readable by its owner only (mode 0600).
 
-    Durability: every write is committed before its method returns. The file
+    Durability: every write is committed before its method returns, except a
+    settle (`sent`), which may wait up to SETTLE_DELAY_S for a commit. The file
     runs in WAL mode with `synchronous=NORMAL`: a commit reaches the WAL file
     through the OS before returning, so it survives a crash or kill of the
     process (the case this store exists for); only a power loss or kernel
@@ -555,7 +556,10 @@ class Store:
         if now:
             self._commit_settles()
         elif first:  # no commit is on its way for these yet
-            self._schedule(SETTLE_DELAY_S, self._settle_later)
+            try:
+                self._schedule(SETTLE_DELAY_S, self._settle_later)
+            except Exception:  # no timer for it (no thread, say): commit now instead
+                self._commit_settles()
 
     def _commit_settles(self) -> None:
         try:
@@ -574,7 +578,7 @@ class Store:
         try:
             self._commit_settles()
         except StoreClosedError:
-            pass  # shut down meanwhile: shutdown() committed them
+            pass  # shut down meanwhile: shutdown() committed what waited; later ones stay owed
         except Exception as exc:  # on the timer thread: reported, never raised
             report(f"state database {self.path}: could not record sent responses: {exc!r}")
 

@@ -11,8 +11,10 @@ Per name it remembers when the file was first seen (C10's grace and X6's claim
 window run from then) and which version it last handed on, so that a rescan
 re-reads only what changed or what waited long enough, not every file still
 there (issue 14.4). A plain rescan does not even stat a file handed on and not
-yet due: inotify reports every change to it, and only when inotify overflowed
-(events lost) does the next rescan look at every file. Both memories are
+yet due: inotify reports every new version of it (a write closed, a rename or
+a creation over it; a version made otherwise is looked at again when it is
+due, after `reoffer_s`), and only when inotify overflowed (events lost) does
+the next rescan look at every file. Both memories are
 bounded.
 
 Paths are plain strings (the directory's path plus a name), not `Path`s: with
@@ -36,7 +38,7 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
-from coms_hermes_bridge.actors.base import PooledChild, report, utc_now
+from coms_hermes_bridge.actors.base import PooledService, report, utc_now
 from coms_hermes_bridge.actors.files import private_dir
 from coms_hermes_bridge.messages.commands import (
     Address,
@@ -93,6 +95,7 @@ class _Kind:
         return f"<{self.what}>"
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _GONE = _Kind("gone")
 _DIRECTORY = _Kind("directory")
 _NOT_A_FILE = _Kind("not a regular file")
@@ -112,7 +115,7 @@ class _Tracked:
     resend_at: float = 0.0  # that version is not sent again before this
 
 
-class WatcherActor(PooledChild):
+class WatcherActor(PooledService):
     """Turns files in the questions directory into AnswerFileSeen, and disposes of them."""
 
     def __init__(
@@ -152,6 +155,7 @@ class WatcherActor(PooledChild):
         self._scan_cut_reported = False
         self._halt = threading.Event()
         self._rescan_queued = threading.Event()
+        self._deep_queued = threading.Event()
         self._helper: threading.Thread | None = None
 
     # -- life cycle -----------------------------------------------------------
@@ -203,10 +207,12 @@ class WatcherActor(PooledChild):
                     # The directory was deleted or moved away: the actor makes it again.
                     self.actor_ref.tell(WatchEnded(wd))
                 if any(e.mask & flags.Q_OVERFLOW for e in events):
-                    # Events were lost: every file must be looked at. Rare (reading
-                    # drains the queue), so it skips the one-queued guard.
+                    # Events were lost: every file must be looked at (one such scan
+                    # queued at a time, as for the plain ones).
                     next_rescan = time.monotonic() + interval
-                    self.actor_ref.tell(Rescan(deep=True))
+                    if not self._deep_queued.is_set():
+                        self._deep_queued.set()
+                        self.actor_ref.tell(Rescan(deep=True))
                 elif time.monotonic() >= next_rescan:
                     next_rescan = time.monotonic() + interval
                     # One queued Rescan is enough: a slow actor must not drown in them.
@@ -228,8 +234,7 @@ class WatcherActor(PooledChild):
                 for name in dict.fromkeys(names):
                     self._examine(name)
             case Rescan(deep=deep):
-                if not deep:
-                    self._rescan_queued.clear()
+                (self._deep_queued if deep else self._rescan_queued).clear()
                 self._rescan(deep=deep)
             case DisposeAnswerFile(name=name, signature=signature, verdict=verdict):
                 self._dispose(name, signature, verdict)
@@ -416,14 +421,19 @@ class WatcherActor(PooledChild):
         path = self._prefix + name
         for _ in range(_READ_ATTEMPTS):
             try:
-                # O_NONBLOCK and O_NOFOLLOW: a FIFO or a symlink swapped in is not an answer.
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+                # O_NONBLOCK and O_NOFOLLOW: a FIFO or a symlink swapped in is not an
+                # answer; O_NOCTTY: nor is a terminal, which must not become ours.
+                fd = os.open(path, _OPEN_FLAGS)
             except FileNotFoundError:
                 return _GONE
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
                     return _NOT_A_FILE
-                return None
+                # Not openable (no permission, a device on a nodev mount, ...):
+                # what is it? A regular file is tried again later; anything else
+                # is not an answer, whatever its name.
+                kind = self._kind(name)
+                return None if kind is _FILE else kind
             try:
                 before = os.fstat(fd)
                 if not stat.S_ISREG(before.st_mode):

@@ -300,3 +300,80 @@ def test_an_idle_mailbox_holds_no_queue() -> None:
         wait_for(lambda: inbox._queue is None, what="read")
         inbox.get()
     ref.stop()
+
+
+class Lane(PooledActor):
+    """Appends (its name, the message) to a shared order; on a dispatcher of its own."""
+
+    dispatcher = Dispatcher(1, "test-lanes")
+
+    def __init__(self, name: str, order: list[tuple[str, Any]], gate: threading.Event) -> None:
+        super().__init__()
+        self.name = name
+        self.order = order
+        self.gate = gate
+
+    def on_receive(self, message: Any) -> None:
+        if message == "hold":
+            self.gate.wait(5)
+        self.order.append((self.name, message))
+
+
+class UrgentLane(Lane):
+    urgent = True
+
+
+def test_urgent_actors_go_first_but_never_starve_the_others() -> None:
+    # the long-lived actors (health probe, admission, stop) must not wait behind
+    # thousands of questions' turns; the questions must still move
+    order: list[tuple[str, Any]] = []
+    gate = threading.Event()
+    holder = Lane.start("holder", order, gate)
+    holder.tell("hold")  # the one thread is busy: what follows queues up
+    wait_for(lambda: holder.actor_inbox.empty(), what="the holder running")
+    questions = [Lane.start(f"q{i}", order, gate) for i in range(20)]
+    for question in questions:
+        question.tell("answer")
+    service = UrgentLane.start("service", order, gate)
+    for n in range(20):
+        service.tell(n)
+        wait_for(lambda: not service.actor_inbox.empty(), what="queued")
+    gate.set()
+    wait_for(lambda: len(order) == 41, what="every message")
+    names = [name for name, _ in order]
+    assert names[0] == "holder"
+    # the service's 20 messages: its turns (up to 8 messages each) come first, and an
+    # ordinary turn runs after each URGENT_BURST of them, if the service has more
+    assert names.index("service") < names.index("q0")
+    served = [n for name, n in order if name == "service"]
+    assert served == list(range(20))  # in order
+    assert names.count("service") == 20 and names[-1].startswith("q")
+    for actor in [holder, *questions, service]:
+        actor.stop()
+
+
+def test_a_busy_urgent_actor_lets_one_ordinary_turn_through_per_burst() -> None:
+    dispatcher = Dispatcher(1, "test-burst")
+    gate = threading.Event()
+    ran: list[str] = []
+
+    class Inbox:  # a stand-in with just what the dispatcher reads and calls
+        def __init__(self, name: str, urgent: bool) -> None:
+            self.name, self.urgent = name, urgent
+
+        def run_turn(self) -> None:
+            running.set()
+            gate.wait(5)
+            ran.append(self.name)
+
+    running = threading.Event()
+    dispatcher.submit(Inbox("first", False))  # type: ignore[arg-type]
+    assert running.wait(5)  # it holds the one thread while the rest queue
+    for i in range(10):
+        dispatcher.submit(Inbox(f"u{i}", True))  # type: ignore[arg-type]
+    for i in range(3):
+        dispatcher.submit(Inbox(f"o{i}", False))  # type: ignore[arg-type]
+    gate.set()
+    wait_for(lambda: len(ran) == 14, what="every turn")
+    assert ran == ["first", "u0", "u1", "u2", "u3", "o0", "u4", "u5", "u6", "u7", "o1",
+                   "u8", "u9", "o2"]

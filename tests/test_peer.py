@@ -21,6 +21,7 @@ from typing import Any
 import pykka
 import pytest
 
+from coms_hermes_bridge.actors.daemon import unpublish_if_left
 from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import (
     IdentityError,
@@ -669,3 +670,35 @@ def test_heartbeat_freshness_window() -> None:  # W9
     assert not heartbeat_fresh(iso(now + timedelta(seconds=5, milliseconds=1)), now)
     assert not heartbeat_fresh(None, now)
     assert not heartbeat_fresh("yesterday", now)
+
+
+def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity) -> None:
+    # W8 at exit even when the Peer's stop came too late to run its release
+    ref = start(identity)
+    wait_for(identity.entry_path.exists)
+    entry = read_entry(identity.entry_path)
+    assert entry is not None
+    ref.stop()
+    # as a Peer that never got to release would leave them: its entry and its socket
+    write_entry(identity.entry_path, entry)
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(identity.endpoint))
+    left.close()
+    assert unpublish_if_left(identity)
+    assert not identity.entry_path.exists() and not identity.endpoint.exists()
+    assert not unpublish_if_left(identity)  # nothing left: nothing done
+
+    # another run's entry is not ours to remove, nor its socket
+    write_entry(identity.entry_path, entry.model_copy(update={"session_id": "someone-else"}))
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(identity.endpoint))
+    other.close()
+    assert not unpublish_if_left(identity)
+    assert identity.entry_path.exists() and identity.endpoint.exists()
+
+    # our entry over something that is not a socket: the entry goes, the file stays
+    write_entry(identity.entry_path, entry)
+    identity.endpoint.unlink()
+    identity.endpoint.write_text("not a socket")
+    assert unpublish_if_left(identity)
+    assert not identity.entry_path.exists() and identity.endpoint.read_text() == "not a socket"

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,8 @@ class FakeAsker:
             self.most_open = max(self.most_open, self.open_now)
         try:
             line = read_line(conn)
+            if not line.strip():
+                return  # the sender went away before it wrote anything
             with self._lock:
                 self.lines.append(line)
             if self.gate is not None:
@@ -248,3 +251,45 @@ def test_a_full_backlog_is_waited_out_until_the_timeout(short_tmp: Path) -> None
     server.close()
     for filler in fillers:
         filler.close()
+
+
+def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(short_tmp: Path) -> None:
+    # json.loads raises RecursionError, not ValueError, for this: the sender must go on
+    asker = FakeAsker(short_tmp / "a.sock", lambda _: b"[" * 100_000 + b"\n")
+    good = FakeAsker(short_tmp / "b.sock", ack)
+    pool, done = ResponsePool(), Done()
+    pool.submit("deep", asker.path, LINE, 5.0, (0.05,), done("deep"))
+    wait_for(lambda: "deep" in done.outcomes, what="the odd reply judged")
+    assert done.outcomes["deep"] == "unexpected reply: " + "[" * 200
+    assert asker.connections == 1  # an answer, if a strange one: final
+    pool.submit("next", good.path, LINE, 5.0, (), done("next"))
+    wait_for(lambda: "next" in done.outcomes, what="the next send")
+    assert done.outcomes["next"] is None
+    assert deliver_response(asker.path, LINE, 5.0) == ("unexpected reply: " + "[" * 200, True)
+
+
+def test_a_send_that_cannot_be_watched_fails_alone(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # a fault in one send (here: the selector refuses it) is that send's failure
+    asker = FakeAsker(short_tmp / "a.sock", ack)
+    pool, done = ResponsePool(), Done()
+    pool.submit("warm", asker.path, LINE, 5.0, (), done("warm"))  # the loop is running
+    wait_for(lambda: "warm" in done.outcomes, what="the first send")
+    selector = pool._selector
+    assert selector is not None
+    real = selector.register
+    refused: list[int] = []
+
+    def register(fileobj: Any, events: int, data: Any = None) -> Any:
+        if data is not None and not refused:
+            refused.append(1)
+            raise OSError(12, "Cannot allocate memory")
+        return real(fileobj, events, data)
+
+    monkeypatch.setattr(selector, "register", register)
+    pool.submit("a", asker.path, LINE, 5.0, (), done("a"))
+    pool.submit("b", asker.path, LINE, 5.0, (), done("b"))
+    wait_for(lambda: len(done.outcomes) == 3, what="both outcomes")
+    assert sorted(done.outcomes.items(), key=lambda kv: kv[0]) == [
+        ("a", "[Errno 12] Cannot allocate memory"), ("b", None), ("warm", None)]
+    assert pool.pending == 0

@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -236,6 +237,46 @@ def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
     rig.sync()
     rig.router.quiet(0.2)
     rig.logger.quiet(0.0)
+
+
+def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C9, C10: never an answer, whatever its name, and never followed or read
+    clock = Clock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)  # grace 1000 ms
+    rig.sync()
+    names = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}.answer.json" for c in "456789"]
+    fifo, sock, link, closed_fifo, closed_file, closed_dir = names
+    os.mkfifo(rig.dir / fifo)
+    short = f"/tmp/chw{os.getpid()}.sock"  # the directory's path is too long to bind in
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound.bind(short)
+    bound.close()
+    os.rename(short, rig.dir / sock)
+    (rig.dir / link).symlink_to(tmp_path / "elsewhere.json")
+    # Entries that cannot be opened at all (as for a user without the right; the
+    # tests run as root, so the refusal is staged): what they are decides.
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith((closed_fifo, closed_file, closed_dir)):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(watcher_module.os, "open", refusing)
+    os.mkfifo(rig.dir / closed_fifo)
+    write(rig.dir / closed_file, ANSWER.replace(QID.encode(), closed_file[:26].encode()))
+    (rig.dir / closed_dir).mkdir()
+    rig.ref.tell(Rescan(deep=True))  # first sighting of each
+    rig.sync()
+    clock.now += 1.1
+    rig.ref.tell(Rescan(deep=True))
+    rejected = {rig.logged().detail["file"] for _ in range(4)}
+    assert rejected == {fifo, sock, link, closed_fifo}
+    rig.sync()
+    rig.logger.quiet(0.1)
+    assert sorted(os.listdir(rig.dir)) == sorted([closed_file, closed_dir])  # left: tried later
+    rig.router.quiet(0.0)  # nothing here was ever handed on as an answer
 
 
 # -- rejection (C9, C10) --------------------------------------------------------
