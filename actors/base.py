@@ -307,8 +307,8 @@ class PooledChild(Supervised, PooledActor):
 
 
 class PooledService(PooledChild):
-    """A long-lived supervised actor on the shared dispatcher, served ahead of the
-    questions (Logger, Router, QuestionSupervisor, Watcher, Peer).
+    """A long-lived supervised actor on the shared dispatcher (Logger, Router,
+    QuestionSupervisor, Watcher, Peer).
 
     Its turns must not wait for long: what waits on another process (a
     connection, inotify, hermes) is in a helper thread, and what is left (a
@@ -316,5 +316,3 @@ class PooledService(PooledChild):
     written every 30 s) is short and local. At a stop or a crash its `release`
     may join a helper thread for up to a second.
     """
-
-    urgent = True
