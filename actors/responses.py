@@ -144,6 +144,7 @@ class ResponsePool:
         self._wake_r = self._wake_w = -1
         self._thread: threading.Thread | None = None
         self._asleep = False  # the loop is (about to be) in select(): wake it on submit
+        self._closed = False
 
     @property
     def pending(self) -> int:
@@ -166,15 +167,16 @@ class ResponsePool:
         (nothing is queued then either).
         """
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the response sender is closed")
             if len(self._heap) + len(self._flying) + self._starting >= self.capacity:
                 return False
             self._start()  # first: if it cannot start, nothing is left queued
             send = _Send(time.monotonic(), 0, qid, endpoint, line, timeout, pauses, done)
             self._push(send)
-            wake = self._asleep
-            self._asleep = False
-        if wake:
-            self._wake()
+            if self._asleep:  # under the lock, so a close cannot shut the pipe meanwhile
+                self._asleep = False
+                self._wake()
         return True
 
     # -- the loop -------------------------------------------------------------
@@ -204,18 +206,48 @@ class ResponsePool:
         heapq.heappush(self._heap, send)
 
     def _wake(self) -> None:
+        if self._wake_w < 0:
+            return  # closed
         with contextlib.suppress(BlockingIOError):  # a byte is there already: enough
             os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        """Stop the thread and close every socket; what was not sent stays unsent.
+
+        For a pool that is not the process's own (tests, tools): the daemon's
+        lives as long as the process, and what it had not sent is still owed
+        in the outbox at the next start. `done` is not called for those sends.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._wake()  # under the lock: the loop cannot have closed the pipe yet
+        if thread is not None:
+            thread.join(timeout=5)
 
     def _run(self) -> None:
         selector = self._selector
         assert selector is not None
-        while True:
-            try:
-                self._turn(selector)
-            except Exception as exc:  # a bug here must not end every future response
-                report(f"response sender: {exc!r}", "error")
-                time.sleep(0.1)
+        try:
+            while not self._closed:
+                try:
+                    self._turn(selector)
+                except Exception as exc:  # a bug here must not end every future response
+                    report(f"response sender: {exc!r}", "error")
+                    time.sleep(0.1)
+        finally:
+            with self._lock:
+                flights, self._flying = list(self._flying.values()), {}
+                self._heap.clear()
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r = self._wake_w = -1
+            for flight in flights:
+                flight.sock.close()
+            selector.close()
 
     def _turn(self, selector: selectors.BaseSelector) -> None:
         now = time.monotonic()

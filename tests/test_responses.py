@@ -9,6 +9,7 @@ while another could be served. The blocking `deliver_response` (used by the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +34,28 @@ def short_tmp() -> Iterator[Path]:
     path.mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def closed_at_the_end(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every pool and asker a test makes is closed after it: no thread outlives it."""
+    made: list[Any] = []
+    real_pool_init = ResponsePool.__init__
+    real_asker_init = FakeAsker.__init__
+
+    def pool_init(self: ResponsePool, *args: Any, **kwargs: Any) -> None:
+        real_pool_init(self, *args, **kwargs)
+        made.append(self)
+
+    def asker_init(self: FakeAsker, *args: Any, **kwargs: Any) -> None:
+        real_asker_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(ResponsePool, "__init__", pool_init)
+    monkeypatch.setattr(FakeAsker, "__init__", asker_init)
+    yield
+    for thing in reversed(made):
+        thing.close()
 
 
 class FakeAsker:
@@ -91,6 +114,8 @@ class FakeAsker:
             conn.close()
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # close() alone does not wake accept()
         self._server.close()
 
 
@@ -293,3 +318,19 @@ def test_a_send_that_cannot_be_watched_fails_alone(
     assert sorted(done.outcomes.items(), key=lambda kv: kv[0]) == [
         ("a", "[Errno 12] Cannot allocate memory"), ("b", None), ("warm", None)]
     assert pool.pending == 0
+
+
+def test_a_closed_pool_ends_its_thread_and_refuses_more(short_tmp: Path) -> None:
+    silent = FakeAsker(short_tmp / "a.sock", lambda _: None)
+    before = {t.ident for t in threading.enumerate()}
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", silent.path, LINE, 60.0, (), done("q"))
+    wait_for(lambda: silent.open_now == 1, what="in flight")
+    sender = [t for t in threading.enumerate() if t.ident not in before and t.name == "peer-response"]
+    assert len(sender) == 1
+    pool.close()
+    assert not sender[0].is_alive()
+    wait_for(lambda: silent.open_now == 0, what="its socket closed")
+    assert done.outcomes == {}  # not sent, not settled: it stays owed
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit("r", silent.path, LINE, 1.0, (), done("r"))
