@@ -300,3 +300,19 @@ def test_an_idle_mailbox_holds_no_queue() -> None:
         wait_for(lambda: inbox._queue is None, what="read")
         inbox.get()
     ref.stop()
+
+
+def test_a_dispatcher_needs_a_thread_and_names_its_threads() -> None:
+    with pytest.raises(ValueError, match=r"^a dispatcher needs at least one thread$"):
+        Dispatcher(0)
+    dispatcher = Dispatcher(2)
+    ran: list[str] = []
+
+    class Inbox:  # what the dispatcher calls on a mailbox, and no more
+        def run_turn(self) -> None:
+            ran.append(threading.current_thread().name)
+
+    dispatcher.submit(Inbox())  # type: ignore[arg-type]
+    wait_for(lambda: len(ran) == 1, what="the turn")
+    assert ran[0] in {"dispatch-0", "dispatch-1"}  # SIGUSR1's stack dump shows these names
+    assert dispatcher.threads == 2

@@ -66,10 +66,15 @@ class FakeAsker:
         path: Path,
         reply: Callable[[bytes], bytes | None],
         gate: threading.Event | None = None,
+        *,
+        split: bool = False,
+        linger: bool = False,
     ) -> None:
         self.path = str(path)
         self.reply = reply
         self.gate = gate
+        self.split = split  # the reply in two writes, a moment apart
+        self.linger = linger  # keep the connection open after replying
         self.lines: list[bytes] = []
         self.connections = 0
         self.open_now = 0
@@ -104,8 +109,14 @@ class FakeAsker:
             answer = self.reply(line)
             if answer is None:
                 conn.recv(1)  # silent: until the sender gives up and closes
+            elif self.split:
+                conn.sendall(answer[:5])
+                time.sleep(0.05)
+                conn.sendall(answer[5:])
             else:
                 conn.sendall(answer)
+            if answer is not None and self.linger:
+                conn.recv(1)  # until the sender closes
         except OSError:
             pass
         finally:
@@ -334,3 +345,32 @@ def test_a_closed_pool_ends_its_thread_and_refuses_more(short_tmp: Path) -> None
     assert done.outcomes == {}  # not sent, not settled: it stays owed
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit("r", silent.path, LINE, 1.0, (), done("r"))
+
+
+@pytest.mark.parametrize("how", ["split", "linger"])
+def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(short_tmp: Path, how: str) -> None:
+    # W15: the reply is one line, however it arrives; the sender does not wait
+    # for the asker to close once the line is in
+    asker = FakeAsker(short_tmp / "a.sock", ack, split=how == "split", linger=how == "linger")
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.path, LINE, 5.0, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, timeout=2, what="the ack")
+    assert done.outcomes == {"q": None}
+    began = time.monotonic()
+    assert deliver_response(asker.path, LINE, 5.0) == (None, True)
+    assert time.monotonic() - began < 2
+
+
+def test_a_silent_asker_times_out_the_blocking_send_too(short_tmp: Path) -> None:
+    silent = FakeAsker(short_tmp / "a.sock", lambda _: None)
+    assert deliver_response(silent.path, LINE, 0.2) == ("timed out", False)
+
+
+def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(short_tmp: Path) -> None:
+    # a sender_endpoint longer than a unix socket address may be: said, not raised
+    endpoint = str(short_tmp / ("x" * 200))
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", endpoint, LINE, 5.0, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the failure")
+    assert done.outcomes == {"q": "AF_UNIX path too long"}
+    assert deliver_response(endpoint, LINE, 5.0) == ("AF_UNIX path too long", False)

@@ -7,6 +7,7 @@ tests at the end use the real clock and write files the ways the gateway may.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -66,6 +67,19 @@ class Clock:
         return self.now
 
 
+_RIGS: list[pykka.ActorRef[Any]] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_the_watchers() -> Iterator[None]:
+    """Each test's watcher stops with it: the watchers share one dispatcher thread,
+    and one left running (rescanning a directory a test removed) costs the next."""
+    yield
+    while _RIGS:
+        with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+            _RIGS.pop().stop(timeout=5)
+
+
 class Rig:
     def __init__(
         self, directory: Path, poll_ms: float, clock: Clock | None, **options: float
@@ -87,6 +101,7 @@ class Rig:
             **extra,
             **options,
         )
+        _RIGS.append(self.ref)
 
     def sync(self) -> None:
         """Wait until the watcher has handled everything told to it so far."""
