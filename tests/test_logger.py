@@ -151,3 +151,16 @@ def test_a_deleted_log_file_is_made_again(tmp_path: Path) -> None:  # C20
     second = log_record(AT, QID, "delivered")
     ref.ask(LogEvent(second))
     assert log_path.read_text(encoding="utf-8") == second.to_line()
+
+
+def test_lines_still_batched_when_the_logger_crashes_are_written(tmp_path: Path) -> None:
+    # C20: a crash (here an unknown message) loses no line already told to the logger
+    log_path = tmp_path / "log.ndjson"
+    supervisor = FakeRef("supervisor")
+    ref = LoggerActor.start(supervisor=supervisor, log_path=log_path)
+    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
+    for record in records:
+        ref.tell(LogEvent(record))
+    ref.tell("not a LogEvent")  # queued behind them: the batch is still open when it fails
+    supervisor.next()  # the failure, reported once the actor has released
+    assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")

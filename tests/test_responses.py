@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import socket
 import threading
 import time
@@ -26,14 +24,6 @@ from coms_hermes_bridge.actors.responses import ResponsePool, deliver_response
 from tests.fakes import read_line, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(f"/tmp/chr{os.getpid()}-{time.monotonic_ns()}")
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -150,8 +140,8 @@ class Done:
         return done
 
 
-def test_an_ack_is_success_and_the_line_arrives_whole(short_tmp: Path) -> None:  # W15
-    asker = FakeAsker(short_tmp / "a.sock", ack)
+def test_an_ack_is_success_and_the_line_arrives_whole(coms_dir: Path) -> None:  # W15
+    asker = FakeAsker(coms_dir / "a.sock", ack)
     pool, done = ResponsePool(), Done()
     assert pool.submit("q", asker.path, LINE, 5.0, (2.0,), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the ack")
@@ -160,8 +150,8 @@ def test_an_ack_is_success_and_the_line_arrives_whole(short_tmp: Path) -> None: 
     assert pool.pending == 0
 
 
-def test_a_nack_is_final_and_says_why(short_tmp: Path) -> None:  # W15
-    asker = FakeAsker(short_tmp / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
+def test_a_nack_is_final_and_says_why(coms_dir: Path) -> None:  # W15
+    asker = FakeAsker(coms_dir / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.path, LINE, 5.0, (0.05, 0.05), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the nack")
@@ -171,8 +161,8 @@ def test_a_nack_is_final_and_says_why(short_tmp: Path) -> None:  # W15
 
 
 @pytest.mark.parametrize("gone", ["missing", "refused"])
-def test_an_asker_that_is_gone_is_final_at_once(short_tmp: Path, gone: str) -> None:  # W15
-    path = short_tmp / "gone.sock"
+def test_an_asker_that_is_gone_is_final_at_once(coms_dir: Path, gone: str) -> None:  # W15
+    path = coms_dir / "gone.sock"
     if gone == "refused":  # a socket file nobody listens on
         leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         leftover.bind(str(path))
@@ -186,16 +176,16 @@ def test_an_asker_that_is_gone_is_final_at_once(short_tmp: Path, gone: str) -> N
     assert deliver_response(str(path), LINE, 5.0) == (expected, True)
 
 
-def test_a_reply_without_a_newline_then_eof_is_judged(short_tmp: Path) -> None:
-    asker = FakeAsker(short_tmp / "a.sock", lambda _: b'{"type":"ack"}')
+def test_a_reply_without_a_newline_then_eof_is_judged(coms_dir: Path) -> None:
+    asker = FakeAsker(coms_dir / "a.sock", lambda _: b'{"type":"ack"}')
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.path, LINE, 5.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the reply")
     assert done.outcomes == {"q": None}
 
 
-def test_a_closed_connection_without_a_reply_is_retried(short_tmp: Path) -> None:  # W15
-    asker = FakeAsker(short_tmp / "a.sock", lambda _: b"")
+def test_a_closed_connection_without_a_reply_is_retried(coms_dir: Path) -> None:  # W15
+    asker = FakeAsker(coms_dir / "a.sock", lambda _: b"")
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.path, LINE, 5.0, (0.05, 0.05), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the last try")
@@ -205,10 +195,10 @@ def test_a_closed_connection_without_a_reply_is_retried(short_tmp: Path) -> None
 
 
 def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
-    short_tmp: Path,
+    coms_dir: Path,
 ) -> None:  # 14.3: retries wait in the pool's heap, not in a thread
-    slow = FakeAsker(short_tmp / "slow.sock", lambda _: None)
-    fast = FakeAsker(short_tmp / "fast.sock", ack)
+    slow = FakeAsker(coms_dir / "slow.sock", lambda _: None)
+    fast = FakeAsker(coms_dir / "fast.sock", ack)
     pool, done = ResponsePool(), Done()
     began = time.monotonic()
     pool.submit("slow", slow.path, LINE, 0.2, (0.3, 0.3), done("slow"))
@@ -220,9 +210,9 @@ def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
     assert done.at["slow"] - began >= 3 * 0.2 + 0.3 + 0.3  # each try waited its timeout
 
 
-def test_the_pool_refuses_past_its_capacity(short_tmp: Path) -> None:  # 9.1, 14.3
+def test_the_pool_refuses_past_its_capacity(coms_dir: Path) -> None:  # 9.1, 14.3
     gate = threading.Event()
-    asker = FakeAsker(short_tmp / "a.sock", ack, gate)
+    asker = FakeAsker(coms_dir / "a.sock", ack, gate)
     pool, done = ResponsePool(capacity=2), Done()
     assert pool.submit("a", asker.path, LINE, 5.0, (), done("a"))
     assert pool.submit("b", asker.path, LINE, 5.0, (), done("b"))
@@ -235,9 +225,9 @@ def test_the_pool_refuses_past_its_capacity(short_tmp: Path) -> None:  # 9.1, 14
     wait_for(lambda: "d" in done.outcomes, what="d sent")
 
 
-def test_at_most_flights_sends_hold_a_socket_at_once(short_tmp: Path) -> None:  # bounded fds
+def test_at_most_flights_sends_hold_a_socket_at_once(coms_dir: Path) -> None:  # bounded fds
     gate = threading.Event()
-    asker = FakeAsker(short_tmp / "a.sock", ack, gate)
+    asker = FakeAsker(coms_dir / "a.sock", ack, gate)
     pool, done = ResponsePool(flights=3), Done()
     for i in range(10):
         assert pool.submit(f"q{i}", asker.path, LINE, 5.0, (), done(f"q{i}"))
@@ -251,9 +241,9 @@ def test_at_most_flights_sends_hold_a_socket_at_once(short_tmp: Path) -> None:  
     assert asker.most_open == 3
 
 
-def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(short_tmp: Path) -> None:
+def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(coms_dir: Path) -> None:
     big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
-    asker = FakeAsker(short_tmp / "a.sock", ack)
+    asker = FakeAsker(coms_dir / "a.sock", ack)
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.path, big, 10.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
@@ -261,8 +251,8 @@ def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(short_tmp: Pat
     assert asker.lines == [big]
 
 
-def test_a_full_backlog_is_waited_out_until_the_timeout(short_tmp: Path) -> None:  # W15
-    path = short_tmp / "full.sock"
+def test_a_full_backlog_is_waited_out_until_the_timeout(coms_dir: Path) -> None:  # W15
+    path = coms_dir / "full.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(0)  # never accepts: the backlog fills at once
@@ -289,10 +279,10 @@ def test_a_full_backlog_is_waited_out_until_the_timeout(short_tmp: Path) -> None
         filler.close()
 
 
-def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(short_tmp: Path) -> None:
+def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Path) -> None:
     # json.loads raises RecursionError, not ValueError, for this: the sender must go on
-    asker = FakeAsker(short_tmp / "a.sock", lambda _: b"[" * 100_000 + b"\n")
-    good = FakeAsker(short_tmp / "b.sock", ack)
+    asker = FakeAsker(coms_dir / "a.sock", lambda _: b"[" * 100_000 + b"\n")
+    good = FakeAsker(coms_dir / "b.sock", ack)
     pool, done = ResponsePool(), Done()
     pool.submit("deep", asker.path, LINE, 5.0, (0.05,), done("deep"))
     wait_for(lambda: "deep" in done.outcomes, what="the odd reply judged")
@@ -305,9 +295,9 @@ def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(short_tmp: Pa
 
 
 def test_a_send_that_cannot_be_watched_fails_alone(
-    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    coms_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # a fault in one send (here: the selector refuses it) is that send's failure
-    asker = FakeAsker(short_tmp / "a.sock", ack)
+    asker = FakeAsker(coms_dir / "a.sock", ack)
     pool, done = ResponsePool(), Done()
     pool.submit("warm", asker.path, LINE, 5.0, (), done("warm"))  # the loop is running
     wait_for(lambda: "warm" in done.outcomes, what="the first send")
@@ -331,8 +321,8 @@ def test_a_send_that_cannot_be_watched_fails_alone(
     assert pool.pending == 0
 
 
-def test_a_closed_pool_ends_its_thread_and_refuses_more(short_tmp: Path) -> None:
-    silent = FakeAsker(short_tmp / "a.sock", lambda _: None)
+def test_a_closed_pool_ends_its_thread_and_refuses_more(coms_dir: Path) -> None:
+    silent = FakeAsker(coms_dir / "a.sock", lambda _: None)
     before = {t.ident for t in threading.enumerate()}
     pool, done = ResponsePool(), Done()
     pool.submit("q", silent.path, LINE, 60.0, (), done("q"))
@@ -348,10 +338,10 @@ def test_a_closed_pool_ends_its_thread_and_refuses_more(short_tmp: Path) -> None
 
 
 @pytest.mark.parametrize("how", ["split", "linger"])
-def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(short_tmp: Path, how: str) -> None:
+def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(coms_dir: Path, how: str) -> None:
     # W15: the reply is one line, however it arrives; the sender does not wait
     # for the asker to close once the line is in
-    asker = FakeAsker(short_tmp / "a.sock", ack, split=how == "split", linger=how == "linger")
+    asker = FakeAsker(coms_dir / "a.sock", ack, split=how == "split", linger=how == "linger")
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.path, LINE, 5.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, timeout=2, what="the ack")
@@ -361,14 +351,14 @@ def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(short_tmp: Path, how
     assert time.monotonic() - began < 2
 
 
-def test_a_silent_asker_times_out_the_blocking_send_too(short_tmp: Path) -> None:
-    silent = FakeAsker(short_tmp / "a.sock", lambda _: None)
+def test_a_silent_asker_times_out_the_blocking_send_too(coms_dir: Path) -> None:
+    silent = FakeAsker(coms_dir / "a.sock", lambda _: None)
     assert deliver_response(silent.path, LINE, 0.2) == ("timed out", False)
 
 
-def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(short_tmp: Path) -> None:
+def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Path) -> None:
     # a sender_endpoint longer than a unix socket address may be: said, not raised
-    endpoint = str(short_tmp / ("x" * 200))
+    endpoint = str(coms_dir / ("x" * 200))
     pool, done = ResponsePool(), Done()
     pool.submit("q", endpoint, LINE, 5.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the failure")
