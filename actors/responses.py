@@ -110,6 +110,7 @@ class _Send:
     pauses: tuple[float, ...] = field(compare=False)
     done: Callable[[str | None], None] = field(compare=False)
     started: float | None = field(default=None, compare=False)  # this attempt's first connect
+    starting: bool = field(default=False, compare=False)  # counted in ResponsePool._starting
 
 
 @dataclass
@@ -200,7 +201,15 @@ class ResponsePool:
             raise
         self._thread = thread
 
+    def _started(self, send: _Send) -> None:
+        """Under the lock: the send is counted where it went (heap, flying, done), not
+        as starting any more; in the same step, so `pending` never counts it twice."""
+        if send.starting:
+            send.starting = False
+            self._starting -= 1
+
     def _push(self, send: _Send) -> None:
+        self._started(send)
         self._seq += 1
         send.seq = self._seq
         heapq.heappush(self._heap, send)
@@ -258,8 +267,10 @@ class ResponsePool:
                 and self._heap[0].due <= now
                 and len(self._flying) + len(due) < self.flights
             ):
-                due.append(heapq.heappop(self._heap))
-            self._starting = len(due)  # so that `pending` never dips meanwhile
+                send = heapq.heappop(self._heap)
+                send.starting = True  # so that `pending` never dips meanwhile
+                due.append(send)
+            self._starting = len(due)
         for send in due:
             try:
                 self._begin(selector, send, now)
@@ -267,7 +278,7 @@ class ResponsePool:
                 self._finish(send, (_failure(exc), False))
             finally:
                 with self._lock:
-                    self._starting -= 1
+                    self._started(send)  # if it ended without going anywhere
         wait = self._next_wait(time.monotonic())
         with self._lock:
             if self._heap and self._heap[0].due <= time.monotonic() and (
@@ -344,6 +355,7 @@ class ResponsePool:
             raise
         with self._lock:
             self._flying[sock.fileno()] = flight
+            self._started(send)
         self._write(selector, flight)
 
     def _write(self, selector: selectors.BaseSelector, flight: _Flight) -> None:
