@@ -196,9 +196,11 @@ class Bridge:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited {self.proc.returncode}: {self.stderr_lines}")
-            if not path.exists():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:  # not yet, or a dead run's entry just pruned (W9)
                 return None
-            entry: dict[str, Any] = json.loads(path.read_text())
+            entry: dict[str, Any] = json.loads(text)
             return entry if entry.get("pid") == self.proc.pid else None
 
         self.entry = wait_for(ready, timeout, "registry entry")
