@@ -138,10 +138,18 @@ def run(config: BridgeConfig) -> int:
             peer.stop(block=True, timeout=0.3)
         except (pykka.Timeout, pykka.ActorDeadError):
             pass
-    pykka.ActorRegistry.stop_all(block=False)
-    unpublish_if_left(identity)
-    store.shutdown()
-    link.close()
+    # Each last step on its own: whatever failed before, stopping finishes and
+    # says why in one line, never a traceback, and the exit code stays as decided.
+    for step, action in (
+        ("stop the actors", lambda: pykka.ActorRegistry.stop_all(block=False)),
+        ("remove the registry entry", lambda: unpublish_if_left(identity)),
+        ("close the state database", store.shutdown),
+        ("close the service link", link.close),
+    ):
+        try:
+            action()
+        except Exception as exc:
+            report(f"while stopping, could not {step}: {exc!r}", "warning")
     return exit_code[0]
 
 

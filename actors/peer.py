@@ -60,6 +60,7 @@ from coms_hermes_bridge.messages.wire import (
     RegistryEntry,
     ResponseEnvelope,
     WireModel,
+    invalid_text,
 )
 
 __all__ = [
@@ -91,7 +92,7 @@ INVALID_JSON = "invalid json"
 NOT_TAKEN = "bridge accepts prompts, cancels, and pings"
 INVALID_PROMPT = "invalid prompt envelope"
 INVALID_CANCEL = "invalid cancel envelope"
-NOT_ADMITTED = "bridge could not take the question"
+NOT_ADMITTED = "bridge could not take the question (internal error)"
 BUSY = "bridge is busy: too many connections; try again"
 
 
@@ -120,6 +121,13 @@ def _take_line(buffer: bytes, eof: bool) -> tuple[bytes | None, bool]:
     if eof:
         return (buffer if buffer.strip() else None), True
     return None, False
+
+
+def _refusal(kind: str, exc: ValidationError) -> str:
+    """The nack for an envelope that is not one: `kind`, and the field when its text
+    is not valid Unicode (X12); other faults keep the pool's plain words (W14)."""
+    why = invalid_text(exc)
+    return kind if why is None else f"{kind}: {why}"
 
 
 def _reject_constant(name: str) -> Any:
@@ -423,20 +431,21 @@ class Listener:
         if kind == "prompt":
             try:
                 prompt = PromptEnvelope.model_validate(body)
-            except ValidationError:
-                return Nack(msg_id=msg_id, error=INVALID_PROMPT), None
+            except ValidationError as exc:
+                return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
             try:
                 self._admit(prompt)
             except AdmissionRefused as exc:  # full (9.10), someone else's qid (X2): as it is
                 return Nack(msg_id=prompt.msg_id, error=str(exc)), None
-            except Exception as exc:  # the bridge could not take it: say so, never ack
-                return Nack(msg_id=prompt.msg_id, error=f"{NOT_ADMITTED}: {exc}"), None
+            except Exception as exc:  # unforeseen: our words to the peer, the cause to stderr
+                report(f"could not take question {prompt.msg_id!r}: {exc!r}", "error")
+                return Nack(msg_id=prompt.msg_id, error=NOT_ADMITTED), None
             return Ack(msg_id=prompt.msg_id), None
         if kind == "cancel":
             try:
                 cancel = CancelEnvelope.model_validate(body)
-            except ValidationError:
-                return Nack(msg_id=msg_id, error=INVALID_CANCEL), None
+            except ValidationError as exc:
+                return Nack(msg_id=msg_id, error=_refusal(INVALID_CANCEL, exc)), None
             return Ack(msg_id=cancel.msg_id), lambda: self._questions.tell(CancelQuestion(cancel))
         if kind == "ping":
             return Pong(msg_id=msg_id, agent_card=self._pong_card()), None

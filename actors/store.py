@@ -37,7 +37,7 @@ from coms_hermes_bridge.messages.commands import (
     SendText,
 )
 from coms_hermes_bridge.messages.model import ParsedPrompt, State
-from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps
+from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps, has_lone_surrogate
 
 SCHEMA_VERSION = 3
 CLOSED_MEMORY = 1000
@@ -329,7 +329,7 @@ class Store:
                 self._settle_leader = False
             try:
                 if settles:
-                    conn.executemany("DELETE FROM outbox WHERE qid = ? AND owner = ?", settles)
+                    settles = self._apply_settles(conn, settles)
                 yield conn
                 conn.commit()
             except BaseException:
@@ -337,6 +337,38 @@ class Store:
                 with self._settle_lock:  # not settled after all: the next write tries again
                     self._settles[:0] = settles
                 raise
+
+    def _apply_settles(
+        self, conn: sqlite3.Connection, settles: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """Delete the settled rows; those applied, for a rollback to put back.
+
+        A settle SQLite cannot even take (text that is not UTF-8, a wrong type)
+        is dropped alone, said once with its qid: no outbox row can hold such a
+        key, so nothing stays owed by dropping it, and kept in the batch it
+        would fail every later write. A fault of the file (locked, full) is
+        not the item's: it fails the whole write, and the settles wait for the next.
+        """
+        try:
+            conn.executemany("DELETE FROM outbox WHERE qid = ? AND owner = ?", settles)
+            return settles
+        except (ValueError, TypeError, OverflowError, sqlite3.InterfaceError,
+                sqlite3.ProgrammingError):
+            pass
+        kept: list[tuple[str, str]] = []
+        for settle in settles:  # the deletes already made are made again: no harm
+            try:
+                conn.execute("DELETE FROM outbox WHERE qid = ? AND owner = ?", settle)
+            except (ValueError, TypeError, OverflowError, sqlite3.InterfaceError,
+                    sqlite3.ProgrammingError) as exc:
+                report(
+                    f"state database {self.path}: dropped the record of a sent response "
+                    f"for {settle[0]!r}: {exc!r:.200}",
+                    "error",
+                )
+            else:
+                kept.append(settle)
+        return kept
 
     def _next_seq(self, table: str) -> int:
         """The next number in `table`'s order (under the lock; a rolled-back one leaves a gap)."""
@@ -490,18 +522,24 @@ class Store:
     def owed_notes(self) -> list[SendText]:
         """Notes decided but not yet run by hermes, oldest first (sent again at start)."""
         with self._transaction() as conn:
-            rows = conn.execute("SELECT id, qid, purpose, text FROM notes ORDER BY seq").fetchall()
+            rows = conn.execute(
+                "SELECT rowid, id, qid, purpose, text FROM notes ORDER BY seq"
+            ).fetchall()
         notes: list[SendText] = []
-        bad: list[str] = []
-        for note_id, qid, purpose, text in rows:
-            if all(isinstance(v, str) for v in (note_id, qid, text)) and purpose in _NOTE_PURPOSES:
+        bad: list[int] = []
+        for rowid, note_id, qid, purpose, text in rows:
+            if (
+                all(isinstance(v, str) for v in (note_id, qid, text))
+                and purpose in _NOTE_PURPOSES
+                and not has_lone_surrogate([note_id, qid, text])  # X12: hermes could not take it
+            ):
                 notes.append(SendText(qid, text, purpose, note_id=note_id))
             else:
-                bad.append(note_id)
+                bad.append(rowid)  # by rowid: a bad key may not even bind
                 report(f"state database {self.path}: dropped a note owed for {qid!r}")
         if bad:
             with self._transaction() as conn:
-                conn.executemany("DELETE FROM notes WHERE id = ?", [(b,) for b in bad])
+                conn.executemany("DELETE FROM notes WHERE rowid = ?", [(b,) for b in bad])
         return notes
 
     def open_spec(self, qid: str, owner: str) -> QuestionSpec | None:
@@ -586,17 +624,24 @@ class Store:
         """Responses decided but not yet handed to their askers, oldest first."""
         with self._transaction() as conn:
             rows = conn.execute(
-                "SELECT qid, owner, prompt, response, error FROM outbox ORDER BY seq"
+                "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY seq"
             ).fetchall()
         owed: list[SendResponse] = []
-        for qid, owner, prompt, response, error in rows:
+        bad: list[int] = []
+        for rowid, qid, owner, prompt, response, error in rows:
             try:
+                if has_lone_surrogate([qid, owner, response, error]):  # X12, as on the wire
+                    raise ValueError("text that is not valid Unicode")
                 envelope = PromptEnvelope.model_validate(json.loads(prompt))
                 owed.append(SendResponse(envelope, json.loads(response), error, owner or None))
             except Exception as exc:  # whatever the decoder raises (RecursionError too)
+                bad.append(rowid)
                 report(
                     f"state database {self.path}: dropped a response owed for {qid!r}: {exc!r:.200}"
                 )
+        if bad:  # said once: the row goes, or it would be said at every start
+            with self._transaction() as conn:
+                conn.executemany("DELETE FROM outbox WHERE rowid = ?", [(b,) for b in bad])
         return owed
 
     def consumed(self) -> dict[str, tuple[str, FileSignature]]:
@@ -624,34 +669,36 @@ class Store:
         with self._transaction() as conn:
             self._trim_closed(conn)
             specs: list[QuestionSpec] = []
-            bad_open: list[Any] = []
-            for qid, prompt, parsed, timeout_ms, deadline, state in conn.execute(
-                "SELECT qid, prompt, parsed, timeout_ms, deadline, state"
+            bad_open: list[int] = []
+            for rowid, qid, prompt, parsed, timeout_ms, deadline, state in conn.execute(
+                "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state"
                 " FROM open_questions ORDER BY seq, rowid"
             ).fetchall():
                 try:
                     specs.append(_spec(qid, prompt, parsed, timeout_ms, deadline, state))
-                except Exception as exc:  # 9.8: RecursionError, MemoryError... never block a start
-                    bad_open.append(qid)
+                except Exception as exc:  # RecursionError, MemoryError...: never block a start
+                    bad_open.append(rowid)
                     report(
                         f"state database {self.path}: dropped open question {qid!r}: {exc!r:.200}"
                     )
             closed: list[tuple[str, State]] = []
-            bad_closed: list[str] = []
-            for qid, state in conn.execute(
-                "SELECT qid, state FROM closed_questions ORDER BY seq"
+            bad_closed: list[int] = []
+            for rowid, qid, state in conn.execute(
+                "SELECT rowid, qid, state FROM closed_questions ORDER BY seq"
             ).fetchall():
-                if isinstance(qid, str) and state in _STATES:
+                if isinstance(qid, str) and state in _STATES and not has_lone_surrogate(qid):
                     closed.append((qid, state))
                 else:
-                    bad_closed.append(qid)
+                    bad_closed.append(rowid)
                     report(
                         f"state database {self.path}: dropped closed question {qid!r}:"
                         f" bad state {state!r}"
                     )
-            conn.executemany("DELETE FROM open_questions WHERE qid = ?", [(q,) for q in bad_open])
             conn.executemany(
-                "DELETE FROM closed_questions WHERE qid = ?", [(q,) for q in bad_closed]
+                "DELETE FROM open_questions WHERE rowid = ?", [(r,) for r in bad_open]
+            )
+            conn.executemany(
+                "DELETE FROM closed_questions WHERE rowid = ?", [(r,) for r in bad_closed]
             )
         return specs, closed
 
@@ -664,17 +711,27 @@ class Store:
             try:
                 with self._transaction():
                     pass
-            except (sqlite3.Error, StoreClosedError) as exc:
+            except Exception as exc:  # stopping must finish, whatever failed: they stay owed
                 report(f"state database {self.path}: could not record sent responses: {exc!r}")
         with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                report(f"state database {self.path}: could not close cleanly: {exc!r}")
 
 
 def _after(delay_s: float, action: Callable[[], None]) -> object:
     """Run `action` on the shared timer thread in `delay_s` seconds."""
     return shared_timers().at(time.time() + delay_s, action)
+
+
+def _text(raw: bytes) -> str:
+    """SQLite text as str, never an error: bytes that are not UTF-8 (a file edited
+    by another tool) come back as lone surrogates, which every reader refuses
+    row by row (X12) instead of the whole query failing."""
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -689,6 +746,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(
             str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
         )
+        conn.text_factory = _text
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             report(f"state database {path}: WAL mode unavailable (journal mode {mode!r})")
@@ -724,11 +782,14 @@ def _spec(
     """Rebuild one open question from its row; ValueError or TypeError if it does not parse.
 
     The JSON is read with `json.loads`, as the peer reads envelopes off the
-    socket, rather than pydantic's own parser: that one refuses the lone
-    surrogates (escaped by `dumps`) that a prompt may legitimately carry.
+    socket, and checked by the same model: a row whose text is not valid
+    Unicode (X12; written by an older version, or by hand) is refused here as
+    it would be on the wire.
     """
     if not isinstance(qid, str):
         raise TypeError(f"qid is {type(qid).__name__}")
+    if has_lone_surrogate(qid):
+        raise ValueError("qid is not valid Unicode")
     if not isinstance(prompt, str) or not isinstance(parsed, str):
         raise TypeError("prompt and parsed must be text")
     if not isinstance(timeout_ms, int | float) or not isinstance(deadline, int | float):
@@ -773,6 +834,7 @@ def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
         conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
     except sqlite3.Error as exc:
         raise OSError(f"cannot open state database {path}: {exc}") from exc
+    conn.text_factory = _text
     try:
         tables = {
             name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")

@@ -39,6 +39,7 @@ from coms_hermes_bridge.actors.timers import TimerService, shared_timers
 from coms_hermes_bridge.actors.watcher import WatcherActor
 from coms_hermes_bridge.messages.commands import (
     Address,
+    AdmissionRefused,
     NewQuestion,
     QuestionSpec,
     QueueDepthQuery,
@@ -47,6 +48,7 @@ from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 ADMIT_TIMEOUT_S = 5.0
 DEPTH_TIMEOUT_S = 2.0
+RESTARTING = "bridge is restarting; try again"
 
 
 @dataclass
@@ -69,9 +71,11 @@ class Tree:
         ack means "durable"; a refusal or a store error raises, and the asker is nacked."""
         ref = self.slots["router"].ref
         if ref is None:
-            raise pykka.ActorDeadError("the router is restarting")
+            raise AdmissionRefused(RESTARTING)
         try:
             ref.ask(NewQuestion(envelope), block=True, timeout=ADMIT_TIMEOUT_S)
+        except pykka.ActorDeadError:  # it died under the ask; its successor takes the next
+            raise AdmissionRefused(RESTARTING) from None
         except pykka.Timeout:
             report(f"question {envelope.msg_id} is queued but was not stored within "
                    f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")

@@ -478,8 +478,8 @@ class WatcherActor(PooledService):
             case Rejected(reason="foreign_qid"):
                 # X6: another bridge sharing this directory may own it: leave it for a while.
                 self._hold_or_reject(name, signature, verdict, self.claim_s)
-            case Rejected(reason=reason, qid=qid):
-                self._reject(name, reason, qid, signature)
+            case Rejected(reason=reason, qid=qid, error=error):
+                self._reject(name, reason, qid, signature, error)
 
     def _hold_or_reject(
         self, name: str, signature: FileSignature, verdict: Rejected, window_s: float
@@ -502,6 +502,7 @@ class WatcherActor(PooledService):
         reason: RejectReason,
         qid: str | None,
         signature: FileSignature | None = None,
+        error: str | None = None,
     ) -> None:
         """C9: a rejected file is removed and logged as answer_rejected.
 
@@ -513,8 +514,11 @@ class WatcherActor(PooledService):
         detail: dict[str, Any] = {"reason": reason, "file": name}
         if signature is not None and signature.size > ANSWER_FILE_LIMIT:
             detail.update(size=signature.size, limit=ANSWER_FILE_LIMIT)  # never read
+        if error is not None:
+            detail["error"] = error
         self._log(qid, "answer_rejected", detail)
-        report(f"rejected answer file {name}: {reason}", "warning")
+        report(f"rejected answer file {name}: {reason}" + (f" ({error})" if error else ""),
+               "warning")
         if qid is not None and reason in UNREADABLE_REASONS:
             self._note_unreadable(qid, reason)
 

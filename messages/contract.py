@@ -33,7 +33,7 @@ from coms_hermes_bridge.messages.model import (
     State,
     is_valid_qid,
 )
-from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
+from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope, invalid_text
 
 TELEGRAM_TEXT_LIMIT = 4096
 # An answer is one short JSON object; a file larger than this is never read (it
@@ -453,6 +453,7 @@ class Rejected:
 
     reason: RejectReason
     qid: str | None = None
+    error: str | None = None  # what in the file broke the rule, where that is worth saying
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,8 +498,8 @@ def validate_answer(
         return Rejected("invalid_json", qid)
     try:
         answer = AnswerFile.model_validate(body)
-    except ValidationError:
-        return Rejected("invalid_schema", qid)
+    except ValidationError as exc:
+        return Rejected("invalid_schema", qid, invalid_text(exc))  # X12 names the field
     if answer.qid != qid:
         return Rejected("qid_mismatch", qid)
     return Accepted(qid, answer)

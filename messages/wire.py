@@ -23,7 +23,10 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationError,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 Number = StrictInt | StrictFloat
@@ -51,6 +54,64 @@ def dumps(value: Any, *, indent: int | None = None) -> str:
 
 # One encoder for every compact line: json.dumps with options builds a new one per call.
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in `value` (dict keys too, at any depth) holds a lone surrogate.
+
+    JSON can spell one (`"\\ud800"`) and Python holds it, but no UTF-8 text
+    can: SQLite, the log, argv and Telegram would each fail on it later, far
+    from the line that brought it. Iterative, so depth never costs a frame.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _LONE_SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+INVALID_UNICODE = "invalid_unicode"
+
+
+class ValidText(BaseModel):
+    """Refuses a model any of whose fields holds text that is not valid Unicode (X12).
+
+    Inbound models (envelopes, answer files) mix this in, so such text stops at
+    the wire with an error naming the field, before anything is stored.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # Before the fields' own validators: those (a timestamp parser, say) may
+        # fail on such text with an error no caller expects. Extra fields are
+        # ignored (W18), so only the model's own are looked at.
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                wire_name = field.alias or name
+                if has_lone_surrogate(data.get(wire_name)):
+                    raise PydanticCustomError(
+                        INVALID_UNICODE, "{field} is not valid Unicode", {"field": wire_name}
+                    )
+        return data
+
+
+def invalid_text(exc: ValidationError) -> str | None:
+    """The `<field> is not valid Unicode` reason in a validation error, if that is its cause."""
+    for error in exc.errors(include_url=False, include_context=False, include_input=False):
+        if error["type"] == INVALID_UNICODE:
+            return str(error["msg"])
+        if error["type"] == "string_unicode" and error["loc"]:
+            # pydantic's own check, made by constrained strings before ours runs
+            return f"{error['loc'][0]} is not valid Unicode"
+    return None
 
 
 LINE_LIMIT = 64 * 1024 - 1
@@ -164,7 +225,7 @@ def _lenient_text(value: Any) -> str:
 LenientText = Annotated[str, BeforeValidator(_lenient_text)]
 
 
-class PromptEnvelope(WireModel):
+class PromptEnvelope(ValidText, WireModel):
     """A question from another peer (W14). Its msg_id becomes the qid (C3).
 
     Only the four fields the pool itself checks are strict; the rest are
@@ -199,7 +260,7 @@ class ResponseEnvelope(WireModel):
     error: StrictStr | None = None
 
 
-class CancelEnvelope(WireModel):
+class CancelEnvelope(ValidText, WireModel):
     """The asker withdrawing a question it answered elsewhere (C12, W16)."""
 
     type: Literal["cancel"] = "cancel"

@@ -173,7 +173,9 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
     assert replies == [f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()]
 
 
-def test_prompt_that_cannot_be_admitted_is_nacked(identity: PeerIdentity) -> None:  # W14
+def test_prompt_that_cannot_be_admitted_is_nacked_in_our_words(
+    identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
+) -> None:  # W14, X12: the cause goes to stderr once, never to the peer
     def admit(prompt: PromptEnvelope) -> None:
         raise OSError("disk full")
 
@@ -184,8 +186,12 @@ def test_prompt_that_cannot_be_admitted_is_nacked(identity: PeerIdentity) -> Non
     assert reply == {
         "type": "nack",
         "msg_id": QID,
-        "error": "bridge could not take the question: disk full",
+        "error": "bridge could not take the question (internal error)",
     }
+    lines = [line for line in capsys.readouterr().err.splitlines() if "disk full" in line]
+    assert lines == [
+        f"coms-hermes-bridge: error: could not take question '{QID}': OSError('disk full')"
+    ]
 
 
 def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity) -> None:  # W16

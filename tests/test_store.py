@@ -43,7 +43,8 @@ QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 
 
 def spec(qid: str = QID, state: State | None = None) -> QuestionSpec:
-    # Lone surrogates and non-ASCII text can arrive on the wire and must survive the file too.
+    # Non-ASCII text, outside the BMP too, must survive the file (lone surrogates never
+    # reach it: they are refused on the wire, X12).
     return QuestionSpec(
         qid=qid,
         prompt=PromptEnvelope(
@@ -53,14 +54,14 @@ def spec(qid: str = QID, state: State | None = None) -> QuestionSpec:
             hops=1.5,
             timestamp="2026-11-30T12:00:00.000Z",
             prompt=json.dumps({"question": "Ship? ✓", "options": ["Approve", "Stop"]}),
-            sender_name="builder \udc80",
+            sender_name="builder é",
             conversation_id="c-1",
             response_schema={"type": "object", "required": ["x"]},
             reply_timeout_ms=90_000,
         ),
         parsed=ParsedPrompt(
             question="Ship? ✓",
-            context="release \ud800 42",
+            context="release 🚀 42",
             options=(
                 QuestionOption(title="Approve", description="go"),
                 QuestionOption(title="Stop"),
