@@ -17,6 +17,11 @@ run *args: venv
 test *args: venv
     .venv/bin/python -m pytest -q "$@"
 
+# The long property-based run (tests/test_fuzz.py, tests/test_unicode.py): thousands of
+# hostile envelopes and answer files instead of the suite's short profile.
+fuzz *args: venv
+    HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest -q tests/test_fuzz.py tests/test_unicode.py "$@"
+
 # Lint and type-check what ships.
 check: venv
     .venv/bin/ruff check coms_hermes_bridge actors messages scripts tests

@@ -95,6 +95,17 @@ class Asker:
         except queue.Empty:
             raise AssertionError(f"no response within {timeout}s") from None
 
+    def response_for(self, msg_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The response to `msg_id`, passing over (and dropping) any other on the way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                env = self.responses.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise AssertionError(f"no response to {msg_id} within {timeout}s") from None
+            if env.get("msg_id") == msg_id:
+                return env
+
     def no_response(self, within: float = 0.5) -> None:
         try:
             env = self.responses.get(timeout=within)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pykka
 import pytest
+from hypothesis import HealthCheck, settings
 
 from coms_hermes_bridge.actors import dispatch, timers
 
@@ -29,6 +30,13 @@ def _forget_shared_services() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)
+
+# Property-based tests: a short run in the suite, a long one behind `just fuzz`.
+# No deadline per example: they drive real sockets and files on a loaded machine.
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("default", max_examples=60, **_COMMON)  # type: ignore[arg-type]
+settings.register_profile("long", max_examples=3000, **_COMMON)  # type: ignore[arg-type]
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(autouse=True)

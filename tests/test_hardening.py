@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.bridge_process import Bridge
+from tests.bridge_process import Bridge, request
 from tests.fakes import wait_for
 
 LINE_LIMIT = 64 * 1024
@@ -184,3 +184,35 @@ def test_looser_private_files_are_tightened_at_start(bridge: Bridge) -> None:  #
                            (state, "0666", "0600")]:
         line = f"coms-hermes-bridge: {path} was mode {was}; tightened to {now}"
         wait_for(lambda line=line: line in bridge.stderr_lines, what=f"{line} in {bridge.stderr_lines}")
+
+
+def test_text_that_is_not_unicode_is_refused_and_stops_nothing(bridge: Bridge) -> None:
+    # X12, C3, W14: one such line used to poison the store for every later question
+    bridge.start()
+    poison = bridge.asker.prompt_envelope("hi")
+    line = json.dumps(poison).replace(poison["msg_id"], "x\\ud800y") + "\n"
+    replies = [request(bridge.endpoint, line.encode())]
+    expected = [{"type": "nack", "msg_id": "x\ud800y",
+                 "error": "invalid prompt envelope: msg_id is not valid Unicode"}]
+    for field in ("sender_name", "prompt", "sender_cwd", "sender_endpoint", "timestamp"):
+        env = bridge.asker.prompt_envelope("hi")
+        env[field] += "\udc00"
+        replies.append(request(bridge.endpoint, json.dumps(env).encode() + b"\n"))
+        expected.append({"type": "nack", "msg_id": env["msg_id"],
+                         "error": f"invalid prompt envelope: {field} is not valid Unicode"})
+    assert replies == expected
+    qids = [bridge.ask(f"ordinary {n}") for n in range(3)]
+    for n, qid in enumerate(qids):
+        bridge.wait_log("delivered", qid)
+        bridge.answer(qid, f"answer {n}")
+    got = {env["msg_id"]: env for env in (bridge.asker.response() for _ in qids)}
+    assert {q: (got[q]["response"], got[q]["error"]) for q in qids} == {
+        q: ({"kind": "freeform", "text": f"answer {n}"}, None) for n, q in enumerate(qids)
+    }
+    assert wait_for(lambda: bridge.owed() == 0, what="responses settled")
+    assert bridge.signal(signal.SIGTERM) == 0
+    assert not [line for line in bridge.stderr_lines if "Traceback" in line or "Error(" in line]
+    assert bridge.owed() == 0  # nothing left to send again
+    bridge.start()
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0
+    bridge.asker.no_response(within=1.0)
