@@ -22,6 +22,12 @@ test *args: venv
 fuzz *args: venv
     HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest -q tests/test_fuzz.py tests/test_unicode.py "$@"
 
+# just upstream-suite /path/to/agent-fleet [--upstream] [-- node --test args]
+# (just takes a relative path from where it was started, scripts/dev from the checkout)
+# Run the TypeScript daemon's own suite against ours (docs/testing.md, "The upstream suite").
+upstream-suite path *args:
+    cd "{{invocation_directory()}}" && "{{justfile_directory()}}/scripts/upstream-suite" "$@"
+
 # Lint and type-check what ships.
 check: venv
     .venv/bin/ruff check coms_hermes_bridge actors messages scripts tests
