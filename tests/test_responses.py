@@ -323,11 +323,11 @@ def test_a_send_that_cannot_be_watched_fails_alone(
 
 def test_a_closed_pool_ends_its_thread_and_refuses_more(coms_dir: Path) -> None:
     silent = FakeAsker(coms_dir / "a.sock", lambda _: None)
-    before = {t.ident for t in threading.enumerate()}
+    before = set(threading.enumerate())  # the threads themselves: an ident is reused
     pool, done = ResponsePool(), Done()
     pool.submit("q", silent.path, LINE, 60.0, (), done("q"))
     wait_for(lambda: silent.open_now == 1, what="in flight")
-    sender = [t for t in threading.enumerate() if t.ident not in before and t.name == "peer-response"]
+    sender = [t for t in threading.enumerate() if t not in before and t.name == "peer-response"]
     assert len(sender) == 1
     pool.close()
     assert not sender[0].is_alive()
