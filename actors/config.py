@@ -25,7 +25,6 @@ DEFAULT_TARGET = "telegram"
 DEFAULT_POLL_MS = 1000
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 SHARED_STATE_NAME = "state.sqlite3"
-DEFAULT_CLAIM_MS = 10_000
 DEFAULT_MAX_OPEN = 10_000
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -52,9 +51,9 @@ class BridgeConfig:
     state_path: Path
     coms_dir: Path
     hermes: str = "hermes"
-    claim_ms: float = DEFAULT_CLAIM_MS
     max_open: int = DEFAULT_MAX_OPEN
     heartbeat_ms: float = DEFAULT_HEARTBEAT_MS
+    notices: tuple[str, ...] = ()  # said once on stderr at start (a flag kept but unused)
 
     @property
     def shared_state_path(self) -> Path:
@@ -112,11 +111,8 @@ def _parser() -> _Parser:
     p.add_argument("--poll-ms", metavar="MS", help="rescan interval in ms (default: 1000)")
     p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
     p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
-    p.add_argument(
-        "--claim-ms", metavar="MS",
-        help="how long an answer file for an unknown qid is left for another bridge "
-        "sharing the questions directory (default: 10000)",
-    )
+    # Kept so that a unit written for an older version still starts (X6 no longer waits).
+    p.add_argument("--claim-ms", metavar="MS", help=argparse.SUPPRESS)
     p.add_argument(
         "--max-open", metavar="N", help="open questions past which prompts are refused (10000)"
     )
@@ -147,8 +143,13 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     timeout = _positive("--timeout", args.timeout, None)
     poll = _positive("--poll-ms", args.poll_ms, DEFAULT_POLL_MS)
     send_timeout = _positive("--send-timeout", args.send_timeout, DEFAULT_SEND_TIMEOUT_MS)
-    claim = _positive("--claim-ms", args.claim_ms, DEFAULT_CLAIM_MS)
-    assert poll is not None and send_timeout is not None and claim is not None
+    notices: tuple[str, ...] = ()
+    if _positive("--claim-ms", args.claim_ms, None) is not None:
+        notices = (
+            "--claim-ms is no longer used: an answer file is left for another bridge on this "
+            "host exactly while that bridge's state knows its qid (X6)",
+        )
+    assert poll is not None and send_timeout is not None
     max_open = DEFAULT_MAX_OPEN
     if args.max_open is not None:
         if not args.max_open.isascii() or not args.max_open.isdigit() or int(args.max_open) < 1:
@@ -176,9 +177,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         # questions directory never restore each other's questions (issue 12.3)
         state_path=questions.parent / f"state-{args.project}.sqlite3",
         coms_dir=coms_dir,
-        claim_ms=claim,
         max_open=max_open,
         heartbeat_ms=_heartbeat_ms(env),
+        notices=notices,
     )
 
 

@@ -80,6 +80,8 @@ def run(config: BridgeConfig) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGUSR1, dump_thread_stacks)
     link = ServiceLink.from_env(os.environ)
+    for notice in config.notices:
+        report(notice, "warning")
     try:
         identity = resolve_identity(
             config.coms_dir,

@@ -126,7 +126,9 @@ class QuestionActor(PooledChild):
             case DeliveryFailed(error=error):
                 if self.state == "pending":
                     owed = self._owed(None, error)
-                    if self._move("delivery_error", {"error": error}, owed=owed):
+                    # remembered an hour: the human may have the question all the same (X11)
+                    if self._move("delivery_error", {"error": error}, owed=owed,
+                                  undelivered_at=self.clock()):
                         self._close()
                         self.peer.tell(owed)
             case AnswerArrived(answer=answer, name=name, signature=signature):
@@ -178,6 +180,7 @@ class QuestionActor(PooledChild):
         owed: SendResponse | None = None,
         answer_file: tuple[str, FileSignature] | None = None,
         note: SendText | None = None,
+        undelivered_at: float | None = None,
     ) -> bool:
         """Apply a C19 transition, make it durable and log it (C20).
 
@@ -199,6 +202,7 @@ class QuestionActor(PooledChild):
                     response=owed,
                     answer_file=answer_file,
                     note=note,
+                    undelivered_at=undelivered_at,
                 )
             if not owned:
                 # The row is another actor's now (the questions were restarted under

@@ -33,7 +33,7 @@ from ulid import ULID
 
 from coms_hermes_bridge.actors.base import PooledService, Slot, report, utc_now
 from coms_hermes_bridge.actors.config import DEFAULT_MAX_OPEN, DEFAULT_PROJECT
-from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store
+from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store, sibling_of
 from coms_hermes_bridge.messages.commands import (
     Address,
     AdmissionRefused,
@@ -64,14 +64,17 @@ from coms_hermes_bridge.messages.contract import (
     AlreadyOpen,
     Answering,
     Late,
+    OwnedElsewhere,
     Refused,
     Rejected,
     ToValidate,
+    Undelivered,
     admission,
     cancel_refused_record,
     cancel_target,
     duplicate_refused_record,
     effective_timeout_ms,
+    foreign_verdict,
     format_question,
     late_note,
     log_record,
@@ -80,9 +83,10 @@ from coms_hermes_bridge.messages.contract import (
     parse_prompt,
     qid_of,
     triage_answer,
+    undelivered_note,
     validate_answer,
 )
-from coms_hermes_bridge.messages.model import State
+from coms_hermes_bridge.messages.model import Event, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 # Late files already judged (name, version): a rescan must not send a second note.
@@ -140,9 +144,13 @@ class QuestionRouter(PooledService):
         resume_owed: bool = True,
         now: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.time,
+        sibling: Callable[[str], str | None] | None = None,
         name: str = "router",
     ) -> None:
+        """`sibling(qid)` names the other project on this host whose bridge owns
+        `qid` (X6); by default it reads their state files beside ours."""
         super().__init__(name, supervisor)
+        self.sibling = sibling or (lambda qid: sibling_of(store.path, qid, self.clock()))
         self.questions = questions
         self.peer = peer
         self.delivery = delivery
@@ -303,6 +311,9 @@ class QuestionRouter(PooledService):
                 else:
                     self._late(name, signature, verdict)
                 return
+            case Rejected(reason="foreign_qid", qid=str(qid)):
+                self._foreign(name, signature, qid)
+                return
             case Rejected():
                 self.watcher.tell(DisposeAnswerFile(name, signature, verdict))
                 return
@@ -317,20 +328,40 @@ class QuestionRouter(PooledService):
                 else:
                     self.watcher.tell(DisposeAnswerFile(name, signature, checked))
 
+    def _foreign(self, name: str, signature: FileSignature, qid: str) -> None:
+        """Neither open nor closed here: ours undelivered (X11), a sibling's (X6), or foreign."""
+        verdict = foreign_verdict(qid, self.store.undelivered(qid, self.clock()),
+                                  self.sibling(qid))
+        match verdict:
+            case Undelivered():
+                note = SendText(qid, undelivered_note(qid), "undelivered_note",
+                                note_id=f"undelivered:{qid}:{ULID()}")
+                detail = {"reason": "foreign_qid", "file": name, "delivery_failed": True}
+                self._noted_answer(name, signature, note, "answer_rejected", detail)
+            case OwnedElsewhere() | Rejected():
+                self.watcher.tell(DisposeAnswerFile(name, signature, verdict))
+
     def _late(self, name: str, signature: FileSignature, verdict: Late) -> None:
         """C15: decided here, so the note is owed (stored) the moment it is decided."""
+        qid = verdict.qid
+        note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
+        self._noted_answer(name, signature, note, "late_answer", {"state": verdict.state})
+
+    def _noted_answer(
+        self, name: str, signature: FileSignature, note: SendText, event: Event,
+        detail: dict[str, Any],
+    ) -> None:
+        """An answer that is not passed on but gets the human a note (C15, X11): the
+        note is owed (stored) the moment it is decided, the file removed, once per version."""
         key = (name, signature)
         if key in self._judged:
             return
         self._judged[key] = None
         while len(self._judged) > _JUDGED_MEMORY:
             self._judged.popitem(last=False)
-        qid = verdict.qid
-        note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
         self.store.owe_note(note)
         self.watcher.tell(RemoveAnswerFile(name, signature))
-        record = log_record(self.now(), qid, "late_answer", {"state": verdict.state})
-        self.logger.tell(LogEvent(record))
+        self.logger.tell(LogEvent(log_record(self.now(), note.qid, event, detail)))
         self.delivery.tell(note)
 
     def _closed(self, qid: str, state: State | None, child: str) -> None:

@@ -39,7 +39,7 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.model import ParsedPrompt, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps, has_lone_surrogate
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CLOSED_MEMORY = 1000
 # The closed table is trimmed back to CLOSED_MEMORY once per this many closes
 # (and at every start), not on every close: it holds at most the sum.
@@ -93,7 +93,16 @@ CREATE TABLE IF NOT EXISTS notes (
     text TEXT NOT NULL,
     seq INTEGER NOT NULL
 )"""
-_SCHEMA = _SCHEMA_V2 + _NOTES_TABLE + ";\n"
+_SCHEMA_V3 = _SCHEMA_V2 + _NOTES_TABLE + ";\n"
+
+# Version 4 remembers, for an hour, the qids whose delivery failed (X11): hermes
+# can fail after Telegram took the message, so an answer may still come.
+_UNDELIVERED_TABLE = """
+CREATE TABLE IF NOT EXISTS undelivered (
+    qid TEXT PRIMARY KEY,
+    at REAL NOT NULL
+)"""
+_SCHEMA = _SCHEMA_V3 + _UNDELIVERED_TABLE + ";\n"
 
 # Version 1 had no owners, no outbox and no memory of the answer file used;
 # a version-1 file is brought up to date in place rather than moved aside.
@@ -120,9 +129,14 @@ _MIGRATIONS = {
         "ALTER TABLE closed_questions ADD COLUMN answer_file TEXT",
     ),
     2: (_NOTES_TABLE,),
+    3: (_UNDELIVERED_TABLE,),
 }
-_SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, SCHEMA_VERSION: _SCHEMA}
-_NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note")
+_SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, SCHEMA_VERSION: _SCHEMA}
+UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
+UNDELIVERED_MEMORY = 1000  # and how many at most
+STATE_PREFIX = "state-"
+STATE_SUFFIX = ".sqlite3"
+_NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note")
 
 
 class StoreClosedError(RuntimeError):
@@ -432,6 +446,7 @@ class Store:
         response: SendResponse | None = None,
         answer_file: tuple[str, FileSignature] | None = None,
         note: SendText | None = None,
+        undelivered_at: float | None = None,
     ) -> bool:
         """Forget an open question, remembering how it ended unless `state` is None.
 
@@ -449,7 +464,9 @@ class Store:
         `note` is a Telegram note the human is now owed (cancel, timeout): it
         is kept, in the same transaction, until `note_sent` says hermes ran it.
         With `owner`, a question that is no longer that actor's is left alone
-        and False is returned.
+        and False is returned. `undelivered_at` (a delivery failure, with its
+        time) is remembered for UNDELIVERED_MEMORY_S, so that an answer which
+        comes all the same gets the human a word (X11) instead of silence.
         """
         with self._transaction() as conn:
             if owner is not None:
@@ -475,6 +492,16 @@ class Store:
                 )
             if note is not None:
                 self._owe_note(conn, note)
+            if undelivered_at is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO undelivered (qid, at) VALUES (?, ?)",
+                    (qid, undelivered_at),
+                )
+                conn.execute(
+                    "DELETE FROM undelivered WHERE at < ? OR qid NOT IN"
+                    " (SELECT qid FROM undelivered ORDER BY at DESC LIMIT ?)",
+                    (undelivered_at - UNDELIVERED_MEMORY_S, UNDELIVERED_MEMORY),
+                )
             if state is None:
                 return True
             consumed = None
@@ -541,6 +568,15 @@ class Store:
             with self._transaction() as conn:
                 conn.executemany("DELETE FROM notes WHERE rowid = ?", [(b,) for b in bad])
         return notes
+
+    def undelivered(self, qid: str, now: float) -> bool:
+        """Did this bridge fail to deliver `qid` within the last UNDELIVERED_MEMORY_S (X11)?"""
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?",
+                (qid, now - UNDELIVERED_MEMORY_S),
+            ).fetchone()
+        return row is not None
 
     def open_spec(self, qid: str, owner: str) -> QuestionSpec | None:
         """The row of an open question owned by `owner`: what a restarted question resumes from.
@@ -806,7 +842,95 @@ def _spec(
     )
 
 
-# -- reading without the daemon's lock (the operator's `status`, `answer`, `cancel`) -------
+# -- reading without the daemon's lock (the operator's verbs, sibling bridges) ------------
+
+
+def state_files(directory: Path) -> dict[str, Path]:
+    """Every project's state file in `directory`, by project: the bridges that share
+    the questions directory beside it (one file each, `state-<project>.sqlite3`)."""
+    found: dict[str, Path] = {}
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return found
+    for name in names:
+        if name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX):
+            project = name[len(STATE_PREFIX) : -len(STATE_SUFFIX)]
+            if project:
+                found[project] = directory / name
+    return found
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise OSError(f"cannot open state database {path}: {exc}") from exc
+    conn.text_factory = _text
+    return conn
+
+
+def knows_qid(path: Path, qid: str, now: float) -> str | None:
+    """What the state file at `path` knows of `qid`: "open", its closed state, or
+    "undelivered" (a failed delivery within the hour, X11); None when nothing.
+
+    Read-only and without the owner's lock (WAL readers never block its
+    writer), so a bridge can ask what a sibling owns while that sibling is up,
+    down or starting. Raises OSError when the file cannot be read.
+    """
+    conn = _read_only(path)
+    try:
+        tables = {name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "open_questions" in tables and conn.execute(
+            "SELECT 1 FROM open_questions WHERE qid = ?", (qid,)
+        ).fetchone():
+            return "open"
+        if "closed_questions" in tables:
+            row = conn.execute(
+                "SELECT state FROM closed_questions WHERE qid = ?", (qid,)
+            ).fetchone()
+            if row is not None:
+                return str(row[0])
+        if "undelivered" in tables and conn.execute(
+            "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?",
+            (qid, now - UNDELIVERED_MEMORY_S),
+        ).fetchone():
+            return "undelivered"
+        return None
+    except sqlite3.Error as exc:
+        if _is_busy(exc):
+            raise StateBusyError(f"state database {path} is busy: {exc}") from exc
+        raise OSError(f"cannot read state database {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+class StateBusyError(OSError):
+    """Another process holds the state file locked past the busy timeout: try later."""
+
+
+def sibling_of(own: Path, qid: str, now: float) -> str | None:
+    """The project of another bridge beside `own` whose state knows `qid` (X6), or None.
+
+    A sibling's file that is busy (locked past the busy timeout) counts as
+    knowing it: leaving a file a while longer is safe, deleting another
+    bridge's answer is not. One that cannot be read at all (damaged, not a
+    database) knows nothing, said on stderr: it must not keep every stray file
+    forever.
+    """
+    for project, path in state_files(own.parent).items():
+        if path == own:
+            continue
+        try:
+            if knows_qid(path, qid, now) is not None:
+                return project
+        except StateBusyError:
+            return project
+        except OSError as exc:
+            report(f"cannot tell whether project {project} owns {qid}: {exc}", "warning")
+    return None
 
 
 @dataclass(frozen=True)
@@ -829,12 +953,7 @@ def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no state database at {path}")
-    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        raise OSError(f"cannot open state database {path}: {exc}") from exc
-    conn.text_factory = _text
+    conn = _read_only(path)
     try:
         tables = {
             name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")

@@ -178,7 +178,6 @@ def start_tree(
             delivery=slots["delivery"],
             questions_dir=c.questions_dir,
             poll_ms=c.poll_ms,
-            claim_s=c.claim_ms / 1000,
             now=now,
         )
 

@@ -7,10 +7,11 @@ them. It does not know which questions are open; the router does, so every
 file with a well-formed name goes to the router, which answers with a verdict
 when the file is not an answer to an open question.
 
-Per name it remembers when the file was first seen (C10's grace and X6's claim
-window run from then) and which version it last handed on, so that a rescan
-re-reads only what changed or what waited long enough, not every file still
-there (issue 14.4). A plain rescan does not even stat a file handed on and not
+Per name it remembers when the file was first seen (C10's grace runs from
+then) and which version it last handed on, so that a rescan re-reads only what
+changed or what waited long enough, not every file still there. A file whose
+qid a sibling bridge owns (X6) is left alone and looked at again only when it
+is due, like any file handed on. A plain rescan does not even stat a file handed on and not
 yet due: inotify reports every new version of it (a write closed, a rename or
 a creation over it; a version made otherwise is looked at again when it is
 due, after `reoffer_s`), and only when inotify overflowed (events lost) does
@@ -59,6 +60,7 @@ from coms_hermes_bridge.messages.contract import (
     ANSWER_FILE_LIMIT,
     UNREADABLE_REASONS,
     Late,
+    OwnedElsewhere,
     Rejected,
     grace_ms,
     late_note,
@@ -72,8 +74,6 @@ _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SEL
 # The helper blocks in read() at most this long, so release() is never slow.
 _READ_TIMEOUT_MS = 100
 _READ_ATTEMPTS = 3
-# X6: how long a file for a qid this bridge does not know is left for its owner.
-DEFAULT_CLAIM_S = 10.0
 # A file handed on and not yet disposed of is offered again after this long, in
 # case the question it went to crashed with it (at-least-once, not every rescan).
 DEFAULT_REOFFER_S = 30.0
@@ -127,7 +127,6 @@ class WatcherActor(PooledService):
         delivery: Address,
         questions_dir: Path,
         poll_ms: float,
-        claim_s: float = DEFAULT_CLAIM_S,
         reoffer_s: float = DEFAULT_REOFFER_S,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utc_now,
@@ -140,7 +139,6 @@ class WatcherActor(PooledService):
         self.questions_dir = questions_dir
         self._prefix = os.path.join(questions_dir, "")  # the directory's path, then a name
         self.poll_ms = poll_ms
-        self.claim_s = claim_s
         self.reoffer_s = reoffer_s
         self.clock = clock
         self.now = now
@@ -383,7 +381,7 @@ class WatcherActor(PooledService):
         if isinstance(qid, Rejected):
             read: tuple[bytes | None, FileSignature] | _Kind | None = self._kind(name)
         else:
-            self._track(name)  # C10's grace and X6's window run from the first sighting
+            self._track(name)  # C10's grace runs from the first sighting
             read = self._read(name)
         if read is _GONE:
             self._tracked.pop(name, None)
@@ -459,7 +457,9 @@ class WatcherActor(PooledService):
 
     # -- verdicts -------------------------------------------------------------
 
-    def _dispose(self, name: str, signature: FileSignature, verdict: Rejected | Late) -> None:
+    def _dispose(
+        self, name: str, signature: FileSignature, verdict: Rejected | Late | OwnedElsewhere
+    ) -> None:
         current = self._current(name)
         if current is None:
             self._tracked.pop(name, None)
@@ -473,11 +473,11 @@ class WatcherActor(PooledService):
                 if self._remove(name):
                     self._log(qid, "late_answer", {"state": state})
                     self.delivery.tell(SendText(qid, late_note(qid), "late_note"))  # C15
+            case OwnedElsewhere():
+                # X6: a sibling's, however long it is down; judged again when due.
+                self._hold(name, signature, self.clock() + self.reoffer_s)
             case Rejected(reason="invalid_json"):
                 self._hold_or_reject(name, signature, verdict, grace_ms(self.poll_ms) / 1000)
-            case Rejected(reason="foreign_qid"):
-                # X6: another bridge sharing this directory may own it: leave it for a while.
-                self._hold_or_reject(name, signature, verdict, self.claim_s)
             case Rejected(reason=reason, qid=qid, error=error):
                 self._reject(name, reason, qid, signature, error)
 
@@ -492,9 +492,13 @@ class WatcherActor(PooledService):
         if self._waited(name, window_s):
             self._reject(name, verdict.reason, verdict.qid, signature)
             return
+        self._hold(name, signature, self._track(name).first_seen + window_s)
+
+    def _hold(self, name: str, signature: FileSignature, until: float) -> None:
+        """Leave this version be until `until`; a new version is examined at once."""
         tracked = self._track(name)
         tracked.handed = signature
-        tracked.resend_at = tracked.first_seen + window_s
+        tracked.resend_at = until
 
     def _reject(
         self,

@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
 
-from coms_hermes_bridge.messages.contract import Late, Rejected
+from coms_hermes_bridge.messages.contract import Late, OwnedElsewhere, Rejected
 from coms_hermes_bridge.messages.model import AnswerFile, LogRecord, ParsedPrompt, State
 from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
@@ -110,7 +110,9 @@ class QuestionClosed:
 
 # -- delivery through hermes --------------------------------------------------
 
-TextPurpose = Literal["question", "cancel_note", "late_note", "timeout_note", "unreadable_note"]
+TextPurpose = Literal[
+    "question", "cancel_note", "late_note", "timeout_note", "unreadable_note", "undelivered_note"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +189,7 @@ class DisposeAnswerFile:
 
     name: str
     signature: FileSignature
-    verdict: Rejected | Late
+    verdict: Rejected | Late | OwnedElsewhere
 
 
 @dataclass(frozen=True, slots=True)

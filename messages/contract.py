@@ -410,6 +410,15 @@ def late_note(qid: str) -> str:
     return f"ℹ {hub_tag(qid)} This question is already closed; the late answer was ignored."
 
 
+def undelivered_note(qid: str) -> str:
+    """X11: told to the human who answered a question whose delivery failed (hermes can
+    fail after Telegram took the message), so their answer does not vanish in silence."""
+    return (
+        f"ℹ {hub_tag(qid)} This question could not be confirmed delivered; its asker was "
+        "told it failed, so this answer was not passed on."
+    )
+
+
 def unreadable_note(qid: str, reason: RejectReason) -> str:
     """X7: told to the human when their answer to an open question was refused."""
     return f"⚠ {hub_tag(qid)} Your answer could not be read ({reason}); please reply again."
@@ -533,6 +542,37 @@ class ToValidate:
 
 
 Triage = ToValidate | Answering | Late | Rejected
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedElsewhere:
+    """X6: a sibling bridge on this host (another project) owns the qid; its file is its own."""
+
+    qid: str
+    project: str
+
+
+@dataclass(frozen=True, slots=True)
+class Undelivered:
+    """X11: the qid is this bridge's, whose delivery failed within the hour."""
+
+    qid: str
+
+
+def foreign_verdict(
+    qid: str, undelivered: bool, sibling: str | None
+) -> Undelivered | OwnedElsewhere | Rejected:
+    """C9, X6, X11: what becomes of a file whose qid is neither open nor closed here.
+
+    Our own failed delivery first (the human may have the question all the
+    same), then a sibling's qid (left for it, however long it is down); only a
+    qid no bridge on this host knows is foreign_qid, at once.
+    """
+    if undelivered:
+        return Undelivered(qid)
+    if sibling is not None:
+        return OwnedElsewhere(qid, sibling)
+    return Rejected("foreign_qid", qid)
 
 
 def triage_answer(

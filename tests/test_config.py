@@ -16,7 +16,7 @@ def test_defaults() -> None:
     assert (config.name, config.project, config.target) == ("user-remote", "default", "telegram")
     assert config.hermes_profile is None
     assert (config.timeout_ms, config.poll_ms, config.send_timeout_ms) == (1_800_000, 1000, 60_000)
-    assert config.claim_ms == 10_000  # X6
+    assert config.notices == ()
     assert config.max_open == 10_000  # issue 9.10
     assert config.coms_dir == Path("/home/op/.pi/coms")  # W1
     bridge = Path("/home/op/.pi/coms/hermes-bridge")  # W4: from HOME, not PI_COMS_DIR
@@ -54,7 +54,11 @@ def test_every_flag() -> None:
     )  # fmt: skip
     assert (config.name, config.project, config.target) == ("remote-b", "p.1", "telegram:-100:7")
     assert (config.hermes_profile, config.timeout_ms) == ("ops", 5000)  # C16: flag wins
-    assert (config.poll_ms, config.send_timeout_ms, config.claim_ms) == (250, 9000, 500)
+    assert (config.poll_ms, config.send_timeout_ms) == (250, 9000)
+    assert config.notices == (  # X6 as revised: kept for old units, said once at start
+        "--claim-ms is no longer used: an answer file is left for another bridge on this "
+        "host exactly while that bridge's state knows its qid (X6)",
+    )
     assert config.max_open == 3
     assert config.log_path == Path("/var/q/log.ndjson")  # C20: beside the questions directory
 

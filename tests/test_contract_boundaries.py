@@ -14,14 +14,18 @@ import pytest
 from coms_hermes_bridge.messages.contract import (
     Answering,
     Late,
+    OwnedElsewhere,
     Rejected,
     ToValidate,
+    Undelivered,
     cancel_target,
     defuse_markers,
     effective_timeout_ms,
+    foreign_verdict,
     format_question,
     over_capacity,
     triage_answer,
+    undelivered_note,
     utf16_len,
 )
 from coms_hermes_bridge.messages.model import ParsedPrompt, QuestionOption
@@ -148,3 +152,17 @@ def test_a_cancel_names_an_open_question_or_nothing() -> None:
     assert cancel_target(QID, {QID}) == QID
     assert cancel_target(QID, set()) is None
     assert cancel_target("not-a-qid", {QID}) is None
+
+
+def test_foreign_verdict_order() -> None:  # C9, X6, X11: our failed delivery, a sibling's, none
+    qid = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    assert foreign_verdict(qid, True, "b") == Undelivered(qid)
+    assert foreign_verdict(qid, False, "b") == OwnedElsewhere(qid, "b")
+    assert foreign_verdict(qid, False, None) == Rejected("foreign_qid", qid)
+
+
+def test_undelivered_note_wording() -> None:  # X11
+    assert undelivered_note("01ARZ3NDEKTSV4RRFFQ69G5FAV") == (
+        "ℹ [HUB-Q:01ARZ3NDEKTSV4RRFFQ69G5FAV] This question could not be confirmed delivered; "
+        "its asker was told it failed, so this answer was not passed on."
+    )

@@ -133,16 +133,26 @@ def test_cancel_of_unknown_or_invalid_qid_is_only_acked(bridge: Bridge) -> None:
 def test_delivery_failure(bridge: Bridge) -> None:
     # C18: dropped, logged, error response at once with exit code and stderr
     bridge.hermes.configure(exit=3, stderr="chat not found\n")
-    bridge.start("--claim-ms", "300")  # X6's claim window, shortened
+    bridge.start()
     qid = bridge.ask("Anyone?")
     expect_response(bridge, qid, None, "hermes send failed (3): chat not found")
     record = bridge.wait_log("delivery_error", qid)
     assert record["detail"] == {"error": "hermes send failed (3): chat not found"}
     assert bridge.ping()["agent_card"]["queue_depth"] == 0
-    # state back to none: a later file for it is foreign, not late (C19)
-    bridge.answer(qid, "yes")
+    # state back to none: a later file for it is foreign, not late (C19), and since
+    # hermes may have failed after Telegram took it, the human is told (X11)
+    bridge.hermes.configure(exit=0, stderr="")
+    path = bridge.answer(qid, "yes")
     rejected = bridge.wait_log("answer_rejected", qid)
-    assert rejected["detail"] == {"reason": "foreign_qid", "file": f"{qid}.answer.json"}
+    assert rejected["detail"] == {"reason": "foreign_qid", "file": f"{qid}.answer.json",
+                                  "delivery_failed": True}
+    wait_for(lambda: not path.exists(), what="the file removed")
+    wait_for(lambda: len(bridge.hermes.calls()) == 2, what="the X11 note")
+    assert bridge.sent_texts()[1] == (
+        f"ℹ [HUB-Q:{qid}] This question could not be confirmed delivered; its asker was told "
+        "it failed, so this answer was not passed on."
+    )
+    assert "late_answer" not in bridge.events(qid)
 
 
 def test_invalid_qid_prompt_never_reaches_telegram(bridge: Bridge) -> None:
@@ -171,8 +181,8 @@ def test_timeout(bridge: Bridge, how: str) -> None:
 
 def test_every_rejection_reason(bridge: Bridge) -> None:
     # C9, C10, C20: logged as answer_rejected with reason and file, and removed
-    # (a foreign file after X6's claim window, shortened here)
-    bridge.start("--poll-ms", "100", "--claim-ms", "300")
+    # (a foreign file at once: no bridge on this host knows its qid, X6)
+    bridge.start("--poll-ms", "100")
     qid = bridge.ask("Which?")
     bridge.wait_log("delivered", qid)
     foreign = new_qid()

@@ -7,6 +7,7 @@ import json
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,41 @@ def test_two_bridges_on_one_home_lose_no_answer(bridge: Bridge) -> None:
     finally:
         second.kill()  # the base directory is the first bridge's to remove
         second.asker.close()
+
+
+def test_a_stray_answer_file_is_foreign_at_once(bridge: Bridge) -> None:
+    # X6 as revised, C9: no bridge on this host knows the qid, so nothing waits for one
+    bridge.start("--project", "demo")
+    stray = new_qid()
+    path = bridge.answer(stray, "hello?")
+    record = bridge.wait_log("answer_rejected", stray, timeout=1.0)
+    assert record["detail"] == {"reason": "foreign_qid", "file": f"{stray}.answer.json"}
+    assert not path.exists()
+
+
+@pytest.mark.slow
+def test_a_stopped_siblings_answer_file_waits_for_it_however_long(bridge: Bridge) -> None:
+    # X6 as revised: left for its owner while the owner is down (25 s, past any window),
+    # and answered by the owner once it is back
+    sibling = Bridge(bridge.base)
+    try:
+        bridge.start("--project", "a", "--poll-ms", "100")
+        sibling.start("--project", "b", "--poll-ms", "100")
+        qid = sibling.ask("For b?")
+        sibling.wait_log("delivered", qid)
+        assert sibling.signal() == 0
+        path = sibling.answer(qid, "b's answer")
+        down = time.monotonic()
+        while time.monotonic() - down < 25:  # the live bridge rescans 250 times meanwhile
+            assert path.exists(), "the live bridge took its sibling's answer file"
+            time.sleep(0.5)
+        assert "answer_rejected" not in bridge.events(qid)
+        sibling.start("--project", "b", "--poll-ms", "100")
+        env = sibling.asker.response()
+        assert (env["msg_id"], env["response"]) == (qid, {"kind": "freeform", "text": "b's answer"})
+        sibling.wait_log("answered", qid)
+        assert [r["event"] for r in bridge.log_records() if r["qid"] == qid] == [
+            "question_received", "delivered", "answered"]
+    finally:
+        sibling.kill()  # the base directory is the first bridge's to remove
+        sibling.asker.close()

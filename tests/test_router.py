@@ -40,6 +40,7 @@ from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
     Answering,
     Late,
+    OwnedElsewhere,
     Rejected,
     ToValidate,
     cancel_target,
@@ -47,6 +48,7 @@ from coms_hermes_bridge.messages.contract import (
     over_capacity,
     parse_prompt,
     triage_answer,
+    undelivered_note,
 )
 from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
@@ -93,7 +95,9 @@ class Rig:
 def make(tmp_path: Path) -> Iterator[Any]:
     stores: list[Store] = []
 
-    def _make(max_open: int = 10_000, resume_owed: bool = True, path: str = "s.sqlite3") -> Rig:
+    def _make(
+        max_open: int = 10_000, resume_owed: bool = True, path: str = "state-a.sqlite3"
+    ) -> Rig:
         store = Store.open(tmp_path / path)
         stores.append(store)
         fakes = {n: FakeRef(n) for n in ("questions", "peer", "delivery", "watcher", "logger")}
@@ -379,3 +383,66 @@ def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
     rig.ref.ask(QueueDepthQuery(), timeout=5)  # the router has read them
     rig.delivery.quiet(0.1)
     assert len(rig.router._judged) == 2
+
+
+# -- files for qids not open here (X6, X11) ----------------------------------------
+
+
+def _spec(qid: str) -> QuestionSpec:
+    return QuestionSpec(qid, prompt(qid), parse_prompt(prompt(qid)), 1000.0, time.time() + 60)
+
+
+@pytest.mark.parametrize("how", ["open", "closed", "undelivered"])
+def test_a_file_a_sibling_knows_is_left_for_it(make: Any, tmp_path: Path, how: str) -> None:
+    # X6 as revised: another project's bridge beside ours owns the qid, up or down
+    sibling = Store.open(tmp_path / "state-b.sqlite3")
+    try:
+        sibling.put_open(_spec(QIDS[1]), owner="q")
+        if how != "open":
+            sibling.close(QIDS[1], "answered" if how == "closed" else None, owner="q",
+                          undelivered_at=time.time() if how == "undelivered" else None)
+    finally:
+        sibling.shutdown()  # down: its file still says what it owns
+    rig = make()
+    name = f"{QIDS[1]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+        name, SIG, OwnedElsewhere(QIDS[1], "b"))
+    rig.logger.quiet(0.05)
+
+
+def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Any, tmp_path: Path) -> None:
+    # X6, X11: a failed delivery is remembered for an hour only
+    sibling = Store.open(tmp_path / "state-b.sqlite3")
+    try:
+        sibling.put_open(_spec(QIDS[1]), owner="q")
+        sibling.close(QIDS[1], None, owner="q", undelivered_at=time.time() - 3601)
+    finally:
+        sibling.shutdown()
+    rig = make()
+    rig.ref.tell(AnswerFileSeen(f"{QIDS[1]}.answer.json", answer_file(QIDS[1]), SIG))
+    assert rig.watcher.expect(DisposeAnswerFile).verdict == Rejected("foreign_qid", QIDS[1])
+
+
+def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) -> None:
+    # X11: hermes failed, yet the human answered: told, once per file version, note owed
+    rig = make()
+    start = rig.admit(QIDS[0])
+    rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
+    rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # a rescan sees it again
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    record = rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event, record.detail) == (
+        QIDS[0], "answer_rejected",
+        {"reason": "foreign_qid", "file": name, "delivery_failed": True})
+    note = rig.delivery.expect(SendText)
+    while note.purpose != "undelivered_note":
+        note = rig.delivery.expect(SendText)
+    assert note.text == undelivered_note(QIDS[0]) and note.note_id is not None
+    assert rig.store.owed_notes() == [note]
+    rig.delivery.quiet(0.1)
+    rig.logger.quiet(0)
+    rig.watcher.quiet(0)

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,9 +25,12 @@ from coms_hermes_bridge.actors.store import (
     SCHEMA_VERSION,
     SETTLE_BATCH,
     SETTLE_DELAY_S,
+    UNDELIVERED_MEMORY,
     Store,
     StoreClosedError,
     adopt_shared_state,
+    knows_qid,
+    sibling_of,
 )
 from coms_hermes_bridge.messages.commands import (
     FileSignature,
@@ -604,3 +608,58 @@ def test_bridges_racing_for_the_shared_file_adopt_it_once(tmp_path: Path) -> Non
     for t in threads:
         t.join()
     assert sorted(results) == [False] * 7 + [True]
+
+
+# -- what a sibling's state says (X6) and failed deliveries (X11) -------------------
+
+
+def test_a_failed_delivery_is_remembered_for_an_hour(store: Store) -> None:  # X11
+    store.put_open(spec(), owner="q")
+    store.close(QID, None, owner="q", undelivered_at=1000.0)
+    assert store.undelivered(QID, 1000.0 + 3600)
+    assert not store.undelivered(QID, 1000.0 + 3601)
+    assert not store.undelivered(QID2, 1000.0)
+    assert store.load() == ([], [])  # C19: no state, no closed row
+
+
+def test_the_memory_of_failed_deliveries_is_bounded(store: Store) -> None:  # X11
+    qids = [f"01ARZ3NDEKTSV4RRFFQ6{n:06d}" for n in range(UNDELIVERED_MEMORY + 5)]
+    for n, qid in enumerate(qids):
+        store.close(qid, None, undelivered_at=5000.0 + n)
+    assert not store.undelivered(qids[4], 6000.0) and store.undelivered(qids[5], 6000.0)
+    store.close(QID, None, undelivered_at=5000.0 + 3600 + 10)  # an hour on: the early ones go
+    with sqlite3.connect(store.path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM undelivered").fetchone()[0] < UNDELIVERED_MEMORY
+
+
+def test_knows_qid_reads_what_a_state_file_says(path: Path) -> None:  # X6
+    s = Store.open(path)
+    s.put_open(spec(), owner="q")
+    s.put_open(spec(QID2), owner="r")
+    s.close(QID2, "timeout", owner="r")
+    s.close("01ARZ3NDEKTSV4RRFFQ69G5FAX", None, undelivered_at=100.0)
+    try:  # while its owner runs (WAL: the reader never waits)
+        assert knows_qid(path, QID, 100.0) == "open"
+        assert knows_qid(path, QID2, 100.0) == "timeout"
+        assert knows_qid(path, "01ARZ3NDEKTSV4RRFFQ69G5FAX", 100.0) == "undelivered"
+        assert knows_qid(path, "01ARZ3NDEKTSV4RRFFQ69G5FAX", 100.0 + 3601) is None
+        assert knows_qid(path, "01ARZ3NDEKTSV4RRFFQ69G5FAY", 100.0) is None
+    finally:
+        s.shutdown()
+    assert knows_qid(path, QID, 100.0) == "open"  # and when it is down
+
+
+def test_sibling_of_names_the_other_project_and_never_ourselves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # X6
+    ours, theirs = tmp_path / "state-a.sqlite3", tmp_path / "state-b.sqlite3"
+    for p, qid in ((ours, QID), (theirs, QID2)):
+        s = Store.open(p)
+        s.put_open(spec(qid), owner="q")
+        s.shutdown()
+    assert sibling_of(ours, QID2, time.time()) == "b"
+    assert sibling_of(ours, QID, time.time()) is None  # our own is not a sibling's
+    assert sibling_of(theirs, QID, time.time()) == "a"
+    (tmp_path / "state-c.sqlite3").write_bytes(b"not a database at all, " * 100)
+    assert sibling_of(ours, "01ARZ3NDEKTSV4RRFFQ69G5FAX", time.time()) is None
+    assert "cannot tell whether project c owns 01ARZ3NDEKTSV4RRFFQ69G5FAX" in capsys.readouterr().err

@@ -26,7 +26,7 @@ import pytest
 from fakes import FakeRef, wait_for
 
 from coms_hermes_bridge.actors import watcher as watcher_module
-from coms_hermes_bridge.actors.watcher import WatcherActor
+from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
     DisposeAnswerFile,
@@ -42,6 +42,7 @@ from coms_hermes_bridge.messages.contract import (
     ANSWER_FILE_LIMIT,
     NO_QID,
     Late,
+    OwnedElsewhere,
     Rejected,
     late_note,
     unreadable_note,
@@ -301,7 +302,7 @@ def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     "reason", ["foreign_qid", "invalid_schema", "qid_mismatch", "invalid_path", "invalid_qid"]
 )
 def test_a_rejected_file_is_logged_and_removed(tmp_path: Path, reason: RejectReason) -> None:  # C9, C20
-    rig = start(tmp_path, claim_s=0)  # X6's claim window is tested on its own below
+    rig = start(tmp_path)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
@@ -625,22 +626,11 @@ def test_reads_stop_past_the_limit() -> None:  # issue 9.5: a file that grows wh
 # -- several bridges, one directory (X6) ----------------------------------------
 
 
-def test_a_foreign_file_is_left_for_the_claim_window(tmp_path: Path) -> None:  # X6
-    clock = Clock()
-    rig = start(tmp_path, clock=clock, claim_s=10)
+def test_a_foreign_file_is_rejected_at_once(tmp_path: Path) -> None:  # X6, C9
+    rig = start(tmp_path)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    clock.now += 9.9
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
-    rig.ref.tell(Rescan())
-    rig.sync()
-    assert (rig.dir / NAME).exists()  # another bridge may own it
-    rig.router.quiet(0.1)  # held, so not handed on again meanwhile
-    rig.logger.quiet(0.0)
-    clock.now += 0.1
-    rig.ref.tell(Rescan())  # the window is over: judged afresh
-    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
     record = rig.logged()
     assert (record.event, record.detail) == ("answer_rejected", {"reason": "foreign_qid", "file": NAME})
@@ -648,16 +638,51 @@ def test_a_foreign_file_is_left_for_the_claim_window(tmp_path: Path) -> None:  #
     rig.delivery.quiet(0.1)  # X7 is for open questions only
 
 
-def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -> None:  # X6
+def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path) -> None:  # X6
     clock = Clock()
-    a = start(tmp_path, clock=clock, claim_s=10)
-    b = start(tmp_path, clock=clock, claim_s=10)
+    rig = start(tmp_path, clock=clock)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
+    rig.sync()
+    clock.now += DEFAULT_REOFFER_S - 0.1
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert (rig.dir / NAME).exists()  # however long: its owner may be down
+    rig.router.quiet(0.1)  # held, so not handed on again meanwhile
+    rig.logger.quiet(0.0)
+    clock.now += 0.1
+    rig.ref.tell(Rescan())  # due: judged afresh (the sibling may have forgotten it by now)
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
+    rig.sync()
+    clock.now += 1000 * DEFAULT_REOFFER_S
+    rig.ref.tell(Rescan())
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+    assert (rig.dir / NAME).exists()
+    rig.logger.quiet(0.1)
+
+
+def test_a_new_version_of_a_siblings_file_is_looked_at_at_once(tmp_path: Path) -> None:  # X6
+    rig = start(tmp_path)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
+    rig.sync()
+    write(rig.dir / NAME, b"{}")
+    rig.seen(b"{}")
+
+
+def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -> None:  # X6
+    a = start(tmp_path)
+    b = start(tmp_path)
     for rig in (a, b):
         rig.sync()
     signature = write(a.dir / NAME, ANSWER)
     a.seen(ANSWER)
     b.seen(ANSWER)
-    clock.now += 10
     for rig in (a, b):
         rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
         rig.sync()
@@ -666,15 +691,15 @@ def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -
     b.logger.quiet(0.1)
 
 
-def test_a_file_the_owner_takes_within_the_window_is_forgotten(tmp_path: Path) -> None:  # X6
+def test_a_siblings_file_its_owner_takes_is_forgotten(tmp_path: Path) -> None:  # X6
     clock = Clock()
-    rig = start(tmp_path, clock=clock, claim_s=10)
+    rig = start(tmp_path, clock=clock)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     (rig.dir / NAME).unlink()  # the other bridge answered its question with it
-    clock.now += 11
+    clock.now += DEFAULT_REOFFER_S + 1
     rig.ref.tell(Rescan())
     rig.sync()
     rig.logger.quiet(0.1)
