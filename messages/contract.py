@@ -336,6 +336,28 @@ def defuse_markers(text: str, keep: Sequence[tuple[int, int]] = ()) -> str:
     return "".join(chars)
 
 
+# -- directives only hermes reads (X8) ----------------------------------------
+
+# The real `hermes send` uploads the local file a `MEDIA:<path>` tag names (any
+# case, spaces or a quote after the colon) and obeys `[[as_document]]` and
+# `[[audio_as_voice]]`. Every `MEDIA:` loses its ASCII colon to U+A789 (one
+# UTF-16 unit, reads as a colon) and every `[[`/`]]` becomes one bracket, so no
+# such tag or directive is left, the words still read, and the text never grows.
+_MEDIA_TAG = re.compile(r"(media):", re.IGNORECASE)  # the engine hermes matches with
+
+
+def defuse_directives(text: str) -> str:
+    """X8: no `MEDIA:` tag and no `[[...]]` directive left for hermes to act on."""
+    if ":" in text:
+        text = _MEDIA_TAG.sub(lambda m: m.group(1) + "\ua789", text)
+    return text.replace("[[", "\u27e6").replace("]]", "\u27e7")
+
+
+def defuse(text: str, keep: Sequence[tuple[int, int]] = ()) -> str:
+    """X3 and X8 on agent-supplied text: no marker but ours, no directive at all."""
+    return defuse_directives(defuse_markers(text, keep))
+
+
 # -- question text (C4, C5, X3, X4) -------------------------------------------
 
 PROJECT_LIMIT = 128
@@ -363,8 +385,9 @@ def format_question(
     the question is cut; if even that is not enough, the header, project line
     and options are cut together, so that the qid at the start and the reply
     instruction at the end (which the gateway and the human need) survive.
-    Every agent-supplied word is defused (X3): the only markers left are the
-    bridge's own, in the header and the reply instruction.
+    Every agent-supplied word is defused (X3, X8): the only markers left are
+    the bridge's own, in the header and the reply instruction, and no hermes
+    directive is left at all.
     """
     tag = f"❓ {hub_tag(qid)} "
     question = scrub(parsed.question)
@@ -394,7 +417,7 @@ def format_question(
         )
     text = body + instruction
     ours = ((0, min(len(tag), len(body))), (len(body), len(text)))
-    return defuse_markers(text, keep=ours)
+    return defuse(text, keep=ours)
 
 
 # -- notes and errors (C13, C15, C17, C18) ------------------------------------
@@ -640,8 +663,8 @@ def map_answer(answer: str, options: tuple[QuestionOption, ...]) -> MappedAnswer
                 return SelectionAnswer(selections=(options[index].title,))
         wanted = text.lower()
         for option in options:
-            # the title as sent (X3 may have defused it) picks the option too
-            shown = defuse_markers(scrub(option.title))
+            # the title as sent (X3, X8 may have defused it) picks the option too
+            shown = defuse(scrub(option.title))
             if wanted in (option.title.lower(), shown.lower()):
                 return SelectionAnswer(selections=(option.title,))
     return FreeformAnswer(text=text)

@@ -303,3 +303,21 @@ def test_a_stopped_siblings_answer_file_waits_for_it_however_long(bridge: Bridge
     finally:
         sibling.kill()  # the base directory is the first bridge's to remove
         sibling.asker.close()
+
+
+def test_agent_text_reaches_hermes_with_no_directive(bridge: Bridge) -> None:
+    # X8: MEDIA: tags and [[...]] directives in question, context and options are defused;
+    # the words stay, and the asker gets its own option title back
+    bridge.start()
+    bad = "MEDIA:/home/u/chart.png, Media: '/tmp/x.jpg' [[as_document]]"
+    prompt = json.dumps({"question": f"Look at {bad}?", "context": f"ctx {bad}",
+                         "options": [{"title": "MEDIA:/a.png", "description": bad}, "[[as_document]]"]})
+    qid = bridge.ask(prompt)
+    bridge.wait_log("delivered", qid)
+    (text,) = questions_sent(bridge)
+    assert not re.search(r"media:", text, re.IGNORECASE) and "[[" not in text and "]]" not in text
+    counts = {"/home/u/chart.png": 3, "'/tmp/x.jpg'": 3, "as_document": 4, "/a.png": 1}
+    assert {word: text.count(word) for word in counts} == counts  # every word is still there
+    bridge.answer(qid, "1")
+    env = bridge.asker.response()
+    assert env["response"] == {"kind": "selection", "selections": ["MEDIA:/a.png"]}
