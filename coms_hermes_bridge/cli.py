@@ -28,7 +28,15 @@ from coms_hermes_bridge.actors.config import (
 from coms_hermes_bridge.actors.registry import IdentityError, validate_project
 from coms_hermes_bridge.messages.model import SelectionAnswer
 from coms_hermes_bridge.messages.wire import dumps
-from coms_hermes_bridge.ops import OpsError, Status, answer, cancel, status
+from coms_hermes_bridge.ops import (
+    OpsError,
+    Status,
+    answer,
+    cancel,
+    project_of,
+    projects,
+    status,
+)
 
 VERBS = ("status", "answer", "cancel")
 
@@ -40,7 +48,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--project", default=DEFAULT_PROJECT, help="coms project (default: default)"
+        "--project",
+        help="coms project (default: every project for status; the one that has the qid "
+        "open for answer and cancel)",
     )
     parser.add_argument(
         "--questions-dir", metavar="DIR", help="the daemon's --questions-dir, if it was given"
@@ -88,9 +98,10 @@ def _parser() -> _Parser:
     return p
 
 
-def _config(args: argparse.Namespace) -> BridgeConfig:
-    validate_project(args.project)
-    argv = ["--project", args.project, "--name", getattr(args, "name", DEFAULT_NAME)]
+def _config(args: argparse.Namespace, project: str | None = None) -> BridgeConfig:
+    project = project or args.project or DEFAULT_PROJECT
+    validate_project(project)
+    argv = ["--project", project, "--name", getattr(args, "name", DEFAULT_NAME)]
     if args.questions_dir:
         argv += ["--questions-dir", args.questions_dir]
     return parse_config(argv, os.environ)
@@ -154,9 +165,20 @@ def render(st: Status, now: datetime | None = None) -> str:
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.verb == "status":
-        st = status(config, closed_limit=max(0, args.closed))
-        print(dumps(st.to_json(), indent=2) if args.json else render(st))
-    elif args.verb == "answer":
+        limit = max(0, args.closed)
+        if args.project is not None:
+            st = status(config, closed_limit=limit)
+            print(dumps(st.to_json(), indent=2) if args.json else render(st))
+            return 0
+        every = [status(_config(args, p), closed_limit=limit) for p in projects(config)]
+        if args.json:
+            print(dumps({"projects": [st.to_json() for st in every]}, indent=2))
+        else:  # no bridge anywhere yet: say so for the default project, as before
+            print("\n\n".join(render(st) for st in every or [status(config, limit)]))
+        return 0
+    if args.project is None:  # a qid is unique: its own project's bridge has it
+        config = _config(args, project_of(config, args.qid))
+    if args.verb == "answer":
         by = args.by if args.by is not None else f"cli:{_login()}"
         written = answer(config, args.qid, " ".join(args.text), by)
         mapped = written.mapped

@@ -28,7 +28,13 @@ from coms_hermes_bridge.actors.files import private_dir, write_atomic
 from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, is_live, read_entry
 from coms_hermes_bridge.actors.responses import deliver_response
-from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Snapshot, read_snapshot
+from coms_hermes_bridge.actors.store import (
+    CLOSED_MEMORY,
+    Snapshot,
+    knows_qid,
+    read_snapshot,
+    state_files,
+)
 from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import ANSWER_SUFFIX, iso, map_answer
 from coms_hermes_bridge.messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
@@ -192,6 +198,52 @@ def status(config: BridgeConfig, closed_limit: int = 10, clock: float | None = N
         bridge=running_bridge(config),
         open=tuple(_open_row(spec, now) for spec in snapshot.open),
         closed=tuple(ClosedRow(qid, state, times.get(qid)) for qid, state in snapshot.closed),
+    )
+
+
+def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:
+    """Every project with a bridge on this host: a state file beside the questions
+    directory, or a live bridge in the coms registry; sorted."""
+    found = set(state_files(config.state_path.parent))
+    moment = now or utc_now()
+    try:
+        registered = sorted((config.coms_dir / "projects").iterdir())
+    except OSError:
+        registered = []
+    for directory in registered:
+        try:
+            entries = sorted((directory / "agents").glob("*.json"))
+        except OSError:
+            continue
+        for path in entries:
+            entry = read_entry(path)
+            if entry is not None and entry.model == MODEL and is_live(entry, moment):
+                found.add(directory.name)
+                break
+    return sorted(found)
+
+
+def project_of(config: BridgeConfig, qid: str) -> str:
+    """The project whose bridge has `qid` open (a qid is unique), for a verb given no
+    `--project`; OpsError naming why when none has."""
+    if not is_valid_qid(qid):
+        raise OpsError(f"{qid!r} is not a qid (26 characters, Crockford base32)")
+    closed: list[tuple[str, str]] = []
+    files = state_files(config.state_path.parent)
+    for project, path in files.items():
+        try:
+            known = knows_qid(path, qid, time.time())
+        except OSError as exc:
+            raise OpsError(str(exc)) from exc
+        if known == "open":
+            return project
+        if known is not None and known != "undelivered":
+            closed.append((project, known))
+    if closed:
+        project, state = closed[0]
+        raise OpsError(f"question {qid} is already closed ({state}) in project {project}")
+    raise OpsError(
+        f"no open question {qid} in any project (state files in {config.state_path.parent})"
     )
 
 

@@ -63,7 +63,7 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     assert re.fullmatch(r"\d+s", rows[0][3])  # age: seconds
     assert re.fullmatch(r"29m\d\ds", rows[0][4])  # time left of the default 30 minutes
 
-    done = verb(bridge, "status", "--json")
+    done = verb(bridge, "status", "--json", "--project", "default")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["project"] == "default"
@@ -81,7 +81,7 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     bridge.answer(plain, "yes")
     bridge.asker.response()
     bridge.wait_log("answered", plain)
-    report = json.loads(verb(bridge, "status", "--json").stdout)
+    report = json.loads(verb(bridge, "status", "--json", "--project", "default").stdout)
     assert [q["qid"] for q in report["open"]] == [options]
     assert report["closed"] == [
         {"qid": plain, "state": "answered", "closed_at": bridge.wait_log("answered", plain)["at"]}
@@ -142,16 +142,20 @@ def test_answer_refuses_unknown_closed_and_invalid_qids(bridge: Bridge) -> None:
     unknown = new_qid()
     done = verb(bridge, "answer", unknown, "yes")
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == (
-        f"coms-hermes-bridge: no open question {unknown} in project default"
-        f" (state file {bridge.state_path()})\n"
+    assert done.stderr == (  # issue 19.4: no --project: looked for in every project
+        f"coms-hermes-bridge: no open question {unknown} in any project"
+        f" (state files in {bridge.bridge_dir})\n"
     )
+    done = verb(bridge, "answer", unknown, "yes", "--project", "default")
+    assert (done.returncode, done.stderr) == (1, (
+        f"coms-hermes-bridge: no open question {unknown} in project default"
+        f" (state file {bridge.state_path()})\n"))
     bridge.answer(qid, "yes")
     bridge.asker.response()
     bridge.wait_log("answered", qid)
     done = verb(bridge, "answer", qid, "again")
     assert (done.returncode, done.stderr) == (
-        1, f"coms-hermes-bridge: question {qid} is already closed (answered)\n"
+        1, f"coms-hermes-bridge: question {qid} is already closed (answered) in project default\n"
     )
     done = verb(bridge, "answer", "nope", "x")
     assert (done.returncode, done.stderr.count("\n")) == (1, 1)
@@ -179,13 +183,13 @@ def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
         f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
     )
     bridge.asker.no_response()
-    report = json.loads(verb(bridge, "status", "--json").stdout)
+    (report,) = json.loads(verb(bridge, "status", "--json").stdout)["projects"]
     assert [q["qid"] for q in report["open"]] == [other]
     assert report["closed"][0]["qid"] == qid and report["closed"][0]["state"] == "cancelled"
     # a second cancel: the question is closed now, one line, non-zero
     again = verb(bridge, "cancel", qid)
     assert (again.returncode, again.stderr) == (
-        1, f"coms-hermes-bridge: question {qid} is already closed (cancelled)\n"
+        1, f"coms-hermes-bridge: question {qid} is already closed (cancelled) in project default\n"
     )
 
 
@@ -211,4 +215,42 @@ def test_status_json_on_empty_state_file(bridge: Bridge, tmp_path: Path) -> None
     bridge.state_path().write_bytes(b"")
     done = verb(bridge, "status", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["open"] == []
+    (report,) = json.loads(done.stdout)["projects"]
+    assert (report["project"], report["open"]) == ("default", [])
+
+
+def test_the_verbs_find_the_project_without_being_told(bridge: Bridge) -> None:
+    # issue 19.4: `answer`, `cancel` and `status` with no --project, bridges on demo and ops
+    second = Bridge(bridge.base)
+    try:
+        bridge.start("--project", "demo")
+        second.start("--project", "ops")
+        mine, theirs, third = bridge.ask(OPTIONS_PROMPT), second.ask("Ops?"), bridge.ask("Later?")
+        for b, qid in ((bridge, mine), (second, theirs), (bridge, third)):
+            b.wait_log("delivered", qid)
+        table = verb(bridge, "status")
+        assert table.returncode == 0, table.stderr
+        blocks = table.stdout.split("\n\n")
+        assert [b.splitlines()[0].split(":")[0] for b in blocks] == [
+            "bridge user-remote@demo", "bridge user-remote@ops"]
+        assert "open questions: 2" in blocks[0] and mine in blocks[0] and third in blocks[0]
+        assert "open questions: 1" in blocks[1] and theirs in blocks[1]
+        report = json.loads(verb(bridge, "status", "--json").stdout)
+        assert [(p["project"], [q["qid"] for q in p["open"]]) for p in report["projects"]] == [
+            ("demo", [mine, third]), ("ops", [theirs])]
+        done = verb(bridge, "answer", mine, "2")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"answered {mine}: selects 'Revise'; wrote ")
+        env = bridge.asker.response()
+        assert (env["msg_id"], env["response"]) == (mine, {"kind": "selection", "selections": ["Revise"]})
+        done = verb(bridge, "answer", theirs, "x")
+        assert done.returncode == 0, done.stderr
+        env = second.asker.response()
+        assert (env["msg_id"], env["response"]) == (theirs, {"kind": "freeform", "text": "x"})
+        done = verb(bridge, "cancel", third)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"cancelled {third} through user-remote (pid {bridge.entry['pid']})\n"
+        bridge.wait_log("cancelled", third)
+    finally:
+        second.kill()
+        second.asker.close()
