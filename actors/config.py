@@ -52,6 +52,8 @@ class BridgeConfig:
     coms_dir: Path
     hermes: str = "hermes"
     max_open: int = DEFAULT_MAX_OPEN
+    max_open_per_asker: int | None = None  # X10: off by default, for parity
+    remind_before_ms: float | None = None  # X9: off by default, for parity
     heartbeat_ms: float = DEFAULT_HEARTBEAT_MS
     notices: tuple[str, ...] = ()  # said once on stderr at start (a flag kept but unused)
 
@@ -116,6 +118,14 @@ def _parser() -> _Parser:
     p.add_argument(
         "--max-open", metavar="N", help="open questions past which prompts are refused (10000)"
     )
+    p.add_argument(
+        "--max-open-per-asker", metavar="N",
+        help="open questions one asker may have; its next prompt is refused (off)",
+    )
+    p.add_argument(
+        "--remind-before", metavar="MS",
+        help="send the human one reminder this long before a question times out (off)",
+    )
     p.add_argument("--version", action="version", version=f"coms-hermes-bridge {VERSION}")
     return p
 
@@ -127,6 +137,14 @@ def _positive(flag: str, raw: str | None, default: float | None) -> float | None
     if value is None:
         raise UsageError(f"{flag} must be a positive number")
     return value
+
+
+def _count(flag: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{flag} must be a positive whole number")
+    return int(raw)
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
@@ -150,11 +168,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
             "host exactly while that bridge's state knows its qid (X6)",
         )
     assert poll is not None and send_timeout is not None
-    max_open = DEFAULT_MAX_OPEN
-    if args.max_open is not None:
-        if not args.max_open.isascii() or not args.max_open.isdigit() or int(args.max_open) < 1:
-            raise UsageError("--max-open must be a positive whole number")
-        max_open = int(args.max_open)
+    max_open = _count("--max-open", args.max_open) or DEFAULT_MAX_OPEN
+    per_asker = _count("--max-open-per-asker", args.max_open_per_asker)
+    remind = _positive("--remind-before", args.remind_before, None)
     home = env.get("HOME") or os.path.expanduser("~")
     if not home or home == "~":
         raise UsageError("HOME is not set")
@@ -178,6 +194,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         state_path=questions.parent / f"state-{args.project}.sqlite3",
         coms_dir=coms_dir,
         max_open=max_open,
+        max_open_per_asker=per_asker,
+        remind_before_ms=remind,
         heartbeat_ms=_heartbeat_ms(env),
         notices=notices,
     )

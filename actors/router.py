@@ -79,6 +79,7 @@ from coms_hermes_bridge.messages.contract import (
     late_note,
     log_record,
     may_cancel,
+    over_asker_limit,
     over_capacity,
     parse_prompt,
     qid_of,
@@ -141,6 +142,7 @@ class QuestionRouter(PooledService):
         run_tag: str,
         project: str = DEFAULT_PROJECT,
         max_open: int = DEFAULT_MAX_OPEN,
+        max_open_per_asker: int | None = None,
         resume_owed: bool = True,
         now: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.time,
@@ -161,6 +163,7 @@ class QuestionRouter(PooledService):
         self.project = project
         self.run_tag = run_tag
         self.max_open = max_open
+        self.max_open_per_asker = max_open_per_asker
         self.resume_owed = resume_owed
         self.now = now
         self.clock = clock
@@ -262,7 +265,9 @@ class QuestionRouter(PooledService):
             record = duplicate_refused_record(self.now(), qid, envelope, verdict)
             self.logger.tell(LogEvent(record))
             raise AdmissionRefused(verdict.error)
-        refusal = over_capacity(len(self.open), self.max_open)
+        refusal = over_asker_limit(
+            envelope.sender_name, self._open_of(envelope.sender_name), self.max_open_per_asker
+        ) or over_capacity(len(self.open), self.max_open)
         if refusal is not None:
             raise AdmissionRefused(refusal)
         timeout_ms = effective_timeout_ms(envelope, self.timeout_ms)  # X5
@@ -276,6 +281,13 @@ class QuestionRouter(PooledService):
         question = self._start(spec, claim=False)
         if question is not None:
             self._deliver(spec, question)
+
+    def _open_of(self, asker: str) -> int:
+        """X10: the asker's open questions, counted from the table only when the limit is
+        set (no second copy of the open set to keep in step)."""
+        if self.max_open_per_asker is None:
+            return 0
+        return sum(1 for question in self.open.values() if question.prompt.sender_name == asker)
 
     def _start(self, spec: QuestionSpec, *, claim: bool) -> OpenQuestion | None:
         """Write (or claim) the row, then have the QuestionSupervisor run the question."""

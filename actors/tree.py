@@ -165,6 +165,7 @@ def start_tree(
             project=c.project,
             run_tag=f"{run_tag}.{n}",
             max_open=c.max_open,
+            max_open_per_asker=c.max_open_per_asker,
             resume_owed=n == 0,
             now=now,
             clock=clock,

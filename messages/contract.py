@@ -633,6 +633,17 @@ def over_capacity(open_count: int, max_open: int) -> str | None:
     return None
 
 
+def over_asker_limit(asker: str, asker_open: int, limit: int | None) -> str | None:
+    """X10: the nack for an asker that already has `limit` questions open, or None.
+
+    Asked, as `over_capacity` is, only for a qid that `admission` let through,
+    so an asker's resend of its own open question is never refused by it.
+    """
+    if limit is not None and asker_open >= limit:
+        return f"{asker} has {asker_open} open questions; try again later"
+    return None
+
+
 def cancel_target(ref_msg_id: str, open_qids: Container[str]) -> str | None:
     """C13, C14: the open question a cancel ends, or None (acked, otherwise ignored)."""
     return ref_msg_id if ref_msg_id in open_qids else None

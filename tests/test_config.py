@@ -17,6 +17,7 @@ def test_defaults() -> None:
     assert config.hermes_profile is None
     assert (config.timeout_ms, config.poll_ms, config.send_timeout_ms) == (1_800_000, 1000, 60_000)
     assert config.notices == ()
+    assert (config.max_open_per_asker, config.remind_before_ms) == (None, None)  # X9, X10: off
     assert config.max_open == 10_000  # issue 9.10
     assert config.coms_dir == Path("/home/op/.pi/coms")  # W1
     bridge = Path("/home/op/.pi/coms/hermes-bridge")  # W4: from HOME, not PI_COMS_DIR
@@ -84,3 +85,17 @@ def test_bad_values(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse_config(argv, ENV)
     assert str(caught.value) == message
+
+
+def test_the_operators_limits() -> None:  # X9, X10
+    config = parse_config(["--max-open-per-asker", "2", "--remind-before", "3000"], ENV)
+    assert (config.max_open_per_asker, config.remind_before_ms) == (2, 3000)
+    for argv, error in (
+        (["--max-open-per-asker", "0"], "--max-open-per-asker must be a positive whole number"),
+        (["--max-open-per-asker", "2.5"], "--max-open-per-asker must be a positive whole number"),
+        (["--remind-before", "soon"], "--remind-before must be a positive number"),
+        (["--remind-before", "-1"], "--remind-before must be a positive number"),
+    ):
+        with pytest.raises(UsageError) as caught:
+            parse_config(argv, ENV)
+        assert str(caught.value) == error

@@ -23,6 +23,7 @@ from coms_hermes_bridge.messages.contract import (
     effective_timeout_ms,
     foreign_verdict,
     format_question,
+    over_asker_limit,
     over_capacity,
     triage_answer,
     undelivered_note,
@@ -166,3 +167,10 @@ def test_undelivered_note_wording() -> None:  # X11
         "ℹ [HUB-Q:01ARZ3NDEKTSV4RRFFQ69G5FAV] This question could not be confirmed delivered; "
         "its asker was told it failed, so this answer was not passed on."
     )
+
+
+def test_over_asker_limit() -> None:  # X10: off by default, then a limit per asker
+    assert over_asker_limit("builder", 500, None) is None
+    assert over_asker_limit("builder", 1, 2) is None
+    assert over_asker_limit("builder", 2, 2) == "builder has 2 open questions; try again later"
+    assert over_asker_limit("", 3, 2) == " has 3 open questions; try again later"

@@ -321,3 +321,18 @@ def test_agent_text_reaches_hermes_with_no_directive(bridge: Bridge) -> None:
     bridge.answer(qid, "1")
     env = bridge.asker.response()
     assert env["response"] == {"kind": "selection", "selections": ["MEDIA:/a.png"]}
+
+
+def test_one_asker_is_held_to_its_share(bridge: Bridge, other: Asker) -> None:
+    # X10: with --max-open-per-asker 2, the third prompt of one asker is nacked, nothing
+    # stored; another asker's first is acked
+    bridge.start("--max-open-per-asker", "2")
+    first, second = bridge.ask("one?"), bridge.ask("two?")
+    third = bridge.asker.prompt_envelope("three?")
+    assert request(bridge.endpoint, third) == {
+        "type": "nack", "msg_id": third["msg_id"],
+        "error": "builder has 2 open questions; try again later"}
+    theirs = other.prompt_envelope("mine?", sender_name="reviewer")
+    assert request(bridge.endpoint, theirs) == {"type": "ack", "msg_id": theirs["msg_id"]}
+    assert bridge.ping()["agent_card"]["queue_depth"] == 3
+    assert open_qids(bridge.state_path()) == {first, second, theirs["msg_id"]}  # none stored

@@ -96,14 +96,16 @@ def make(tmp_path: Path) -> Iterator[Any]:
     stores: list[Store] = []
 
     def _make(
-        max_open: int = 10_000, resume_owed: bool = True, path: str = "state-a.sqlite3"
+        max_open: int = 10_000, resume_owed: bool = True, path: str = "state-a.sqlite3",
+        max_open_per_asker: int | None = None,
     ) -> Rig:
         store = Store.open(tmp_path / path)
         stores.append(store)
         fakes = {n: FakeRef(n) for n in ("questions", "peer", "delivery", "watcher", "logger")}
         ref = QuestionRouter.start(
             supervisor=FakeRef("root"), store=store, timeout_ms=60_000, run_tag="t.0",
-            max_open=max_open, resume_owed=resume_owed, **fakes,
+            max_open=max_open, resume_owed=resume_owed, max_open_per_asker=max_open_per_asker,
+            **fakes,
         )
         assert fakes["questions"].expect(ResetQuestions) == ResetQuestions()
         return Rig(ref, store, **fakes)
@@ -446,3 +448,19 @@ def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) 
     rig.delivery.quiet(0.1)
     rig.logger.quiet(0)
     rig.watcher.quiet(0)
+
+
+def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Any) -> None:  # X10
+    rig = make(max_open_per_asker=2)
+    rig.admit(QIDS[0])
+    second = rig.admit(QIDS[1])
+    with pytest.raises(AdmissionRefused, match="^builder has 2 open questions; try again later$"):
+        rig.ref.ask(NewQuestion(prompt(QIDS[2])), timeout=5)
+    assert [spec.qid for spec in rig.store.load()[0]] == QIDS[:2]  # nothing stored
+    other = prompt(QIDS[3]).model_copy(update={"sender_name": "reviewer"})
+    rig.ref.ask(NewQuestion(other), timeout=5)
+    assert rig.questions.expect(StartQuestion).spec.qid == QIDS[3]
+    rig.ref.ask(NewQuestion(prompt(QIDS[1])), timeout=5)  # its own resend: acked (X2)
+    rig.ref.tell(QuestionClosed(QIDS[1], "answered", second.child))
+    rig.ref.ask(NewQuestion(prompt(QIDS[4])), timeout=5)  # room again once one closed
+    assert rig.questions.expect(StartQuestion).spec.qid == QIDS[4]
