@@ -454,7 +454,7 @@ def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Any) -> No
     rig = make(max_open_per_asker=2)
     rig.admit(QIDS[0])
     second = rig.admit(QIDS[1])
-    with pytest.raises(AdmissionRefused, match="^builder has 2 open questions; try again later$"):
+    with pytest.raises(AdmissionRefused, match=r"^builder has 2 open questions; try again later$"):
         rig.ref.ask(NewQuestion(prompt(QIDS[2])), timeout=5)
     assert [spec.qid for spec in rig.store.load()[0]] == QIDS[:2]  # nothing stored
     other = prompt(QIDS[3]).model_copy(update={"sender_name": "reviewer"})
