@@ -13,9 +13,15 @@ default:
 run *args: venv
     @exec .venv/bin/coms-hermes-bridge "$@"
 
-# Run the whole test suite.
+# Run the test suite, less the real-hermes group (`just test-hermes` runs that one).
 test *args: venv
-    .venv/bin/python -m pytest -q "$@"
+    .venv/bin/python -m pytest -q -m "not real_hermes" "$@"
+
+# The real `hermes send` (hermes-agent 0.19.0, made in .venv-hermes) under the daemon,
+# against a fake Telegram (tests/test_real_hermes.py; docs/testing.md, "The real hermes").
+test-hermes *args: venv
+    scripts/ensure-hermes-venv >/dev/null
+    .venv/bin/python -m pytest -q -m real_hermes "$@"
 
 # The long property-based run (tests/test_fuzz.py, tests/test_unicode.py): thousands of
 # hostile envelopes and answer files instead of the suite's short profile.
