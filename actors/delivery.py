@@ -139,6 +139,7 @@ class DeliveryActor(Child):
         hermes: str = "hermes",
         now: Callable[[], datetime] = utc_now,
         note_sent: Callable[[str], None] | None = None,
+        note_owed: Callable[[str], bool] | None = None,
         name: str = "delivery",
     ) -> None:
         super().__init__(name, supervisor)
@@ -149,6 +150,7 @@ class DeliveryActor(Child):
         self.hermes = hermes
         self.now = now
         self.note_sent = note_sent
+        self.note_owed = note_owed
         # The jobs and the one being run, under one lock with the stop flag, so
         # that a crash can hand every unfinished job over (see taken()).
         self._lock = threading.Lock()
@@ -209,6 +211,10 @@ class DeliveryActor(Child):
                     return
                 job = self._current = self._jobs.popleft()
             try:
+                if self._withdrawn(job):
+                    with self._lock:
+                        self._current = None
+                    continue
                 error = self._run(job.text)
             except Exception as exc:  # the worker must outlive any one bad send
                 error = delivery_error(None, f"{type(exc).__name__}: {exc}")
@@ -217,6 +223,17 @@ class DeliveryActor(Child):
             self._settle(job, error)
             with self._lock:
                 self._current = None
+
+    def _withdrawn(self, job: SendText) -> bool:
+        """X9: a reminder whose question closed while it waited is no longer owed: the
+        human is not reminded of a question that is over (checked just before hermes runs)."""
+        if job.purpose != "remind_note" or job.note_id is None or self.note_owed is None:
+            return False
+        try:
+            return not self.note_owed(job.note_id)
+        except Exception as exc:  # the store cannot say: send it (at least once, like every note)
+            report(f"{self.child_name}: cannot tell whether {job.note_id} is owed: {exc!r}")
+            return False
 
     def _stopped(self) -> bool:
         with self._lock:

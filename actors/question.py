@@ -13,13 +13,14 @@ entry in the shared timer service (actors/timers.py).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from coms_hermes_bridge.actors.base import PooledChild, utc_now
-from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.store import Store, remind_note_id
 from coms_hermes_bridge.actors.timers import TimerHandle, TimerService, shared_timers
 from coms_hermes_bridge.messages.commands import (
     Address,
@@ -32,6 +33,7 @@ from coms_hermes_bridge.messages.commands import (
     LogEvent,
     QuestionClosed,
     QuestionSpec,
+    RemindDue,
     RemoveAnswerFile,
     SendResponse,
     SendText,
@@ -44,6 +46,8 @@ from coms_hermes_bridge.messages.contract import (
     cancel_note,
     log_record,
     map_answer,
+    remind_after_s,
+    remind_note,
     timeout_error,
     timeout_note,
     transition,
@@ -71,8 +75,10 @@ class QuestionActor(PooledChild):
         now: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.time,
         timers: TimerService | None = None,
+        remind_before_ms: float | None = None,
     ) -> None:
         super().__init__(name, supervisor)
+        self.remind_before_ms = remind_before_ms
         self.spec = spec
         self.qid = spec.qid
         self.state: State | None = spec.state
@@ -91,6 +97,7 @@ class QuestionActor(PooledChild):
             shared_timers() if clock is time.time else TimerService(clock)
         )
         self._timer: TimerHandle | None = None
+        self._reminder: TimerHandle | None = None
 
     # -- life ---------------------------------------------------------------
 
@@ -107,14 +114,21 @@ class QuestionActor(PooledChild):
         self._arm_timer()
 
     def release(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._reminder):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._reminder = None
 
     def _arm_timer(self) -> None:
-        """Fire at the question's absolute deadline, so a restart keeps the clock running."""
+        """Fire at the question's absolute deadline, so a restart keeps the clock running;
+        and its reminder (X9) at its own absolute moment, unless it was decided already
+        (a moment passed while the daemon was down fires at once)."""
         me = self.me
         self._timer = self.timers.at(self.spec.deadline, lambda: me.tell(TimedOut()))
+        after = remind_after_s(self.spec.timeout_ms, self.remind_before_ms)
+        if after is not None and not self.spec.reminded:
+            asked = self.spec.deadline - self.spec.timeout_ms / 1000
+            self._reminder = self.timers.at(asked + after, lambda: me.tell(RemindDue()))
 
     # -- messages -----------------------------------------------------------
 
@@ -155,6 +169,9 @@ class QuestionActor(PooledChild):
                 ):
                     self._close()
                     self.delivery.tell(note)
+            case RemindDue():
+                if self._is_open() and not self.spec.reminded:
+                    self._remind()
             case TimedOut():
                 if self._is_open():
                     ms = self.spec.timeout_ms
@@ -168,6 +185,18 @@ class QuestionActor(PooledChild):
                 raise UnknownMessage(self.child_name, message)
 
     # -- helpers ------------------------------------------------------------
+
+    def _remind(self) -> None:
+        """X9: decided once, stored as owed with the mark on the row, then sent."""
+        left_s = max(0.0, self.spec.deadline - self.clock())
+        text = remind_note(self.qid, left_s, self.spec.parsed.question)
+        note = SendText(self.qid, text, "remind_note", note_id=remind_note_id(self.qid))
+        if self.store is not None and not self.store.remind(note, self.child_name):
+            return  # not this actor's row any more (see _move)
+        self.spec = dataclasses.replace(self.spec, reminded=True)
+        self.logger.tell(LogEvent(log_record(
+            self.now(), self.qid, "reminded", {"left_ms": round(left_s * 1000)})))
+        self.delivery.tell(note)
 
     def _is_open(self) -> bool:
         return self.state in ("pending", "delivered")

@@ -102,7 +102,12 @@ CREATE TABLE IF NOT EXISTS undelivered (
     qid TEXT PRIMARY KEY,
     at REAL NOT NULL
 )"""
-_SCHEMA = _SCHEMA_V3 + _UNDELIVERED_TABLE + ";\n"
+# ... and, per open question, whether its one reminder was decided (X9).
+_SCHEMA = _SCHEMA_V3.replace(
+    "    owner TEXT\n);\nCREATE TABLE IF NOT EXISTS closed_questions",
+    "    owner TEXT,\n    reminded INTEGER\n);\nCREATE TABLE IF NOT EXISTS closed_questions",
+) + _UNDELIVERED_TABLE + ";\n"
+assert "reminded" in _SCHEMA
 
 # Version 1 had no owners, no outbox and no memory of the answer file used;
 # a version-1 file is brought up to date in place rather than moved aside.
@@ -129,14 +134,14 @@ _MIGRATIONS = {
         "ALTER TABLE closed_questions ADD COLUMN answer_file TEXT",
     ),
     2: (_NOTES_TABLE,),
-    3: (_UNDELIVERED_TABLE,),
+    3: (_UNDELIVERED_TABLE, "ALTER TABLE open_questions ADD COLUMN reminded INTEGER"),
 }
 _SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, SCHEMA_VERSION: _SCHEMA}
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 STATE_PREFIX = "state-"
 STATE_SUFFIX = ".sqlite3"
-_NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note")
+_NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note", "remind_note")
 
 
 class StoreClosedError(RuntimeError):
@@ -399,12 +404,12 @@ class Store:
         with self._transaction() as conn:
             conn.execute(
                 "INSERT INTO open_questions"
-                " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner, reminded)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
                 "  deadline = excluded.deadline, state = excluded.state,"
-                "  owner = excluded.owner",
+                "  owner = excluded.owner, reminded = excluded.reminded",
                 (
                     spec.qid,
                     spec.prompt.to_json(),
@@ -414,6 +419,7 @@ class Store:
                     spec.state,
                     self._next_seq("open_questions"),
                     owner,
+                    int(spec.reminded),
                 ),
             )
             conn.execute("DELETE FROM closed_questions WHERE qid = ?", (spec.qid,))
@@ -490,6 +496,8 @@ class Store:
                         self._next_seq("outbox"),
                     ),
                 )
+            # X9: a reminder not yet sent is not sent once the question is closed
+            conn.execute("DELETE FROM notes WHERE id = ?", (remind_note_id(qid),))
             if note is not None:
                 self._owe_note(conn, note)
             if undelivered_at is not None:
@@ -541,6 +549,26 @@ class Store:
         with self._transaction() as conn:
             self._owe_note(conn, note)
 
+    def remind(self, note: SendText, owner: str) -> bool:
+        """X9: the question's one reminder is decided: marked on its row and owed, in
+        one step, so a restart neither loses it nor decides it twice. False (nothing
+        written) when the row is no longer `owner`'s."""
+        with self._transaction() as conn:
+            done = conn.execute(
+                "UPDATE open_questions SET reminded = 1 WHERE qid = ? AND owner = ?",
+                (note.qid, owner),
+            )
+            if done.rowcount == 0:
+                return False
+            self._owe_note(conn, note)
+        return True
+
+    def note_owed(self, note_id: str) -> bool:
+        """Is the note still owed? (A reminder stops being owed when its question closes.)"""
+        with self._transaction() as conn:
+            row = conn.execute("SELECT 1 FROM notes WHERE id = ?", (note_id,)).fetchone()
+        return row is not None
+
     def note_sent(self, note_id: str) -> None:
         """hermes has run the note (sent, or failed for good and logged): no longer owed."""
         with self._transaction() as conn:
@@ -586,8 +614,8 @@ class Store:
         """
         with self._transaction() as conn:
             row = conn.execute(
-                "SELECT qid, prompt, parsed, timeout_ms, deadline, state FROM open_questions"
-                " WHERE qid = ? AND owner = ?",
+                "SELECT qid, prompt, parsed, timeout_ms, deadline, state, reminded"
+                " FROM open_questions WHERE qid = ? AND owner = ?",
                 (qid, owner),
             ).fetchone()
         if row is None:
@@ -706,12 +734,13 @@ class Store:
             self._trim_closed(conn)
             specs: list[QuestionSpec] = []
             bad_open: list[int] = []
-            for rowid, qid, prompt, parsed, timeout_ms, deadline, state in conn.execute(
-                "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state"
+            for rowid, *row in conn.execute(
+                "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state, reminded"
                 " FROM open_questions ORDER BY seq, rowid"
             ).fetchall():
+                qid = row[0]
                 try:
-                    specs.append(_spec(qid, prompt, parsed, timeout_ms, deadline, state))
+                    specs.append(_spec(*row))
                 except Exception as exc:  # RecursionError, MemoryError...: never block a start
                     bad_open.append(rowid)
                     report(
@@ -761,6 +790,11 @@ class Store:
 def _after(delay_s: float, action: Callable[[], None]) -> object:
     """Run `action` on the shared timer thread in `delay_s` seconds."""
     return shared_timers().at(time.time() + delay_s, action)
+
+
+def remind_note_id(qid: str) -> str:
+    """The one reminder a question may be owed (X9), under a name its close can find."""
+    return f"remind:{qid}"
 
 
 def _text(raw: bytes) -> str:
@@ -813,7 +847,13 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _spec(
-    qid: object, prompt: object, parsed: object, timeout_ms: object, deadline: object, state: object
+    qid: object,
+    prompt: object,
+    parsed: object,
+    timeout_ms: object,
+    deadline: object,
+    state: object,
+    reminded: object = None,
 ) -> QuestionSpec:
     """Rebuild one open question from its row; ValueError or TypeError if it does not parse.
 
@@ -839,6 +879,7 @@ def _spec(
         timeout_ms=float(timeout_ms),
         deadline=float(deadline),
         state=cast("State | None", state),
+        reminded=bool(reminded),
     )
 
 

@@ -116,6 +116,7 @@ def start_tree(
             hermes=c.hermes,
             now=now,
             note_sent=store.note_sent,
+            note_owed=store.note_owed,
         )
 
     def question(spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> pykka.ActorRef[Any]:
@@ -134,6 +135,7 @@ def start_tree(
             now=now,
             clock=clock,
             timers=timers,
+            remind_before_ms=c.remind_before_ms,
         )
 
     def questions(sup: Address, n: int) -> pykka.ActorRef[Any]:

@@ -26,6 +26,7 @@ from coms_hermes_bridge.actors.config import (
     parse_config,
 )
 from coms_hermes_bridge.actors.registry import IdentityError, validate_project
+from coms_hermes_bridge.messages.contract import span
 from coms_hermes_bridge.messages.model import SelectionAnswer
 from coms_hermes_bridge.messages.wire import dumps
 from coms_hermes_bridge.ops import (
@@ -105,18 +106,6 @@ def _config(args: argparse.Namespace, project: str | None = None) -> BridgeConfi
     if args.questions_dir:
         argv += ["--questions-dir", args.questions_dir]
     return parse_config(argv, os.environ)
-
-
-def span(seconds: float) -> str:
-    """A duration as an operator reads it at a glance: 45s, 3m07s, 2h05m, 1d04h."""
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _ago(at: str | None, now: datetime) -> str:

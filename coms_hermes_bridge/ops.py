@@ -36,7 +36,7 @@ from coms_hermes_bridge.actors.store import (
     state_files,
 )
 from coms_hermes_bridge.messages.commands import QuestionSpec
-from coms_hermes_bridge.messages.contract import ANSWER_SUFFIX, iso, map_answer
+from coms_hermes_bridge.messages.contract import ANSWER_SUFFIX, first_line, iso, map_answer
 from coms_hermes_bridge.messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
 from coms_hermes_bridge.messages.wire import CancelEnvelope, RegistryEntry
 
@@ -108,13 +108,6 @@ class Status:
             "open": [row.to_json() for row in self.open],
             "closed": [row.to_json() for row in self.closed],
         }
-
-
-def first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
 
 
 def running_bridge(config: BridgeConfig, now: datetime | None = None) -> RegistryEntry | None:

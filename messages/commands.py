@@ -100,6 +100,11 @@ class TimedOut:
 
 
 @dataclass(frozen=True, slots=True)
+class RemindDue:
+    """The question's reminder is due (X9)."""
+
+
+@dataclass(frozen=True, slots=True)
 class QuestionClosed:
     """The question ended; `state` is None when delivery failed (C18, C19)."""
 
@@ -111,7 +116,8 @@ class QuestionClosed:
 # -- delivery through hermes --------------------------------------------------
 
 TextPurpose = Literal[
-    "question", "cancel_note", "late_note", "timeout_note", "unreadable_note", "undelivered_note"
+    "question", "cancel_note", "late_note", "timeout_note", "unreadable_note",
+    "undelivered_note", "remind_note",
 ]
 
 
@@ -321,3 +327,4 @@ class QuestionSpec:
     timeout_ms: float
     deadline: float  # seconds since the epoch
     state: State | None = None
+    reminded: bool = False  # X9: its one reminder was decided (sent, or owed)

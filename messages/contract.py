@@ -447,6 +447,48 @@ def unreadable_note(qid: str, reason: RejectReason) -> str:
     return f"⚠ {hub_tag(qid)} Your answer could not be read ({reason}); please reply again."
 
 
+def span(seconds: float) -> str:
+    """A duration as a person reads it at a glance: 45s, 3m07s, 2h05m, 1d04h."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def first_line(text: str) -> str:
+    """The first line of `text` that is not blank, stripped."""
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+REMIND_QUESTION_LIMIT = 200  # UTF-16 units of the question's first line in a reminder
+
+
+def remind_after_s(timeout_ms: float, remind_before_ms: float | None) -> float | None:
+    """X9: how long after the question was asked its reminder is due, or None for none:
+    off, or a reminder that would come before the question itself."""
+    if remind_before_ms is None or remind_before_ms >= timeout_ms:
+        return None
+    return (timeout_ms - remind_before_ms) / 1000
+
+
+def remind_note(qid: str, left_s: float, question: str) -> str:
+    """X9: the one reminder: still waiting, the time left, the question's first line.
+
+    It carries the question's marker, so a reply to it answers the question;
+    the first line is agent text, defused (X3, X8) and cut.
+    """
+    line = truncate_utf16(defuse(scrub(first_line(question))), REMIND_QUESTION_LIMIT)
+    left = span(round(left_s))  # 2.98 s is read as 3s, not 2s
+    return f"⏰ {hub_tag(qid)} Still waiting for your answer, {left} left: {line}"
+
+
 def timeout_note(qid: str, timeout_ms: float) -> str:
     """C17: told to the human when nobody answered in time."""
     return f"⌛ {hub_tag(qid)} The question timed out after {format_ms(timeout_ms)}ms."

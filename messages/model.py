@@ -33,6 +33,7 @@ Event = Literal[
     "duplicate_refused",
     "cancel_refused",
     "question_failed",
+    "reminded",
 ]
 
 RejectReason = Literal[

@@ -25,6 +25,9 @@ from coms_hermes_bridge.messages.contract import (
     format_question,
     over_asker_limit,
     over_capacity,
+    remind_after_s,
+    remind_note,
+    span,
     triage_answer,
     undelivered_note,
     utf16_len,
@@ -174,3 +177,28 @@ def test_over_asker_limit() -> None:  # X10: off by default, then a limit per as
     assert over_asker_limit("builder", 1, 2) is None
     assert over_asker_limit("builder", 2, 2) == "builder has 2 open questions; try again later"
     assert over_asker_limit("", 3, 2) == " has 3 open questions; try again later"
+
+
+def test_remind_after() -> None:  # X9: off, too long to be useful, or its moment
+    assert remind_after_s(5000, None) is None
+    assert remind_after_s(5000, 5000) is None and remind_after_s(5000, 9000) is None
+    assert remind_after_s(5000, 3000) == 2.0
+    assert remind_after_s(1_800_000, 600_000) == 1200.0
+
+
+def test_remind_note_wording_defused_and_cut() -> None:  # X9, X3, X8, C5
+    assert remind_note(QID, 2.98, "\n  Deploy now?  \nmore") == (
+        f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 3s left: Deploy now?")
+    other = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
+    text = remind_note(QID, 600, f"answer HUB-Q:{other}: yes, MEDIA:/etc/x.png [[as_document]]")
+    assert text == (f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 10m00s left: "
+                    f"answer HUB-Ɋ:{other}: yes, MEDIA꞉/etc/x.png ⟦as_document⟧")
+    long = remind_note(QID, 1, "x" * 1000)
+    assert long.endswith("x" * 199 + "…") and utf16_len(long.split(": ", 1)[1]) == 200
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(0, "0s"), (59.9, "59s"), (60, "1m00s"),
+                                                (3599, "59m59s"), (3600, "1h00m"),
+                                                (86_399, "23h59m"), (90_000, "1d01h"), (-5, "0s")])
+def test_span(seconds: float, shown: str) -> None:
+    assert span(seconds) == shown

@@ -34,6 +34,8 @@ def start(
     logger: FakeRef | None = None,
     profile: str | None = None,
     send_timeout_ms: float = 5000,
+    note_owed: Any = None,
+    note_sent: Any = None,
 ) -> pykka.ActorRef[DeliveryActor]:
     return DeliveryActor.start(
         supervisor=FakeRef("supervisor"),
@@ -43,6 +45,8 @@ def start(
         send_timeout_ms=send_timeout_ms,
         hermes=hermes,
         now=lambda: AT,
+        note_owed=note_owed,
+        note_sent=note_sent,
     )
 
 
@@ -252,3 +256,24 @@ def test_hermes_exit_status_decides_failure_with_a_child_left(hermes: FakeHermes
         assert time.monotonic() - began < 1.0
     finally:
         os.kill(hermes.started()[0]["child"], signal.SIGKILL)
+
+
+def test_a_reminder_no_longer_owed_is_never_run(hermes: FakeHermes) -> None:  # X9
+    owed = {"remind:a": False, "remind:b": True}
+    asked: list[str] = []
+    sent: list[str] = []
+
+    def note_owed(note_id: str) -> bool:
+        asked.append(note_id)
+        return owed[note_id]
+
+    ref = start(str(hermes.path), note_owed=note_owed, note_sent=sent.append)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "⏰ a", "remind_note", note_id="remind:a"))  # its question closed
+    ref.tell(SendText(QID, "⏰ b", "remind_note", note_id="remind:b"))
+    ref.tell(SendText(QID, "✖ c", "cancel_note", note_id="c"))  # other notes: never asked
+    ref.tell(SendText(QID, "❓ d", "question", question))
+    assert question.expect(Delivered) == Delivered(QID)
+    assert [argv[-1] for argv in hermes.argvs()] == ["⏰ b", "✖ c", "❓ d"]
+    assert sent == ["remind:b", "c"]
+    assert asked == ["remind:a", "remind:b"]

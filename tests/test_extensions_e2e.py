@@ -336,3 +336,57 @@ def test_one_asker_is_held_to_its_share(bridge: Bridge, other: Asker) -> None:
     assert request(bridge.endpoint, theirs) == {"type": "ack", "msg_id": theirs["msg_id"]}
     assert bridge.ping()["agent_card"]["queue_depth"] == 3
     assert open_qids(bridge.state_path()) == {first, second, theirs["msg_id"]}  # none stored
+
+
+def owed_notes(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return int(db.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
+
+
+def reminders(bridge: Bridge) -> list[str]:
+    return [t for t in bridge.sent_texts() if t.startswith("⏰")]
+
+
+def test_one_reminder_before_the_deadline_and_none_for_an_answered_question(
+    bridge: Bridge,
+) -> None:
+    # X9: --timeout 5000 --remind-before 3000: one ⏰ note about 2 s after asking
+    bridge.start("--timeout", "5000", "--remind-before", "3000")
+    answered = bridge.ask("Quick?")
+    bridge.answer(answered, "yes")
+    assert bridge.asker.response()["msg_id"] == answered
+    asked = time.monotonic()
+    waiting = bridge.ask("Still there?\nsecond line")
+    wait_for(lambda: reminders(bridge), timeout=5, what="the reminder")
+    assert time.monotonic() - asked >= 1.9  # not before deadline - 3 s
+    # the answered question's reminder would have been due first: none came (X9)
+    assert reminders(bridge) == [
+        f"⏰ [HUB-Q:{waiting}] Still waiting for your answer, 3s left: Still there?"]
+    assert bridge.wait_log("reminded", waiting)["detail"]["left_ms"] <= 3000
+    bridge.answer(waiting, "here")  # a reply to the reminder carries the marker (W21)
+    env = bridge.asker.response()
+    assert (env["msg_id"], env["response"]) == (waiting, {"kind": "freeform", "text": "here"})
+    assert "reminded" not in bridge.events(answered)
+
+
+def test_an_owed_reminder_survives_a_kill(bridge: Bridge) -> None:
+    # X9: decided and stored, hermes still running it, the daemon SIGKILLed: sent at restart;
+    # and a question whose reminder was not due yet is reminded by the next run on time
+    bridge.start("--timeout", "6000", "--remind-before", "3500")
+    qid = bridge.ask("Who?")
+    bridge.wait_log("delivered", qid)
+    bridge.hermes.configure(sleep=30)  # the reminder's hermes hangs
+    bridge.wait_log("reminded", qid, timeout=5)
+    bridge.hermes.wait_started(2)
+    bridge.kill()
+    bridge.hermes.configure()
+    bridge.start("--timeout", "6000", "--remind-before", "3500")
+    wait_for(lambda: reminders(bridge), timeout=5, what="the owed reminder sent")
+    assert reminders(bridge)[0].startswith(f"⏰ [HUB-Q:{qid}] Still waiting for your answer, ")
+    wait_for(lambda: owed_notes(bridge.state_path()) == 0, what="the reminder settled")
+    later = bridge.ask("And you?")
+    bridge.kill()  # before its reminder is due
+    bridge.start("--timeout", "6000", "--remind-before", "3500")
+    wait_for(lambda: any(f"[HUB-Q:{later}]" in t for t in reminders(bridge)), timeout=6,
+             what="the later question's reminder")
+    assert [t for t in reminders(bridge) if qid in t] == reminders(bridge)[:1]  # once each

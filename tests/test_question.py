@@ -28,6 +28,7 @@ from coms_hermes_bridge.messages.commands import (
     LogEvent,
     QuestionClosed,
     QuestionSpec,
+    RemindDue,
     RemoveAnswerFile,
     SendResponse,
     SendText,
@@ -420,4 +421,72 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
     after = thread_count()
     assert after <= 40, after
     assert after - before <= DEFAULT_THREADS + 1  # the pool and the timer thread, if new
+    store.shutdown()
+
+
+# -- the reminder (X9) -------------------------------------------------------------
+
+
+def _reminded_rig(tmp_path: Any, *, reminded: bool = False, state: State = "delivered",
+                  remind_before_ms: float | None = 30_000) -> tuple[Rig, Store, TimerService,
+                                                                      FakeClock]:
+    clock = FakeClock()
+    timers = TimerService(clock)
+    store = Store.open(tmp_path / "state.sqlite3")
+    spec = QuestionSpec(qid=QID, prompt=PROMPT, parsed=parse_prompt(PROMPT),
+                        timeout_ms=100_000.0, deadline=clock.now + 100, state=state,
+                        reminded=reminded)
+    store.put_open(spec, owner="question:x:1")
+    fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
+                                      "watcher")}
+    slot = Slot("question")
+    ref = QuestionActor.start(spec=spec, me=slot, target="telegram", name="question:x:1",
+                              store=store, now=lambda: NOW, clock=clock, timers=timers,
+                              remind_before_ms=remind_before_ms, **fakes)
+    slot.bind(ref)
+    return Rig(ref, slot, **fakes), store, timers, clock
+
+
+def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(tmp_path: Any) -> None:
+    # X9: at deadline - 30 s of a 100 s question: one note, stored as owed, marked on the row
+    rig, store, timers, clock = _reminded_rig(tmp_path)
+    wait_for(lambda: len(timers) == 2, what="the deadline and the reminder armed")
+    clock.now += 69.9
+    rig.delivery.quiet(1.3)  # the service looks at the clock at least once a second
+    clock.now += 0.1
+    note = rig.delivery.expect(SendText)
+    assert (note.purpose, note.note_id) == ("remind_note", f"remind:{QID}")
+    assert note.text == f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 30s left: Ship?"
+    assert rig.events(1) == [("reminded", {"left_ms": 30_000})]
+    assert store.owed_notes() == [note]
+    assert store.open_spec(QID, "question:x:1").reminded  # type: ignore[union-attr]
+    rig.slot.tell(RemindDue())  # a second due (a replay): nothing more
+    rig.slot.tell(CancelRequested())
+    assert rig.delivery.expect(SendText).purpose == "cancel_note"
+    assert [n.purpose for n in store.owed_notes()] == ["cancel_note"]  # the reminder withdrawn
+    rig.delivery.quiet(0.1)
+    store.shutdown()
+
+
+@pytest.mark.parametrize(("reminded", "remind_before_ms"), [(True, 30_000), (False, 100_000),
+                                                            (False, None)])
+def test_no_reminder_when_decided_too_late_or_off(
+    tmp_path: Any, reminded: bool, remind_before_ms: float | None
+) -> None:  # X9: decided before a restart; as long as the question; off by default
+    rig, store, timers, clock = _reminded_rig(
+        tmp_path, reminded=reminded, remind_before_ms=remind_before_ms)
+    wait_for(lambda: len(timers) == 1, what="the deadline armed")
+    if reminded:
+        rig.slot.tell(RemindDue())  # a late due (a replay): decided already
+    clock.now += 99.9
+    rig.delivery.quiet(1.3)
+    store.shutdown()
+
+
+def test_a_closed_question_is_not_reminded(tmp_path: Any) -> None:  # X9
+    rig, store, _timers, _clock = _reminded_rig(tmp_path)
+    rig.slot.tell(answer("2"))
+    assert rig.peer.expect(SendResponse).error is None
+    rig.slot.tell(RemindDue())  # due in the same instant: the question is over
+    rig.delivery.quiet(0.2)
     store.shutdown()

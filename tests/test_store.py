@@ -663,3 +663,18 @@ def test_sibling_of_names_the_other_project_and_never_ourselves(
     (tmp_path / "state-c.sqlite3").write_bytes(b"not a database at all, " * 100)
     assert sibling_of(ours, "01ARZ3NDEKTSV4RRFFQ69G5FAX", time.time()) is None
     assert "cannot tell whether project c owns 01ARZ3NDEKTSV4RRFFQ69G5FAX" in capsys.readouterr().err
+
+
+def test_a_reminder_is_marked_and_owed_in_one_step_and_goes_with_its_question(
+    store: Store,
+) -> None:  # X9
+    store.put_open(spec(), owner="q")
+    note = SendText(QID, "⏰ still waiting", "remind_note", note_id=f"remind:{QID}")
+    assert not store.remind(note, "someone else")  # not their row: nothing written
+    assert store.owed_notes() == [] and not store.load()[0][0].reminded
+    assert store.remind(note, "q")
+    assert store.owed_notes() == [note] and store.note_owed(f"remind:{QID}")
+    assert store.load()[0][0].reminded  # a restart does not decide it again
+    assert store.open_spec(QID, "q").reminded  # type: ignore[union-attr]
+    store.close(QID, "answered", owner="q")
+    assert store.owed_notes() == [] and not store.note_owed(f"remind:{QID}")
