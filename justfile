@@ -13,9 +13,13 @@ default:
 run *args: venv
     @exec .venv/bin/coms-hermes-bridge "$@"
 
-# Run the test suite, less the real-hermes group (`just test-hermes` runs that one).
+# Run the test suite, less the real-hermes group and the slow tests (their own recipes).
 test *args: venv
-    .venv/bin/python -m pytest -q -m "not real_hermes" "$@"
+    .venv/bin/python -m pytest -q -m "not real_hermes and not slow" "$@"
+
+# The tests that must let real time pass (a sibling bridge down for 25 s, say).
+test-slow *args: venv
+    .venv/bin/python -m pytest -q -m slow "$@"
 
 # The real `hermes send` (hermes-agent 0.19.0, made in .venv-hermes) under the daemon,
 # against a fake Telegram (tests/test_real_hermes.py; docs/testing.md, "The real hermes").
