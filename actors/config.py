@@ -74,6 +74,8 @@ operator's commands (the same program, first word):
   answer QID TEXT... [--project P] [--by NAME]
                                       answer an open question by hand
   cancel QID [--project P]            close an open question as its asker's console would
+  doctor [--project P] [--to T] [--hermes-profile X] [--send-test]
+                                      check the chain from agent to human, link by link
   (coms-hermes-bridge status --help, and so on, for each)
 
 environment:

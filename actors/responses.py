@@ -69,6 +69,22 @@ def _failure(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
+    """One request line to a peer's socket and what it replied, up to the first newline
+    (at most MAX_REPLY bytes), blocking at most `timeout` per step (W12). Raises OSError."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(endpoint)
+        conn.sendall(line)
+        reply = b""
+        while b"\n" not in reply and len(reply) <= MAX_REPLY:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return reply
+
+
 def deliver_response(endpoint: str, line: bytes, timeout: float) -> Outcome:
     """Send one envelope line and read the reply, blocking (W15).
 
@@ -78,16 +94,7 @@ def deliver_response(endpoint: str, line: bytes, timeout: float) -> Outcome:
     worth another try.
     """
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout)
-            conn.connect(endpoint)
-            conn.sendall(line)
-            reply = b""
-            while b"\n" not in reply and len(reply) <= MAX_REPLY:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
+        reply = exchange(endpoint, line, timeout)
     except TimeoutError:
         return "timed out", False
     except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError) as exc:

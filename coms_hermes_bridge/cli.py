@@ -26,6 +26,7 @@ from coms_hermes_bridge.actors.config import (
     parse_config,
 )
 from coms_hermes_bridge.actors.registry import IdentityError, validate_project
+from coms_hermes_bridge.doctor import run_checks
 from coms_hermes_bridge.messages.contract import span
 from coms_hermes_bridge.messages.model import SelectionAnswer
 from coms_hermes_bridge.messages.wire import dumps
@@ -39,7 +40,7 @@ from coms_hermes_bridge.ops import (
     status,
 )
 
-VERBS = ("status", "answer", "cancel")
+VERBS = ("status", "answer", "cancel", "doctor")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,6 +97,19 @@ def _parser() -> _Parser:
     _common(c)
     c.add_argument("--name", default=DEFAULT_NAME, help="the bridge's peer name (user-remote)")
     c.add_argument("qid")
+    d = verbs.add_parser(
+        "doctor",
+        help="check the chain from agent to human, link by link",
+        description="Check hermes, python-telegram-bot, the --to target, the gateway's "
+        "hub-liaison skill, the questions directory and state file, the running bridge (a "
+        "ping) and its systemd user service: one line each, ✔ or ✖ with the fix (– when a "
+        "link is not there to check). Exit 0 only when none is ✖.",
+        allow_abbrev=False,
+    )
+    _common(d)
+    d.add_argument("--to", metavar="TARGET", help="the daemon's --to (default: telegram)")
+    d.add_argument("--hermes-profile", metavar="PROFILE", help="the daemon's --hermes-profile")
+    d.add_argument("--send-test", action="store_true", help="also send one test message")
     return p
 
 
@@ -105,6 +119,9 @@ def _config(args: argparse.Namespace, project: str | None = None) -> BridgeConfi
     argv = ["--project", project, "--name", getattr(args, "name", DEFAULT_NAME)]
     if args.questions_dir:
         argv += ["--questions-dir", args.questions_dir]
+    for flag in ("to", "hermes_profile"):
+        if getattr(args, flag, None) is not None:
+            argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     return parse_config(argv, os.environ)
 
 
@@ -153,6 +170,10 @@ def render(st: Status, now: datetime | None = None) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
+    if args.verb == "doctor":
+        checks = run_checks(config, os.environ, send_test=args.send_test,
+                            emit=lambda check: print(check.line(), flush=True))
+        return 1 if any(check.ok is False for check in checks) else 0
     if args.verb == "status":
         limit = max(0, args.closed)
         if args.project is not None:

@@ -1,0 +1,254 @@
+"""`coms-hermes-bridge doctor`: the chain from agent to human, checked link by link.
+
+A first real question fails somewhere along a long chain (hermes, its Telegram
+library, the target, the gateway's skill, the questions directory, the bridge
+itself, its service), and the failure shows much later and elsewhere (a question
+that times out after 30 minutes). Each check here looks at one link from the
+outside, bounded by a timeout, and says in one line what holds or what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from coms_hermes_bridge.actors.config import BridgeConfig
+from coms_hermes_bridge.actors.responses import exchange
+from coms_hermes_bridge.actors.store import read_snapshot
+from coms_hermes_bridge.messages.wire import PingEnvelope
+from coms_hermes_bridge.ops import running_bridge
+
+CHECK_TIMEOUT_S = 10.0  # for each program run; the socket ping has 2 s
+PING_TIMEOUT_S = 2.0
+SKILL = "hub-liaison"
+UNIT = "coms-hermes-bridge@.service"
+TARGET = re.compile(r"telegram(?::(?:-?\d+|@[A-Za-z0-9_]{5,32})(?::\d+)?)?")
+LAZY_ENV = "HERMES_DISABLE_LAZY_INSTALLS"
+TEST_TEXT = "coms-hermes-bridge doctor: a test message; nothing to answer."
+
+
+@dataclass(frozen=True)
+class Check:
+    """One link: held (True), broken (False) or not there to check (None), and why."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+    def line(self) -> str:
+        mark = {True: "✔", False: "✖", None: "–"}[self.ok]
+        return f"{mark} {self.name}: {self.detail}"
+
+
+def _run(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a program for a check: no shell, no stdin, bounded in time (TimeoutExpired)."""
+    return subprocess.run(
+        argv, env=dict(env), capture_output=True, text=True, errors="replace",
+        timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False,
+    )
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    text = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    return text[-1][:300] if text else f"exit {done.returncode}"
+
+
+def hermes_home(env: Mapping[str, str], profile: str | None) -> Path:
+    """Where hermes keeps this profile's files: the named profile's directory,
+    else `$HERMES_HOME`, else `~/.hermes`."""
+    base = Path(env.get("HOME") or os.path.expanduser("~")) / ".hermes"
+    if profile and profile != "default":
+        return base / "profiles" / profile
+    home = env.get("HERMES_HOME", "").strip()
+    return Path(home) if home else base
+
+
+def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
+    found = shutil.which(config.hermes, path=env.get("PATH"))
+    if found is None:
+        yield Check("hermes", False, f"{config.hermes!r} is not on PATH; install hermes-agent "
+                    "(pip install hermes-agent) or put hermes on the daemon's PATH")
+        return
+    try:
+        done = _run([found, "--version"], env)
+    except subprocess.TimeoutExpired:
+        yield Check("hermes", False, f"{found} --version did not finish in {CHECK_TIMEOUT_S:g}s")
+        return
+    except OSError as exc:
+        yield Check("hermes", False, f"{found} cannot be run: {exc}")
+        return
+    if done.returncode != 0:
+        yield Check("hermes", False, f"{found} --version failed: {_said(done)}")
+        return
+    version = (done.stdout.strip().splitlines() or ["(no version printed)"])[0][:100]
+    yield Check("hermes", True, f"{found} ({version})")
+    profile = config.hermes_profile
+    if profile:
+        where = hermes_home(env, profile)
+        yield (Check("hermes profile", True, f"{profile} at {where}") if where.is_dir() else
+               Check("hermes profile", False, f"no profile {profile!r} at {where}; "
+                     f"create it with `hermes profile create {profile}` or drop --hermes-profile"))
+    yield _telegram_library(Path(found), env)
+
+
+def _interpreter(program: Path) -> str | None:
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    return words[0] if words else None
+
+
+def _telegram_library(program: Path, env: Mapping[str, str]) -> Check:
+    lazy = env.get(LAZY_ENV, "").strip() not in ("1", "true", "yes")
+    python = _interpreter(program)
+    name = "python-telegram-bot"
+    if python is None:
+        return Check(name, None, f"cannot tell which Python runs {program}")
+    try:
+        done = _run([python, "-c", "import telegram; print(telegram.__version__)"], env)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return Check(name, None, f"cannot run {python}: {exc}")
+    if done.returncode == 0:
+        return Check(name, True, f"{done.stdout.strip()} for {python}")
+    if lazy:
+        return Check(name, True, f"not installed for {python}; hermes installs it at its first "
+                     f"send (lazy installs allowed; that needs network, and {LAZY_ENV}=1 "
+                     "forbids it)")
+    return Check(name, False, f"not installed for {python}, and {LAZY_ENV}=1 forbids hermes "
+                 f"to install it: `{python} -m pip install 'python-telegram-bot[webhooks]'`")
+
+
+def check_target(config: BridgeConfig) -> Check:
+    if TARGET.fullmatch(config.target):
+        return Check("--to", True, config.target)
+    return Check("--to", False, f"{config.target!r} is not telegram, telegram:<chat_id> or "
+                 "telegram:<chat_id>:<thread_id> (group ids are negative)")
+
+
+def check_skill(config: BridgeConfig, env: Mapping[str, str]) -> Check:
+    skills = hermes_home(env, config.hermes_profile) / "skills"
+    for candidate in (skills / SKILL / "SKILL.md", *skills.glob(f"*/{SKILL}/SKILL.md")):
+        if candidate.is_file():
+            return Check(SKILL, True, f"skill at {candidate}")
+    return Check(SKILL, False, f"the Hermes gateway has no {SKILL} skill, so no answer will "
+                 f"ever come back; install it as {skills / SKILL / 'SKILL.md'}")
+
+
+def check_files(config: BridgeConfig) -> Iterator[Check]:
+    directory = config.questions_dir
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        yield Check("questions directory", None, f"{directory} is not there yet; the bridge "
+                    "makes it (0700) when it starts")
+    except OSError as exc:
+        yield Check("questions directory", False, f"{directory}: {exc}")
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            yield Check("questions directory", False, f"{directory} is not a directory")
+        elif st.st_uid != os.getuid():
+            yield Check("questions directory", False, f"{directory} belongs to uid {st.st_uid}, "
+                        f"not to us ({os.getuid()}): another user could forge answers")
+        elif st.st_mode & 0o077:
+            yield Check("questions directory", False, f"{directory} is mode "
+                        f"{stat.S_IMODE(st.st_mode):04o}; `chmod 700 {directory}` (the bridge "
+                        "tightens it at start)")
+        else:
+            yield Check("questions directory", True, f"{directory} (ours, 0700)")
+    try:
+        snapshot = read_snapshot(config.state_path, 0)
+    except FileNotFoundError:
+        yield Check("state", None, f"no {config.state_path} yet (made at the first start)")
+    except OSError as exc:
+        yield Check("state", False, f"{exc}")
+    else:
+        yield Check("state", True, f"{config.state_path}, {len(snapshot.open)} open question(s)")
+
+
+def check_bridge(config: BridgeConfig) -> Check:
+    entry = running_bridge(config)
+    name = f"bridge {config.project}"
+    if entry is None:
+        return Check(name, False, f"no live bridge registered for project {config.project}; "
+                     f"start it (`just run --project {config.project} --to …`, or its service)")
+    try:
+        reply = exchange(entry.endpoint, PingEnvelope(msg_id="doctor").to_line(), PING_TIMEOUT_S)
+    except OSError as exc:
+        return Check(name, False, f"{entry.name} (pid {entry.pid}) does not answer at "
+                     f"{entry.endpoint}: {exc or type(exc).__name__}")
+    if b'"type":"pong"' not in reply.partition(b"\n")[0]:
+        return Check(name, False, f"{entry.name} at {entry.endpoint} answered a ping with "
+                     f"{reply[:200]!r}")
+    return Check(name, True, f"{entry.name} (pid {entry.pid}) answers at {entry.endpoint}")
+
+
+def check_service(config: BridgeConfig, env: Mapping[str, str]) -> Check:
+    unit = f"coms-hermes-bridge@{config.project}.service"
+    systemctl = shutil.which("systemctl", path=env.get("PATH"))
+    if systemctl is None:
+        return Check("service", None, "no systemd here (no systemctl)")
+    try:
+        done = _run([systemctl, "--user", "is-active", unit], env)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return Check("service", None, f"systemctl --user did not answer: {exc}")
+    state = done.stdout.strip()
+    if done.returncode == 0 and state == "active":
+        return Check("service", True, f"{unit} is active")
+    if state in ("", "unknown") and "bus" in done.stderr.lower():
+        return Check("service", None, f"no systemd user manager to ask ({_said(done)})")
+    config_home = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")) / ".config")
+    if not (config_home / "systemd" / "user" / UNIT).is_file():
+        return Check("service", False, f"{UNIT} is not installed; "
+                     f"`just install-service {config.project} --to {config.target}`")
+    return Check("service", False, f"{unit} is {state or 'not active'}; "
+                 f"`systemctl --user enable --now {unit}`, then `journalctl --user -u {unit}`")
+
+
+def check_send(config: BridgeConfig, env: Mapping[str, str]) -> Check:
+    found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes
+    profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
+    try:
+        done = _run([found, *profile, "send", "--to", config.target, TEST_TEXT], env)
+    except subprocess.TimeoutExpired:
+        return Check("test message", False, f"hermes send did not finish in {CHECK_TIMEOUT_S:g}s")
+    except OSError as exc:
+        return Check("test message", False, f"cannot run hermes: {exc}")
+    if done.returncode != 0:
+        return Check("test message", False, f"hermes send failed ({done.returncode}): "
+                     f"{_said(done)}")
+    return Check("test message", True, f"sent to {config.target}; look for it in Telegram")
+
+
+def run_checks(
+    config: BridgeConfig, env: Mapping[str, str], *, send_test: bool = False,
+    emit: Callable[[Check], None] = lambda check: None,
+) -> list[Check]:
+    """Every check in chain order, each emitted as it is made; the list for the verdict."""
+    made: list[Check] = []
+
+    def add(check: Check) -> None:
+        made.append(check)
+        emit(check)
+
+    for check in check_hermes(config, env):
+        add(check)
+    add(check_target(config))
+    add(check_skill(config, env))
+    for check in check_files(config):
+        add(check)
+    add(check_bridge(config))
+    add(check_service(config, env))
+    if send_test:
+        add(check_send(config, env))
+    return made

@@ -1,0 +1,130 @@
+"""`coms-hermes-bridge doctor` end to end: the real daemon, a fake hermes (issue 21.1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.bridge_process import ROOT, Bridge
+
+
+@pytest.fixture
+def bridge() -> Iterator[Bridge]:
+    b = Bridge()
+    yield b
+    b.close()
+
+
+def doctor(bridge: Bridge, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # No user manager to ask (an empty runtime dir): the service line is "–" on any host.
+    runtime = bridge.base / "run"
+    runtime.mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "coms_hermes_bridge", "doctor", *args],
+        cwd=str(ROOT), env=bridge.env(XDG_RUNTIME_DIR=str(runtime), **env),
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+
+
+def skill(bridge: Bridge, home: Path | None = None) -> Path:
+    path = (home or bridge.home / ".hermes") / "skills" / "hub-liaison" / "SKILL.md"
+    path.parent.mkdir(parents=True)
+    path.write_text("---\nname: hub-liaison\n---\n")
+    return path
+
+
+def marks(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {line.split(":", 1)[0][2:]: line[0] for line in done.stdout.splitlines()}
+
+
+def test_all_links_hold(bridge: Bridge) -> None:  # issue 21.1: the skill in place, bridge up
+    bridge.start("--project", "demo")
+    where = skill(bridge)
+    done = doctor(bridge, "--project", "demo", "--to", "telegram:-1001234567890:7")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert marks(done) == {
+        "hermes": "✔", "python-telegram-bot": "✔", "--to": "✔", "hub-liaison": "✔",
+        "questions directory": "✔", "state": "✔", "bridge demo": "✔", "service": "–"}
+    lines = done.stdout.splitlines()
+    assert f"✔ hub-liaison: skill at {where}" in lines
+    assert f"✔ questions directory: {bridge.questions} (ours, 0700)" in lines
+    assert any(line.startswith(f"✔ bridge demo: user-remote (pid {bridge.entry['pid']}) answers")
+               for line in lines)
+    assert "hermes installs it at its first send (lazy installs allowed" in done.stdout
+    assert [argv for argv in bridge.hermes.argvs()] == [["--version"]]  # nothing was sent
+
+
+def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:  # issue 21.1
+    bridge.start()
+    done = doctor(bridge)
+    assert done.returncode == 1
+    expected = bridge.home / ".hermes" / "skills" / "hub-liaison" / "SKILL.md"
+    assert (f"✖ hub-liaison: the Hermes gateway has no hub-liaison skill, so no answer will "
+            f"ever come back; install it as {expected}") in done.stdout.splitlines()
+
+
+def test_the_skill_is_looked_for_in_the_profile_or_hermes_home(bridge: Bridge) -> None:
+    # issue 21.1: `--hermes-profile X` -> ~/.hermes/profiles/X; else $HERMES_HOME
+    bridge.start()
+    profile = bridge.home / ".hermes" / "profiles" / "ops"
+    skill(bridge, profile)
+    assert marks(doctor(bridge, "--hermes-profile", "ops"))["hub-liaison"] == "✔"
+    assert marks(doctor(bridge))["hub-liaison"] == "✖"
+    assert marks(doctor(bridge, HERMES_HOME=str(profile)))["hub-liaison"] == "✔"
+    done = doctor(bridge, "--hermes-profile", "nope")
+    assert "✖ hermes profile: no profile 'nope' at" in done.stdout
+
+
+def test_no_hermes_on_path(bridge: Bridge) -> None:  # issue 21.1
+    bridge.start()
+    skill(bridge)
+    done = doctor(bridge, PATH=os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not Path(p, "hermes").exists()))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0] == (
+        "✖ hermes: 'hermes' is not on PATH; install hermes-agent (pip install hermes-agent) "
+        "or put hermes on the daemon's PATH")
+
+
+def test_a_stopped_bridge_fails_the_check(bridge: Bridge) -> None:  # issue 21.1
+    bridge.start()
+    skill(bridge)
+    assert doctor(bridge).returncode == 0
+    assert bridge.signal() == 0
+    done = doctor(bridge)
+    assert done.returncode == 1
+    assert ("✖ bridge default: no live bridge registered for project default; start it "
+            "(`just run --project default --to …`, or its service)") in done.stdout.splitlines()
+
+
+def test_bad_links_are_each_named(bridge: Bridge) -> None:  # issue 21.1
+    bridge.start()
+    skill(bridge)
+    bridge.questions.chmod(0o755)
+    done = doctor(bridge, "--to", "telegram:chat:x", HERMES_DISABLE_LAZY_INSTALLS="1")
+    assert done.returncode == 1
+    got = marks(done)
+    assert (got["--to"], got["questions directory"], got["python-telegram-bot"]) == (
+        "✖", "✖", "✖")
+    assert (f"✖ questions directory: {bridge.questions} is mode 0755; `chmod 700 "
+            f"{bridge.questions}` (the bridge tightens it at start)") in done.stdout.splitlines()
+    assert "HERMES_DISABLE_LAZY_INSTALLS=1 forbids hermes to install it" in done.stdout
+
+
+def test_send_test_sends_one_message(bridge: Bridge) -> None:  # issue 21.1
+    bridge.start()
+    skill(bridge)
+    done = doctor(bridge, "--send-test", "--to", "telegram:42")
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.splitlines()[-1] == "✔ test message: sent to telegram:42; look for it in Telegram"
+    assert bridge.hermes.argvs()[-1] == [
+        "send", "--to", "telegram:42", "coms-hermes-bridge doctor: a test message; nothing to answer."]
+    bridge.hermes.configure(exit=2, stderr="chat not found\n")
+    done = doctor(bridge, "--send-test")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == "✖ test message: hermes send failed (2): chat not found"
