@@ -57,13 +57,12 @@ sys.exit(int(config.get("exit", 0)))
 class FakeHermes:
     """A `hermes` program in `directory`; put `directory` on PATH or pass `.path`."""
 
-    def __init__(self, directory: Path, **config: Any) -> None:
+    def __init__(self, directory: Path, python: str = sys.executable, **config: Any) -> None:
+        """`python` runs the script (another path to it, where a sandbox hides this one)."""
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "hermes"
-        self.path.write_text(
-            _SCRIPT.format(python=sys.executable, here=str(directory)), encoding="utf-8"
-        )
+        self.path.write_text(_SCRIPT.format(python=python, here=str(directory)), encoding="utf-8")
         self.path.chmod(self.path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         self.configure(**config)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -141,3 +142,32 @@ def test_installed_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     # systemd only warns about unknown keys or bad values; any line about our unit is a fault
     assert verify.returncode == 0, verify.stderr
     assert "coms-hermes-bridge" not in verify.stderr, verify.stderr
+
+
+@pytest.mark.slow
+def test_the_unit_under_a_real_user_manager() -> None:
+    # issue 21.4: the shipped unit, installed by the installer, run by systemd 252's own
+    # user manager: READY, a question answered, SIGKILL -> restarted, stop -> exit 0
+    manager = Path("/lib/systemd/systemd")
+    if os.geteuid() != 0 or not manager.exists() or shutil.which("unshare") is None:
+        pytest.skip("needs root, util-linux unshare and systemd (a private mount namespace "
+                    "lets systemd --user run on a host that did not boot with systemd)")
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable,
+         str(ROOT / "tests" / "systemd_drill.py"), str(ROOT)],
+        capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert "error" not in seen, seen
+    assert seen["install"][0] == 0, seen["install"]
+    assert (seen["started"]["ActiveState"], seen["started"]["SubState"]) == ("active", "running")
+    assert seen["ack"]["type"] == "ack"
+    assert seen["hermes_argv"] == ["send", "--to", "telegram:42"]
+    assert seen["restarted"]["NRestarts"] == "1"  # Restart=on-failure after the SIGKILL
+    assert seen["restarted"]["MainPID"] != seen["started"]["MainPID"]
+    assert seen["response"] == [True, {"kind": "freeform", "text": "from systemd"}, None]
+    assert seen["stop"] == 0
+    assert (seen["stopped"]["ActiveState"], seen["stopped"]["Result"],
+            seen["stopped"]["ExecMainStatus"]) == ("inactive", "success", "0")  # exit 0 (W8)
+    assert seen["entry_left"] is False
