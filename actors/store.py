@@ -139,6 +139,9 @@ _MIGRATIONS = {
 _SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, SCHEMA_VERSION: _SCHEMA}
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
+# A sibling's file is read on the actors' thread: a lock held longer than this (rare,
+# a WAL reader waits only on recovery) makes the file count as busy, not a stall.
+SIBLING_BUSY_S = 0.2
 STATE_PREFIX = "state-"
 STATE_SUFFIX = ".sqlite3"
 _NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note", "remind_note")
@@ -902,17 +905,17 @@ def state_files(directory: Path) -> dict[str, Path]:
     return found
 
 
-def _read_only(path: Path) -> sqlite3.Connection:
+def _read_only(path: Path, busy_s: float = _BUSY_TIMEOUT_S) -> sqlite3.Connection:
     uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(uri, uri=True, timeout=busy_s)
     except sqlite3.Error as exc:
         raise OSError(f"cannot open state database {path}: {exc}") from exc
     conn.text_factory = _text
     return conn
 
 
-def knows_qid(path: Path, qid: str, now: float) -> str | None:
+def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S) -> str | None:
     """What the state file at `path` knows of `qid`: "open", its closed state, or
     "undelivered" (a failed delivery within the hour, X11); None when nothing.
 
@@ -920,7 +923,7 @@ def knows_qid(path: Path, qid: str, now: float) -> str | None:
     writer), so a bridge can ask what a sibling owns while that sibling is up,
     down or starting. Raises OSError when the file cannot be read.
     """
-    conn = _read_only(path)
+    conn = _read_only(path, busy_s)
     try:
         tables = {name for (name,) in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -965,7 +968,7 @@ def sibling_of(own: Path, qid: str, now: float) -> str | None:
         if path == own:
             continue
         try:
-            if knows_qid(path, qid, now) is not None:
+            if knows_qid(path, qid, now, SIBLING_BUSY_S) is not None:
                 return project
         except StateBusyError:
             return project

@@ -678,3 +678,20 @@ def test_a_reminder_is_marked_and_owed_in_one_step_and_goes_with_its_question(
     assert store.open_spec(QID, "q").reminded  # type: ignore[union-attr]
     store.close(QID, "answered", owner="q")
     assert store.owed_notes() == [] and not store.note_owed(f"remind:{QID}")
+
+
+def test_a_busy_siblings_file_counts_as_knowing_and_is_waited_on_briefly(tmp_path: Path) -> None:
+    # X6: never delete another bridge's answer because its file was locked for a moment,
+    # and never hold the actors' thread for long on it
+    ours = tmp_path / "state-a.sqlite3"
+    Store.open(ours).shutdown()
+    locked = sqlite3.connect(tmp_path / "state-b.sqlite3", isolation_level=None)
+    try:
+        locked.execute("CREATE TABLE open_questions (qid TEXT)")
+        locked.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        assert sibling_of(ours, QID, time.time()) == "b"
+        assert time.monotonic() - started < 2.0  # the short busy timeout, not the 5 s one
+    finally:
+        locked.close()
+    assert sibling_of(ours, QID, time.time()) is None
