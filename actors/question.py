@@ -126,7 +126,7 @@ class QuestionActor(PooledChild):
         me = self.me
         self._timer = self.timers.at(self.spec.deadline, lambda: me.tell(TimedOut()))
         after = remind_after_s(self.spec.timeout_ms, self.remind_before_ms)
-        if after is not None and not self.spec.reminded:
+        if self._reminds() and after is not None:
             asked = self.spec.deadline - self.spec.timeout_ms / 1000
             self._reminder = self.timers.at(asked + after, lambda: me.tell(RemindDue()))
 
@@ -170,7 +170,7 @@ class QuestionActor(PooledChild):
                     self._close()
                     self.delivery.tell(note)
             case RemindDue():
-                if self._is_open() and not self.spec.reminded:
+                if self._is_open() and self._reminds():
                     self._remind()
             case TimedOut():
                 if self._is_open():
@@ -185,6 +185,11 @@ class QuestionActor(PooledChild):
                 raise UnknownMessage(self.child_name, message)
 
     # -- helpers ------------------------------------------------------------
+
+    def _reminds(self) -> bool:
+        """X9: a reminder is configured, useful for this question, and not yet decided."""
+        return (not self.spec.reminded
+                and remind_after_s(self.spec.timeout_ms, self.remind_before_ms) is not None)
 
     def _remind(self) -> None:
         """X9: decided once, stored as owed with the mark on the row, then sent."""
