@@ -192,7 +192,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         questions_dir=questions,
         log_path=questions.parent / "log.ndjson",
         # one file per project, so that bridges of two projects sharing the
-        # questions directory never restore each other's questions (issue 12.3)
+        # questions directory never restore each other's questions
         state_path=questions.parent / f"state-{args.project}.sqlite3",
         coms_dir=coms_dir,
         max_open=max_open,

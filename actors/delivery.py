@@ -302,7 +302,7 @@ class DeliveryActor(Child):
         except Exception as exc:  # e.g. the question stopped meanwhile
             report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
         if job.note_id is not None and self.note_sent is not None:
-            # hermes ran it (sent, or failed and logged above): no longer owed (9.7)
+            # hermes ran it (sent, or failed and logged above): no longer owed
             try:
                 self.note_sent(job.note_id)
             except Exception as exc:

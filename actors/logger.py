@@ -30,7 +30,7 @@ class LoggerActor(PooledService):
 
     Lines are written in batches: each record joins a batch that is written
     (one write call) as soon as the mailbox is empty, or at BATCH_LINES or
-    BATCH_BYTES, so a burst of thousands of events costs a few writes, while a
+    BATCH_CHARS, so a burst of thousands of events costs a few writes, while a
     lone event is written at once, and no line waits more than BATCH_AGE_S for
     a busy mailbox to empty. The file stays open between batches; before
     each batch one stat of the path tells whether it was rotated away, deleted

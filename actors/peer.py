@@ -2,8 +2,8 @@
 
 It owns the listening socket, the registry entry and the heartbeat, and it
 sends response envelopes to askers. Everything that blocks (accept, reading a
-client, connecting to an asker, asking the supervisor for the queue depth)
-runs in helper threads, so the actor's own mailbox only ever holds quick work:
+client, connecting to an asker, asking the router for the queue depth) runs in
+helper threads, so the actor's own mailbox only ever holds quick work:
 rewriting the entry and starting a response sender.
 """
 
@@ -37,7 +37,7 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
-from coms_hermes_bridge.actors.responses import ResponsePool, deliver_response
+from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
 from coms_hermes_bridge.messages.commands import (
     Address,
     AdmissionRefused,
@@ -71,8 +71,8 @@ __all__ = [
     "PeerIdentity",
     "ResponsePool",
     "bind_endpoint",
-    "deliver_response",
     "resolve_identity",
+    "send_envelope",
 ]
 
 MODEL = "hermes-bridge"
@@ -435,7 +435,7 @@ class Listener:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
             try:
                 self._admit(prompt)
-            except AdmissionRefused as exc:  # full (9.10), someone else's qid (X2): as it is
+            except AdmissionRefused as exc:  # full, its asker's share, not its qid (X2): as is
                 return Nack(msg_id=prompt.msg_id, error=str(exc)), None
             except Exception as exc:  # unforeseen: our words to the peer, the cause to stderr
                 report(f"could not take question {prompt.msg_id!r}: {exc!r}", "error")
@@ -491,7 +491,7 @@ class PeerActor(PooledService):
         questions: Address,
         queue_depth: Callable[[], int],
         admit: Callable[[PromptEnvelope], None] | None = None,
-        settled: Callable[[str, str | None], None] | None = None,
+        settle: Callable[[str, str | None], None] | None = None,
         logger: Address | None = None,
         name: str = "peer",
         purpose: str = "Remote human via Hermes/Telegram",
@@ -505,7 +505,7 @@ class PeerActor(PooledService):
         self.questions = questions
         self.queue_depth = queue_depth
         self.admit = admit
-        self.settled = settled
+        self.settle = settle
         self.logger = logger
         self.purpose = purpose
         self.heartbeat_s = heartbeat_s
@@ -626,7 +626,7 @@ class PeerActor(PooledService):
             report(f"{ident.endpoint} was gone; listening on it again", "warning")
 
     def _current_depth(self) -> int:
-        """The supervisor's count, or the last one we saw when it does not answer in time."""
+        """The router's count, or the last one we saw when it does not answer in time."""
         try:
             depth = int(self.queue_depth())
         except Exception:
@@ -658,10 +658,10 @@ class PeerActor(PooledService):
 
     def _settle(self, qid: str, owner: str | None) -> None:
         """The response is no longer owed: take it out of the durable outbox."""
-        if self.settled is None:
+        if self.settle is None:
             return
         try:
-            self.settled(qid, owner)
+            self.settle(qid, owner)
         except Exception as exc:
             report(f"could not record the response for {qid} as sent: {exc!r}")
 
@@ -697,14 +697,14 @@ class PeerActor(PooledService):
         endpoint = prompt.sender_endpoint
         timeout = self.response_timeout_s
 
-        def done(reason: str | None) -> None:
+        def settled(reason: str | None) -> None:
             if reason is not None:
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
         try:
             queued = self.responses.submit(
-                qid, endpoint, line, timeout, self.retry_pauses_s, done
+                qid, endpoint, line, timeout, self.retry_pauses_s, settled
             )
         except (RuntimeError, OSError) as exc:  # the sender thread could not start
             queued = False

@@ -25,10 +25,10 @@ from coms_hermes_bridge.actors.timers import TimerHandle, TimerService, shared_t
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
+    AnswerFileSeen,
     CancelRequested,
     Delivered,
     DeliveryFailed,
-    DisposeAnswerFile,
     FileSignature,
     LogEvent,
     QuestionClosed,
@@ -42,7 +42,6 @@ from coms_hermes_bridge.messages.commands import (
     UnknownMessage,
 )
 from coms_hermes_bridge.messages.contract import (
-    Late,
     cancel_note,
     log_record,
     map_answer,
@@ -158,10 +157,10 @@ class QuestionActor(PooledChild):
                         self._close()
                         self.peer.tell(owed)
                         self.watcher.tell(RemoveAnswerFile(name, signature))
-                elif self.state is not None:
-                    # closed between the Router's look and ours: a late answer (C15)
-                    late = Late(self.qid, self.state)
-                    self.watcher.tell(DisposeAnswerFile(name, signature, late))
+                else:
+                    # closed between the Router's look and ours: the Router judges it
+                    # again, now that it knows (late, C15: one path, the note owed)
+                    self.router.tell(AnswerFileSeen(name, None, signature))
             case CancelRequested():
                 note = self._note(cancel_note(self.qid), "cancel_note")
                 if self._is_open() and self._move(
@@ -222,7 +221,7 @@ class QuestionActor(PooledChild):
         follows is never done for a state a restart would not know about; a
         response the asker is `owed` and a `note` the human is owed are stored
         with the closing state, so a crash before they are handed over sends
-        them at the next start instead of losing them (issue 9.7).
+        them at the next start instead of losing them.
         """
         state = transition(self.state, event)
         if self.store is not None:

@@ -11,8 +11,8 @@ thread and at most FLIGHTS descriptors; at most `capacity` sends wait or run
 at once, and past that `submit` refuses (the response then stays owed in the
 outbox; the Peer says so).
 
-`deliver_response` is the same exchange, blocking, for one-off callers (the
-`cancel` command).
+`send_envelope` is the same exchange, blocking, for one-off callers (the
+`cancel` command sends its cancel envelope with it).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from coms_hermes_bridge.actors.base import report
 
-__all__ = ["FLIGHTS", "MAX_REPLY", "RESPONSE_QUEUE", "ResponsePool", "deliver_response"]
+__all__ = ["FLIGHTS", "MAX_REPLY", "RESPONSE_QUEUE", "ResponsePool", "send_envelope"]
 
 MAX_REPLY = 65536  # bytes of reply read before judging it (a reply is one short line)
 # Responses waiting to be sent, retries included: room for every question the
@@ -85,8 +85,8 @@ def exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
     return reply
 
 
-def deliver_response(endpoint: str, line: bytes, timeout: float) -> Outcome:
-    """Send one envelope line and read the reply, blocking (W15).
+def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
+    """Send one envelope line (a response, W15; a cancel, C12) and judge the ack, blocking.
 
     Returns the failure reason (None on ack) and whether the outcome is final:
     an ack, a nack, or a refused or missing socket (the asker is gone).

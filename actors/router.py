@@ -386,7 +386,7 @@ class QuestionRouter(PooledService):
             self._remember_closed(qid, state)
         if state == "answered" and question.answer_file and question.answer_signature:
             # Until the Watcher has removed it, a rescan may offer this very file
-            # again: that is the answer it gave, not a late one (issue 14).
+            # again: that is the answer it gave, not a late one.
             self.consumed[qid] = (question.answer_file, question.answer_signature)
             while len(self.consumed) > CLOSED_MEMORY:  # bounded as the closed memory is
                 del self.consumed[next(iter(self.consumed))]

@@ -45,7 +45,7 @@ CLOSED_MEMORY = 1000
 # (and at every start), not on every close: it holds at most the sum.
 CLOSED_TRIM_BATCH = 100
 # Settled responses wait this long (or for the next write) to share a commit;
-# this many waiting are committed at once (see Store.sent).
+# this many waiting are committed at once (see Store.settle).
 SETTLE_DELAY_S = 0.05
 SETTLE_BATCH = 1000
 _SEQ_TABLES = ("open_questions", "closed_questions", "outbox", "notes")
@@ -278,7 +278,7 @@ class Store:
     One SQLite file, in WAL mode, readable by its owner only (mode 0600).
 
     Durability: every write is committed before its method returns, except a
-    settle (`sent`), which may wait up to SETTLE_DELAY_S for a commit. The file
+    settle (`settle`), which may wait up to SETTLE_DELAY_S for a commit. The file
     runs in WAL mode with `synchronous=NORMAL`: a commit reaches the WAL file
     through the OS before returning, so it survives a crash or kill of the
     process (the case this store exists for); only a power loss or kernel
@@ -306,7 +306,7 @@ class Store:
             for table in _SEQ_TABLES
         }
         self._closed_since_trim = 0
-        # Settled responses not yet deleted from the outbox (group commit, see `sent`).
+        # Settled responses not yet deleted from the outbox (group commit, see `settle`).
         self._settle_lock = threading.Lock()
         self._settles: list[tuple[str, str]] = []
         self._settle_leader = False
@@ -466,7 +466,7 @@ class Store:
         CLOSED_TRIM_BATCH closes and at start), bounding the file.
 
         `response` is what the asker is now owed: it goes to the outbox in the
-        same transaction, and leaves it only when `sent` says it was handed
+        same transaction, and leaves it only when `settle` says it was handed
         over, so a crash in between resends it rather than losing it.
         `answer_file` names the file the answer came from, so that a restart
         before the file was removed does not take it for a late answer.
@@ -637,7 +637,7 @@ class Store:
             )
             return done.rowcount > 0
 
-    def sent(self, qid: str, owner: str | None = None) -> None:
+    def settle(self, qid: str, owner: str | None = None) -> None:
         """The asker was answered (or is gone for good): the response leaves the outbox.
 
         Keyed by owner too, so a response settled late for an old question with

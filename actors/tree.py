@@ -191,7 +191,7 @@ def start_tree(
             questions=slots["router"],
             queue_depth=tree.queue_depth,
             admit=tree.admit,
-            settled=store.sent,
+            settle=store.settle,
             logger=slots["logger"],
             heartbeat_s=c.heartbeat_ms / 1000,
         )

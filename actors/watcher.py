@@ -59,11 +59,9 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import (
     ANSWER_FILE_LIMIT,
     UNREADABLE_REASONS,
-    Late,
     OwnedElsewhere,
     Rejected,
     grace_ms,
-    late_note,
     log_record,
     qid_of_name,
     unreadable_note,
@@ -458,7 +456,7 @@ class WatcherActor(PooledService):
     # -- verdicts -------------------------------------------------------------
 
     def _dispose(
-        self, name: str, signature: FileSignature, verdict: Rejected | Late | OwnedElsewhere
+        self, name: str, signature: FileSignature, verdict: Rejected | OwnedElsewhere
     ) -> None:
         current = self._current(name)
         if current is None:
@@ -469,10 +467,6 @@ class WatcherActor(PooledService):
             self._examine(name)
             return
         match verdict:
-            case Late(qid=qid, state=state):
-                if self._remove(name):
-                    self._log(qid, "late_answer", {"state": state})
-                    self.delivery.tell(SendText(qid, late_note(qid), "late_note"))  # C15
             case OwnedElsewhere():
                 # X6: a sibling's, however long it is down; judged again when due.
                 self._hold(name, signature, self.clock() + self.reoffer_s)

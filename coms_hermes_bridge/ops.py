@@ -27,7 +27,7 @@ from coms_hermes_bridge.actors.config import BridgeConfig
 from coms_hermes_bridge.actors.files import private_dir, write_atomic
 from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, is_live, read_entry
-from coms_hermes_bridge.actors.responses import deliver_response
+from coms_hermes_bridge.actors.responses import send_envelope
 from coms_hermes_bridge.actors.store import (
     CLOSED_MEMORY,
     Snapshot,
@@ -324,7 +324,7 @@ def cancel(
         created_at=iso(now()),
         ref_msg_id=qid,
     )
-    reason, _ = deliver_response(bridge.endpoint, envelope.to_line(), CANCEL_TIMEOUT_S)
+    reason, _ = send_envelope(bridge.endpoint, envelope.to_line(), CANCEL_TIMEOUT_S)
     if reason is not None:
         raise OpsError(f"the bridge at {bridge.endpoint} did not take the cancel: {reason}")
     deadline = time.monotonic() + wait_s

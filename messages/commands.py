@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
 
-from coms_hermes_bridge.messages.contract import Late, OwnedElsewhere, Rejected
+from coms_hermes_bridge.messages.contract import OwnedElsewhere, Rejected
 from coms_hermes_bridge.messages.model import AnswerFile, LogRecord, ParsedPrompt, State
 from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
@@ -56,7 +56,8 @@ class UnknownMessage(TypeError):
 
 @dataclass(frozen=True, slots=True)
 class NewQuestion:
-    """A well-formed prompt arrived (already acked). Its qid may still be invalid (C3)."""
+    """A well-formed prompt arrived; it is acked once this is handled (stored, or refused
+    with a nack). Its qid may still be invalid (C3)."""
 
     envelope: PromptEnvelope
 
@@ -195,7 +196,7 @@ class DisposeAnswerFile:
 
     name: str
     signature: FileSignature
-    verdict: Rejected | Late | OwnedElsewhere
+    verdict: Rejected | OwnedElsewhere
 
 
 @dataclass(frozen=True, slots=True)

@@ -661,11 +661,11 @@ def triage_answer(
     return Answering(qid) if busy else ToValidate(qid)
 
 
-# -- admission and cancel (issue 9.10, C13, C14) -------------------------------
+# -- admission and cancel (X2, X10, C13, C14) ----------------------------------
 
 
 def over_capacity(open_count: int, max_open: int) -> str | None:
-    """Issue 9.10: the nack for a new question past `--max-open`, or None to admit it.
+    """The nack for a new question past `--max-open`, or None to admit it.
 
     Asked only for a qid that `admission` let through (X2): an open qid is never
     opened twice, so a resend does not count against the limit.

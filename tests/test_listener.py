@@ -216,7 +216,7 @@ def test_a_full_response_pool_is_a_logged_refusal_and_stays_owed(
     settled: list[str] = []
     ref = PeerActor.start(
         supervisor=FakeRef(), identity=identity, questions=FakeRef(), queue_depth=lambda: 0,
-        settled=lambda qid, owner: settled.append(qid), responses=pool,
+        settle=lambda qid, owner: settled.append(qid), responses=pool,
     )
     envelope = PromptEnvelope.model_validate(json.loads(prompt()))
     ref.ask(SendResponse(envelope, {"kind": "freeform", "text": "yes"}, None, "q"), timeout=5)

@@ -431,7 +431,7 @@ def test_response_to_a_silent_asker_times_out(
             identity,
             response_timeout_s=0.1,
             retry_pauses_s=(0.05, 0.05),
-            settled=lambda qid, owner: settled.append((qid, owner)),
+            settle=lambda qid, owner: settled.append((qid, owner)),
         )
         started = time.monotonic()
         ref.tell(SendResponse(prompt_to(str(asker.path)), "yes", owner="question:q:1"))
@@ -452,7 +452,7 @@ def test_response_to_a_silent_asker_times_out(
 def test_settled_once_acked_or_refused(identity: PeerIdentity) -> None:  # W15
     # restart safety: the outbox is cleared only once the asker took it or is gone
     settled: list[tuple[str, str | None]] = []
-    ref = start(identity, settled=lambda qid, owner: settled.append((qid, owner)),
+    ref = start(identity, settle=lambda qid, owner: settled.append((qid, owner)),
                 retry_pauses_s=(30.0,))
     wait_for(identity.entry_path.exists)
     asker = FakeAsker(identity.coms_dir / "asker.sock", f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode())

@@ -3,7 +3,7 @@
 Each test stands up a real asker socket that behaves one way (acks, nacks,
 stays silent, is gone, has a full backlog) and checks what the pool reports
 through `done`, how often it tried, and that it never waits on one asker
-while another could be served. The blocking `deliver_response` (used by the
+while another could be served. The blocking `send_envelope` (used by the
 `cancel` command) must judge each case the same way.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from coms_hermes_bridge.actors.responses import ResponsePool, deliver_response
+from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
 from tests.fakes import read_line, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
@@ -157,7 +157,7 @@ def test_a_nack_is_final_and_says_why(coms_dir: Path) -> None:  # W15
     wait_for(lambda: "q" in done.outcomes, what="the nack")
     assert done.outcomes == {"q": "nack: no such qid"}
     assert asker.connections == 1  # a nack is an answer: not tried again
-    assert deliver_response(asker.path, LINE, 5.0) == ("nack: no such qid", True)
+    assert send_envelope(asker.path, LINE, 5.0) == ("nack: no such qid", True)
 
 
 @pytest.mark.parametrize("gone", ["missing", "refused"])
@@ -173,7 +173,7 @@ def test_an_asker_that_is_gone_is_final_at_once(coms_dir: Path, gone: str) -> No
     expected = ("[Errno 2] No such file or directory" if gone == "missing"
                 else "[Errno 111] Connection refused")
     assert done.outcomes == {"q": expected}
-    assert deliver_response(str(path), LINE, 5.0) == (expected, True)
+    assert send_envelope(str(path), LINE, 5.0) == (expected, True)
 
 
 def test_a_reply_without_a_newline_then_eof_is_judged(coms_dir: Path) -> None:
@@ -191,7 +191,7 @@ def test_a_closed_connection_without_a_reply_is_retried(coms_dir: Path) -> None:
     wait_for(lambda: "q" in done.outcomes, what="the last try")
     assert done.outcomes == {"q": "connection closed without a reply"}
     assert asker.connections == 3
-    assert deliver_response(asker.path, LINE, 5.0) == ("connection closed without a reply", False)
+    assert send_envelope(asker.path, LINE, 5.0) == ("connection closed without a reply", False)
 
 
 def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
@@ -273,7 +273,7 @@ def test_a_full_backlog_is_waited_out_until_the_timeout(coms_dir: Path) -> None:
     assert done.outcomes == {"q": "timed out"}
     assert done.at["q"] - began >= 0.3
     # the blocking send gives up at once (EAGAIN) rather than waiting: worth a retry too
-    assert deliver_response(str(path), LINE, 0.3)[1] is False
+    assert send_envelope(str(path), LINE, 0.3)[1] is False
     server.close()
     for filler in fillers:
         filler.close()
@@ -291,7 +291,7 @@ def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Pat
     pool.submit("next", good.path, LINE, 5.0, (), done("next"))
     wait_for(lambda: "next" in done.outcomes, what="the next send")
     assert done.outcomes["next"] is None
-    assert deliver_response(asker.path, LINE, 5.0) == ("unexpected reply: " + "[" * 200, True)
+    assert send_envelope(asker.path, LINE, 5.0) == ("unexpected reply: " + "[" * 200, True)
 
 
 def test_a_send_that_cannot_be_watched_fails_alone(
@@ -347,13 +347,13 @@ def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(coms_dir: Path, how:
     wait_for(lambda: "q" in done.outcomes, timeout=2, what="the ack")
     assert done.outcomes == {"q": None}
     began = time.monotonic()
-    assert deliver_response(asker.path, LINE, 5.0) == (None, True)
+    assert send_envelope(asker.path, LINE, 5.0) == (None, True)
     assert time.monotonic() - began < 2
 
 
 def test_a_silent_asker_times_out_the_blocking_send_too(coms_dir: Path) -> None:
     silent = FakeAsker(coms_dir / "a.sock", lambda _: None)
-    assert deliver_response(silent.path, LINE, 0.2) == ("timed out", False)
+    assert send_envelope(silent.path, LINE, 0.2) == ("timed out", False)
 
 
 def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Path) -> None:
@@ -363,4 +363,4 @@ def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Pat
     pool.submit("q", endpoint, LINE, 5.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the failure")
     assert done.outcomes == {"q": "AF_UNIX path too long"}
-    assert deliver_response(endpoint, LINE, 5.0) == ("AF_UNIX path too long", False)
+    assert send_envelope(endpoint, LINE, 5.0) == ("AF_UNIX path too long", False)

@@ -363,9 +363,9 @@ def test_owed_response_survives_until_sent(store: Store) -> None:
     again = Store.open(store.path)
     try:
         assert again.outbox() == [owed]
-        again.sent(QID, "someone else")  # not that question's: stays owed
+        again.settle(QID, "someone else")  # not that question's: stays owed
         assert again.outbox() == [owed]
-        again.sent(QID, "q1")
+        again.settle(QID, "q1")
         assert again.outbox() == []
     finally:
         again.shutdown()
@@ -394,12 +394,12 @@ def test_settles_arriving_together_share_one_commit(path: Path) -> None:
         assert store._conn is not None
         store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
         for i in range(8):
-            store.sent(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")  # no commit, no wait
+            store.settle(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")  # no commit, no wait
         assert commits == [] and rows(store, "outbox") == 8
         assert [delay for delay, _ in timers] == [SETTLE_DELAY_S]  # one timer for all eight
         timers[0][1]()  # it fires
         assert commits == ["COMMIT"] and rows(store, "outbox") == 0
-        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the next settle starts a new wait
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the next settle starts a new wait
         assert len(timers) == 2
     finally:
         store.shutdown()
@@ -410,7 +410,7 @@ def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path
     store = Store.open(path, schedule=lambda delay, action: timers.append(action))
     try:
         owe_many(store, 1)
-        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
         store.put_open(spec(QID))  # this write takes the settle
         assert rows(store, "outbox") == 0
         commits: list[str] = []
@@ -429,7 +429,7 @@ def test_a_full_batch_of_settles_is_committed_at_once(path: Path) -> None:
         owe_many(store, 1)
         store._settles = [(f"q{i}", "o") for i in range(SETTLE_BATCH - 1)]
         store._settle_leader = True  # as if a timer were on its way for those
-        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the batch is full: committed now
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the batch is full: committed now
         assert rows(store, "outbox") == 0 and store._settles == [] and timers == []
     finally:
         store.shutdown()
@@ -439,7 +439,7 @@ def test_a_settle_is_committed_by_the_real_timer_soon(path: Path) -> None:
     store = Store.open(path)
     try:
         owe_many(store, 1)
-        store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
         with sqlite3.connect(path) as other:  # another reader sees the commit land
             wait_for(lambda: other.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0,
                      timeout=SETTLE_DELAY_S + 2, what="the timer's commit")
@@ -450,12 +450,12 @@ def test_a_settle_is_committed_by_the_real_timer_soon(path: Path) -> None:
 def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: Store) -> None:
     owe_many(store, 2)
     store._settle_leader = True  # as if a settle's write were on its way
-    store.sent("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
     assert rows(store, "outbox") == 2  # not yet committed
     store.put_open(spec(QID))  # any write settles what waits, in its own transaction
     assert rows(store, "outbox") == 1
     store._settle_leader = True
-    store.sent("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
     store.shutdown()
     assert rows(store, "outbox") == 0  # flushed before the file was closed
 

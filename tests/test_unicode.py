@@ -170,8 +170,8 @@ def test_a_settle_that_cannot_be_stored_is_dropped_alone_and_said_once(
     store.close(other, "answered", owner="o",
                 response=SendResponse(_spec(other).prompt, {"kind": "freeform", "text": "y"}))
     assert _outbox_qids(store) == [other]
-    store.sent("x\ud800y")  # what the poison line's error response used to settle
-    store.sent(other, "o")
+    store.settle("x\ud800y")  # what the poison line's error response used to settle
+    store.settle(other, "o")
     store.put_open(_spec(), owner="q")  # the next write: takes both settles
     assert _outbox_qids(store) == []
     assert store.load()[0] == [_spec()]
@@ -185,7 +185,7 @@ def test_a_failed_write_leaves_its_settles_for_the_next(store: Store) -> None:  
     store.put_open(_spec(), owner="o")
     store.close(QID, "answered", owner="o",
                 response=SendResponse(_spec().prompt, None, "no remote answer within 1ms"))
-    store.sent(QID, "o")
+    store.settle(QID, "o")
     bad = SendText(QID, "note \ud800", "late_note", note_id="late:1")
     with pytest.raises(UnicodeEncodeError):
         store.owe_note(bad)  # its own failure, raised to its own caller

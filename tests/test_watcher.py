@@ -41,13 +41,11 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import (
     ANSWER_FILE_LIMIT,
     NO_QID,
-    Late,
     OwnedElsewhere,
     Rejected,
-    late_note,
     unreadable_note,
 )
-from coms_hermes_bridge.messages.model import LogRecord, RejectReason, State
+from coms_hermes_bridge.messages.model import LogRecord, RejectReason
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 NAME = f"{QID}.answer.json"
@@ -402,7 +400,7 @@ def test_a_verdict_on_an_older_version_re_examines_the_file(tmp_path: Path) -> N
     rig.seen(b"{}")
     new = write(rig.dir / NAME, ANSWER)
     rig.ref.tell(DisposeAnswerFile(NAME, old, Rejected("invalid_schema", QID)))
-    rig.ref.tell(DisposeAnswerFile(NAME, old, Late(QID, "answered")))
+    rig.ref.tell(DisposeAnswerFile(NAME, old, OwnedElsewhere(QID, "other")))
     assert rig.seen(ANSWER).signature == new
     rig.sync()
     assert (rig.dir / NAME).read_bytes() == ANSWER
@@ -417,27 +415,7 @@ def test_a_verdict_on_a_vanished_file_does_nothing(tmp_path: Path) -> None:
     rig.seen()
     (rig.dir / NAME).unlink()
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Late(QID, "answered")))
-    rig.sync()
-    rig.logger.quiet(0.1)
-    rig.delivery.quiet(0.0)
-
-
-# -- late answers (C15) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
-def test_a_late_answer_is_logged_removed_and_noted(tmp_path: Path, state: State) -> None:  # C15
-    rig = start(tmp_path)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Late(QID, state)))
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Late(QID, state)))  # a duplicate sighting
-    record = rig.logged()
-    assert (record.qid, record.event, record.detail) == (QID, "late_answer", {"state": state})
-    assert not (rig.dir / NAME).exists()
-    assert rig.delivery.next() == SendText(QID, late_note(QID), "late_note", None)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     rig.sync()
     rig.logger.quiet(0.1)
     rig.delivery.quiet(0.0)
