@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
-from coms_hermes_bridge.actors.dispatch import PooledActor
-from coms_hermes_bridge.messages.commands import Address, ChildFailed
+from ..messages.commands import Address, ChildFailed
+from .dispatch import PooledActor
 
 if TYPE_CHECKING:
     from pykka._actor import ActorInbox

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from coms_hermes_bridge import __version__
-from coms_hermes_bridge.messages.contract import parse_positive_ms, resolve_timeout_ms
+from .. import __version__
+from ..messages.contract import parse_positive_ms, resolve_timeout_ms
 
 VERSION = __version__
 DEFAULT_NAME = "user-remote"

@@ -20,13 +20,13 @@ from types import FrameType
 
 import pykka
 
-from coms_hermes_bridge.actors.base import report, utc_now
-from coms_hermes_bridge.actors.config import BridgeConfig, UsageError, parse_config
-from coms_hermes_bridge.actors.peer import IdentityError, PeerActor, resolve_identity
-from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, remove_entry_if_ours
-from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
-from coms_hermes_bridge.actors.store import Store, adopt_shared_state
-from coms_hermes_bridge.actors.tree import start_tree
+from .base import report, utc_now
+from .config import BridgeConfig, UsageError, parse_config
+from .peer import IdentityError, PeerActor, resolve_identity
+from .registry import PeerIdentity, read_entry, remove_entry_if_ours
+from .service import ServiceLink, dump_thread_stacks
+from .store import Store, adopt_shared_state
+from .tree import start_tree
 
 SHUTDOWN_BUDGET_S = 1.5
 

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from coms_hermes_bridge.actors.base import Child, report, utc_now
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     Delivered,
     DeliveryFailed,
@@ -30,7 +29,8 @@ from coms_hermes_bridge.messages.commands import (
     SendText,
     UnknownMessage,
 )
-from coms_hermes_bridge.messages.contract import delivery_error, format_ms, log_record
+from ..messages.contract import delivery_error, format_ms, log_record
+from .base import Child, report, utc_now
 
 # How long release() waits for the worker to notice; the daemon has 2 s to exit.
 _RELEASE_JOIN_S = 0.4

@@ -100,7 +100,7 @@ class Dispatcher:
             try:
                 inbox.run_turn()
             except BaseException as exc:  # a bug in the turn machinery itself; keep the worker
-                from coms_hermes_bridge.actors.base import report  # base imports this module
+                from .base import report  # base imports this module
 
                 report(f"{self.name}: a turn failed outside its actor: {exc!r}")
 

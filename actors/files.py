@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ulid import ULID
 
-from coms_hermes_bridge.actors.base import report
+from .base import report
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coms_hermes_bridge.actors.base import PooledService, report
-from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from coms_hermes_bridge.messages.commands import Address, LogEvent, UnknownMessage
+from ..messages.commands import Address, LogEvent, UnknownMessage
+from .base import PooledService, report
+from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
 
 # A batch is written once the mailbox is empty, or at these bounds (the size in
 # characters, which bounds the bytes to four times as many).

@@ -26,19 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coms_hermes_bridge.actors.base import PooledService, report, utc_now
-from coms_hermes_bridge.actors.files import private_dir
-from coms_hermes_bridge.actors.registry import (
-    PROBE_TIMEOUT_S,
-    IdentityError,
-    PeerIdentity,
-    endpoint_accepts,
-    remove_entry_if_ours,
-    resolve_identity,
-    write_entry,
-)
-from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     AdmissionRefused,
     CancelQuestion,
@@ -48,9 +36,9 @@ from coms_hermes_bridge.messages.commands import (
     SendResponse,
     UnknownMessage,
 )
-from coms_hermes_bridge.messages.contract import iso, log_record
-from coms_hermes_bridge.messages.model import is_valid_qid
-from coms_hermes_bridge.messages.wire import (
+from ..messages.contract import iso, log_record
+from ..messages.model import is_valid_qid
+from ..messages.wire import (
     Ack,
     AgentCard,
     CancelEnvelope,
@@ -62,6 +50,18 @@ from coms_hermes_bridge.messages.wire import (
     WireModel,
     invalid_text,
 )
+from .base import PooledService, report, utc_now
+from .files import private_dir
+from .registry import (
+    PROBE_TIMEOUT_S,
+    IdentityError,
+    PeerIdentity,
+    endpoint_accepts,
+    remove_entry_if_ours,
+    resolve_identity,
+    write_entry,
+)
+from .responses import ResponsePool, send_envelope
 
 __all__ = [
     "EndpointInUse",

@@ -19,10 +19,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from coms_hermes_bridge.actors.base import PooledChild, utc_now
-from coms_hermes_bridge.actors.store import Store, remind_note_id
-from coms_hermes_bridge.actors.timers import TimerHandle, TimerService, shared_timers
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     AnswerArrived,
     AnswerFileSeen,
@@ -41,7 +38,7 @@ from coms_hermes_bridge.messages.commands import (
     TimedOut,
     UnknownMessage,
 )
-from coms_hermes_bridge.messages.contract import (
+from ..messages.contract import (
     cancel_note,
     log_record,
     map_answer,
@@ -51,7 +48,10 @@ from coms_hermes_bridge.messages.contract import (
     timeout_note,
     transition,
 )
-from coms_hermes_bridge.messages.model import Event, State
+from ..messages.model import Event, State
+from .base import PooledChild, utc_now
+from .store import Store, remind_note_id
+from .timers import TimerHandle, TimerService, shared_timers
 
 
 class QuestionActor(PooledChild):

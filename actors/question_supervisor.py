@@ -24,16 +24,7 @@ from typing import Any
 
 import pykka
 
-from coms_hermes_bridge.actors.base import (
-    PooledService,
-    Slot,
-    is_resource_shortage,
-    report,
-    utc_now,
-)
-from coms_hermes_bridge.actors.store import Store
-from coms_hermes_bridge.actors.supervisor import Backoff, Intensity, Schedule, timer_schedule
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     ChildFailed,
     LogEvent,
@@ -47,7 +38,16 @@ from coms_hermes_bridge.messages.commands import (
     StartQuestion,
     UnknownMessage,
 )
-from coms_hermes_bridge.messages.contract import log_record
+from ..messages.contract import log_record
+from .base import (
+    PooledService,
+    Slot,
+    is_resource_shortage,
+    report,
+    utc_now,
+)
+from .store import Store
+from .supervisor import Backoff, Intensity, Schedule, timer_schedule
 
 FAILED_PREFIX = "bridge failed on this question"
 # A question's error, as the asker reads it, is kept to a readable size.

@@ -18,9 +18,9 @@ from pathlib import Path
 from pydantic import ValidationError
 from ulid import ULID
 
-from coms_hermes_bridge.actors.files import write_atomic
-from coms_hermes_bridge.messages.contract import iso
-from coms_hermes_bridge.messages.wire import RegistryEntry
+from ..messages.contract import iso
+from ..messages.wire import RegistryEntry
+from .files import write_atomic
 
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")

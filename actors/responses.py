@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coms_hermes_bridge.actors.base import report
+from .base import report
 
 __all__ = ["FLIGHTS", "MAX_REPLY", "RESPONSE_QUEUE", "ResponsePool", "send_envelope"]
 

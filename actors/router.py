@@ -31,10 +31,7 @@ from typing import Any
 
 from ulid import ULID
 
-from coms_hermes_bridge.actors.base import PooledService, Slot, report, utc_now
-from coms_hermes_bridge.actors.config import DEFAULT_MAX_OPEN, DEFAULT_PROJECT
-from coms_hermes_bridge.actors.store import CLOSED_MEMORY, Store, sibling_of
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     AdmissionRefused,
     AnswerArrived,
@@ -58,7 +55,7 @@ from coms_hermes_bridge.messages.commands import (
     StartQuestion,
     UnknownMessage,
 )
-from coms_hermes_bridge.messages.contract import (
+from ..messages.contract import (
     INVALID_QID_ERROR,
     Accepted,
     AlreadyOpen,
@@ -87,8 +84,11 @@ from coms_hermes_bridge.messages.contract import (
     undelivered_note,
     validate_answer,
 )
-from coms_hermes_bridge.messages.model import Event, State
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from ..messages.model import Event, State
+from ..messages.wire import PromptEnvelope
+from .base import PooledService, Slot, report, utc_now
+from .config import DEFAULT_MAX_OPEN, DEFAULT_PROJECT
+from .store import CLOSED_MEMORY, Store, sibling_of
 
 # Late files already judged (name, version): a rescan must not send a second note.
 _JUDGED_MEMORY = 1000

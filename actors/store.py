@@ -27,17 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from coms_hermes_bridge.actors.base import report
-from coms_hermes_bridge.actors.files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from coms_hermes_bridge.actors.timers import shared_timers
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     FileSignature,
     QuestionSpec,
     SendResponse,
     SendText,
 )
-from coms_hermes_bridge.messages.model import ParsedPrompt, State
-from coms_hermes_bridge.messages.wire import PromptEnvelope, dumps, has_lone_surrogate
+from ..messages.model import ParsedPrompt, State
+from ..messages.wire import PromptEnvelope, dumps, has_lone_surrogate
+from .base import report
+from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
+from .timers import shared_timers
 
 SCHEMA_VERSION = 4
 CLOSED_MEMORY = 1000

@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import pykka
 
-from coms_hermes_bridge.actors.base import Slot, is_resource_shortage, report
-from coms_hermes_bridge.actors.timers import shared_timers
-from coms_hermes_bridge.messages.commands import Address, ChildFailed, RestartChild, UnknownMessage
+from ..messages.commands import Address, ChildFailed, RestartChild, UnknownMessage
+from .base import Slot, is_resource_shortage, report
+from .timers import shared_timers
 
 Restart = Literal["permanent", "transient", "temporary"]
 

@@ -118,7 +118,7 @@ class TimerService:
             try:
                 action()
             except Exception as exc:  # one bad action must not stop every other deadline
-                from coms_hermes_bridge.actors.base import report
+                from .base import report
 
                 report(f"{self.name}: a timer action failed: {exc!r}")
 

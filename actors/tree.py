@@ -25,26 +25,26 @@ from typing import Any
 
 import pykka
 
-from coms_hermes_bridge.actors.base import Slot, report, utc_now
-from coms_hermes_bridge.actors.config import BridgeConfig
-from coms_hermes_bridge.actors.delivery import DeliveryActor
-from coms_hermes_bridge.actors.logger import LoggerActor
-from coms_hermes_bridge.actors.peer import PeerActor, PeerIdentity
-from coms_hermes_bridge.actors.question import QuestionActor
-from coms_hermes_bridge.actors.question_supervisor import QuestionSupervisor
-from coms_hermes_bridge.actors.router import QuestionRouter
-from coms_hermes_bridge.actors.store import Store
-from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor
-from coms_hermes_bridge.actors.timers import TimerService, shared_timers
-from coms_hermes_bridge.actors.watcher import WatcherActor
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     AdmissionRefused,
     NewQuestion,
     QuestionSpec,
     QueueDepthQuery,
 )
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from ..messages.wire import PromptEnvelope
+from .base import Slot, report, utc_now
+from .config import BridgeConfig
+from .delivery import DeliveryActor
+from .logger import LoggerActor
+from .peer import PeerActor, PeerIdentity
+from .question import QuestionActor
+from .question_supervisor import QuestionSupervisor
+from .router import QuestionRouter
+from .store import Store
+from .supervisor import ChildSpec, RootSupervisor
+from .timers import TimerService, shared_timers
+from .watcher import WatcherActor
 
 ADMIT_TIMEOUT_S = 5.0
 DEPTH_TIMEOUT_S = 2.0

@@ -39,9 +39,7 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
-from coms_hermes_bridge.actors.base import PooledService, report, utc_now
-from coms_hermes_bridge.actors.files import private_dir
-from coms_hermes_bridge.messages.commands import (
+from ..messages.commands import (
     Address,
     AnswerFileSeen,
     DisposeAnswerFile,
@@ -56,7 +54,7 @@ from coms_hermes_bridge.messages.commands import (
     WatchEnded,
     WatchLost,
 )
-from coms_hermes_bridge.messages.contract import (
+from ..messages.contract import (
     ANSWER_FILE_LIMIT,
     UNREADABLE_REASONS,
     OwnedElsewhere,
@@ -66,7 +64,9 @@ from coms_hermes_bridge.messages.contract import (
     qid_of_name,
     unreadable_note,
 )
-from coms_hermes_bridge.messages.model import Event, RejectReason
+from ..messages.model import Event, RejectReason
+from .base import PooledService, report, utc_now
+from .files import private_dir
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
 # The helper blocks in read() at most this long, so release() is never slow.

@@ -2,7 +2,7 @@
 
 import sys
 
-from coms_hermes_bridge.cli import main
+from .cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

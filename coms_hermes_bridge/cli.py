@@ -17,20 +17,20 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NoReturn
 
-from coms_hermes_bridge.actors.base import report
-from coms_hermes_bridge.actors.config import (
+from .actors.base import report
+from .actors.config import (
     DEFAULT_NAME,
     DEFAULT_PROJECT,
     BridgeConfig,
     UsageError,
     parse_config,
 )
-from coms_hermes_bridge.actors.registry import IdentityError, validate_project
-from coms_hermes_bridge.doctor import run_checks
-from coms_hermes_bridge.messages.contract import span
-from coms_hermes_bridge.messages.model import SelectionAnswer
-from coms_hermes_bridge.messages.wire import dumps
-from coms_hermes_bridge.ops import (
+from .actors.registry import IdentityError, validate_project
+from .doctor import run_checks
+from .messages.contract import span
+from .messages.model import SelectionAnswer
+from .messages.wire import dumps
+from .ops import (
     OpsError,
     Status,
     answer,
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a verb if the first word names one, else the daemon."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in VERBS:
-        from coms_hermes_bridge.actors.daemon import main as daemon
+        from .actors.daemon import main as daemon
 
         return daemon(args)
     try:

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from coms_hermes_bridge.actors.config import BridgeConfig
-from coms_hermes_bridge.actors.responses import exchange
-from coms_hermes_bridge.actors.store import read_snapshot
-from coms_hermes_bridge.messages.wire import PingEnvelope
-from coms_hermes_bridge.ops import running_bridge
+from .actors.config import BridgeConfig
+from .actors.responses import exchange
+from .actors.store import read_snapshot
+from .messages.wire import PingEnvelope
+from .ops import running_bridge
 
 CHECK_TIMEOUT_S = 10.0  # for each program run; the socket ping has 2 s
 PING_TIMEOUT_S = 2.0

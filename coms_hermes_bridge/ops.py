@@ -22,23 +22,23 @@ from typing import Any
 
 from ulid import ULID
 
-from coms_hermes_bridge.actors.base import utc_now
-from coms_hermes_bridge.actors.config import BridgeConfig
-from coms_hermes_bridge.actors.files import private_dir, write_atomic
-from coms_hermes_bridge.actors.peer import MODEL
-from coms_hermes_bridge.actors.registry import agents_dir, is_live, read_entry
-from coms_hermes_bridge.actors.responses import send_envelope
-from coms_hermes_bridge.actors.store import (
+from .actors.base import utc_now
+from .actors.config import BridgeConfig
+from .actors.files import private_dir, write_atomic
+from .actors.peer import MODEL
+from .actors.registry import agents_dir, is_live, read_entry
+from .actors.responses import send_envelope
+from .actors.store import (
     CLOSED_MEMORY,
     Snapshot,
     knows_qid,
     read_snapshot,
     state_files,
 )
-from coms_hermes_bridge.messages.commands import QuestionSpec
-from coms_hermes_bridge.messages.contract import ANSWER_SUFFIX, first_line, iso, map_answer
-from coms_hermes_bridge.messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
-from coms_hermes_bridge.messages.wire import CancelEnvelope, RegistryEntry
+from .messages.commands import QuestionSpec
+from .messages.contract import ANSWER_SUFFIX, first_line, iso, map_answer
+from .messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
+from .messages.wire import CancelEnvelope, RegistryEntry
 
 CANCEL_TIMEOUT_S = 5.0  # for the bridge's ack, and again for the question to close
 LOG_TAIL_BYTES = 256 * 1024  # how much of log.ndjson `status` reads for closing times

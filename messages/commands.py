@@ -33,9 +33,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
 
-from coms_hermes_bridge.messages.contract import OwnedElsewhere, Rejected
-from coms_hermes_bridge.messages.model import AnswerFile, LogRecord, ParsedPrompt, State
-from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
+from .contract import OwnedElsewhere, Rejected
+from .model import AnswerFile, LogRecord, ParsedPrompt, State
+from .wire import CancelEnvelope, PromptEnvelope
 
 
 class Address(Protocol):

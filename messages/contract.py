@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coms_hermes_bridge.messages.model import (
+from .model import (
     TERMINAL_STATES,
     AnswerFile,
     Event,
@@ -33,7 +33,7 @@ from coms_hermes_bridge.messages.model import (
     State,
     is_valid_qid,
 )
-from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope, invalid_text
+from .wire import CancelEnvelope, PromptEnvelope, invalid_text
 
 TELEGRAM_TEXT_LIMIT = 4096
 # An answer is one short JSON object; a file larger than this is never read (it

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from dateutil import parser as dateutil_parser
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StrictStr
 
-from coms_hermes_bridge.messages.wire import ValidText, WireModel, fit_line
+from .wire import ValidText, WireModel, fit_line
 
 QID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
 

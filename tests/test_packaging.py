@@ -73,3 +73,25 @@ def test_pip_install_puts_one_import_package_in_site_packages(fresh: Path) -> No
         capture_output=True, text=True, timeout=30, env=env, cwd=str(fresh), check=True,
     ).stdout.strip()
     assert Path(where).is_relative_to(site)
+
+
+def test_a_module_can_load_under_one_name_only() -> None:
+    # The top-level actors/ and messages/ folders are the package's subpackages (setup.cfg's
+    # package_dir), with relative imports inside: imported by their folder names (as a
+    # checkout on sys.path would allow), they refuse to load, so no module can exist
+    # twice with two sets of globals.
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import coms_hermes_bridge.actors.base as b, coms_hermes_bridge.messages.wire as w\n"
+         "print(b.__name__, w.__name__)\n"
+         "try:\n    import actors.base\nexcept ImportError as e:\n    print('refused:', e)\n"
+         "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+         "('actors', 'messages')))"],
+        capture_output=True, text=True, timeout=30, cwd=str(ROOT), check=True,
+    )
+    assert done.stdout.splitlines() == [
+        "coms_hermes_bridge.actors.base coms_hermes_bridge.messages.wire",
+        "refused: attempted relative import beyond top-level package",
+        "['actors']",
+    ]
+    assert not (ROOT / "coms_hermes_bridge" / "actors").exists()  # no link, no copy
