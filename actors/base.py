@@ -179,6 +179,26 @@ def report(message: str, level: Level | None = None) -> None:
         pass
 
 
+class Episode:
+    """A fault that may recur many times in a row: said when it begins, and when it ends
+    with how often it happened, so that a fault on every beat is two lines, not a flood."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def happened(self) -> bool:
+        """Count one more occurrence; True for the first of the episode (say it)."""
+        self.count += 1
+        return self.count == 1
+
+    def over(self) -> int:
+        """End the episode: how many times it happened (0 when none was going on)."""
+        count, self.count = self.count, 0
+        return count
+
+
 _SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
 
 

@@ -50,7 +50,7 @@ from ..messages.wire import (
     WireModel,
     invalid_text,
 )
-from .base import PooledService, report, utc_now
+from .base import Episode, PooledService, report, utc_now
 from .files import private_dir
 from .registry import (
     PROBE_TIMEOUT_S,
@@ -192,8 +192,8 @@ class Listener:
             threading.Thread(target=self._answer, name=f"peer-handler-{n}", daemon=True)
             for n in range(handlers)
         ]
-        self._refused = 0
-        self._short_since: float | None = None
+        self._refused = Episode()  # connections refused while the cap was reached
+        self._short = Episode()  # accept() out of descriptors
 
     @property
     def open_connections(self) -> int:
@@ -296,16 +296,14 @@ class Listener:
                 if self._stopping.is_set() or server is not self._server:
                     return True
                 if exc.errno in _SHORTAGE:
-                    if self._short_since is None:
-                        self._short_since = time.monotonic()
+                    if self._short.happened():
                         report(f"cannot accept a coms connection: {exc.strerror or exc}; "
                                f"retrying every {ACCEPT_PAUSE_S:g}s", "warning")
                     return False
                 report(f"cannot accept a coms connection: {exc}", "warning")
                 return False
-            if self._short_since is not None:
+            if self._short.over():
                 report("accepting coms connections again", "info")
-                self._short_since = None
             with self._lock:
                 full = self._open >= self.max_connections
                 if not full:
@@ -313,10 +311,10 @@ class Listener:
             if full:
                 self._refuse(conn)
                 continue
-            if self._refused:
-                report(f"refused {self._refused} coms connection(s) while "
+            refused = self._refused.over()
+            if refused:
+                report(f"refused {refused} coms connection(s) while "
                        f"{self.max_connections} were open", "warning")
-                self._refused = 0
             conn.setblocking(False)
             clients[conn.fileno()] = _Client(conn, time.monotonic() + self.line_deadline_s)
             selector.register(conn, selectors.EVENT_READ)
@@ -324,10 +322,9 @@ class Listener:
 
     def _refuse(self, conn: socket.socket) -> None:
         """Past the connection cap: a nack if it fits in the socket buffer, then close."""
-        if self._refused == 0:
+        if self._refused.happened():
             report(f"{self.max_connections} coms connections open; refusing more until some close",
                    "warning")
-        self._refused += 1
         with conn:
             conn.setblocking(False)
             with contextlib.suppress(OSError):
@@ -519,7 +516,7 @@ class PeerActor(PooledService):
         self._beating = threading.Event()
         self._heart: threading.Thread | None = None
         self._released = False
-        self._failing = False
+        self._failing = Episode()  # the registry entry cannot be written
 
     # -- life ---------------------------------------------------------------
 
@@ -606,14 +603,12 @@ class PeerActor(PooledService):
             self._heal()
             self._publish(depth)
         except OSError as exc:
-            if not self._failing:
+            if self._failing.happened():
                 report(f"cannot write the registry entry {self.identity.entry_path}: {exc}; "
                        "trying again at every heartbeat", "error")
-            self._failing = True
             return
-        if self._failing:
+        if self._failing.over():
             report(f"registry entry {self.identity.entry_path} written again", "info")
-            self._failing = False
 
     def _heal(self) -> None:
         ident = self.identity

@@ -65,7 +65,7 @@ from ..messages.contract import (
     unreadable_note,
 )
 from ..messages.model import Event, RejectReason
-from .base import PooledService, report, utc_now
+from .base import Episode, PooledService, report, utc_now
 from .files import private_dir
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
@@ -145,10 +145,10 @@ class WatcherActor(PooledService):
         self._inotify: INotify | None = None
         self._wd: int | None = None
         self._watched: tuple[int, int] | None = None  # (st_dev, st_ino) of the watched dir
-        self._heal_failing = False
+        self._heal_failing = Episode()  # the directory cannot be made or watched
         self._heals_unreported = 0
         self._last_heal_report = float("-inf")
-        self._scan_cut_reported = False
+        self._scan_cut = Episode()  # more entries than one rescan looks at
         self._halt = threading.Event()
         self._rescan_queued = threading.Event()
         self._deep_queued = threading.Event()
@@ -273,13 +273,11 @@ class WatcherActor(PooledService):
         try:
             self._make_and_watch()
         except OSError as exc:
-            if not self._heal_failing:
-                self._heal_failing = True
+            if self._heal_failing.happened():
                 report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
                        f"retrying every {self.poll_ms:g}ms")
             return False
-        if self._heal_failing:
-            self._heal_failing = False
+        if self._heal_failing.over():
             report(f"{self.child_name}: watching {self.questions_dir} again")
         else:
             self._report_heal(gone=st is None)
@@ -332,8 +330,7 @@ class WatcherActor(PooledService):
         except OSError as exc:
             report(f"{self.child_name}: cannot list {self.questions_dir}: {exc}")
             return
-        if not complete and not self._scan_cut_reported:
-            self._scan_cut_reported = True
+        if not complete and self._scan_cut.happened():
             report(f"{self.child_name}: {self.questions_dir} holds more than {SCAN_LIMIT} "
                    f"entries; each rescan looks at {SCAN_LIMIT} of them")
         if complete:

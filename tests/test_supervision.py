@@ -18,10 +18,7 @@ from typing import Any, ClassVar
 
 import pykka
 import pytest
-from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
-from hermes_fake import FakeHermes
-
-from coms_hermes_bridge.actors.base import Slot, is_resource_shortage, report
+from coms_hermes_bridge.actors.base import Episode, Slot, is_resource_shortage, report
 from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.supervisor import (
     Backoff,
@@ -31,6 +28,8 @@ from coms_hermes_bridge.actors.supervisor import (
     RootSupervisor,
 )
 from coms_hermes_bridge.messages.commands import Address, ChildFailed, Delivered, SendText
+from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
+from hermes_fake import FakeHermes
 
 QID_A = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
@@ -533,3 +532,13 @@ def test_a_crash_of_the_root_itself_is_fatal_with_its_reason(rig: Callable[..., 
     r.root.tell("no such message")
     wait_for(lambda: r.fatal, what="the root gives up")
     assert r.fatal[0].startswith("supervisor failed: UnknownMessage(")
+
+
+def test_an_episode_is_said_when_it_begins_and_counted_when_it_ends() -> None:
+    # one throttle for "report a recurring fault once per episode"
+    episode = Episode()
+    assert episode.over() == 0  # nothing was going on
+    assert [episode.happened() for _ in range(3)] == [True, False, False]
+    assert episode.over() == 3
+    assert episode.over() == 0
+    assert episode.happened() is True  # a new episode is said again
