@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 
 import pykka
 import pytest
+from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
+from hermes_fake import FakeHermes
+
 from coms_hermes_bridge.actors.base import Episode, Slot, is_resource_shortage, report
 from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.supervisor import (
@@ -28,8 +31,6 @@ from coms_hermes_bridge.actors.supervisor import (
     RootSupervisor,
 )
 from coms_hermes_bridge.messages.commands import Address, ChildFailed, Delivered, SendText
-from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
-from hermes_fake import FakeHermes
 
 QID_A = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
