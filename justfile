@@ -42,7 +42,7 @@ upstream-suite path *args:
 check: venv
     #!/usr/bin/env bash
     set -euo pipefail
-    .venv/bin/ruff check coms_hermes_bridge actors messages scripts tests
+    .venv/bin/ruff check --no-cache coms_hermes_bridge actors messages scripts tests
     scripts/stage .stage
     cd .stage
     ../.venv/bin/mypy --strict --cache-dir ../.mypy_cache coms_hermes_bridge $(ls scripts/*.py) |
