@@ -67,8 +67,12 @@ def main(root: str) -> None:
     from tests.hermes_fake import FakeHermes
 
     hermes = FakeHermes(HOME / ".hermes" / "bin", python=python)  # ReadWritePaths=-%h/.hermes
-    launcher = BASE / "bin" / "coms-hermes-bridge"  # what `pipx install .` would put on PATH
-    launcher.write_text(f"#!{python}\nimport sys\nsys.path.insert(0, {str(SRC)!r})\n"
+    # What `pipx install .` would give: the package laid out as installed, out of /tmp
+    # (the checkout's own editable install points into it, where PrivateTmp= hides it).
+    package = BASE / "package"
+    subprocess.run([str(SRC / "scripts" / "stage"), str(package)], check=True, cwd=str(SRC))
+    launcher = BASE / "bin" / "coms-hermes-bridge"
+    launcher.write_text(f"#!{python}\nimport sys\nsys.path.insert(0, {str(package)!r})\n"
                         "from coms_hermes_bridge.cli import main\nsys.exit(main())\n")
     launcher.chmod(0o755)
     env = {"HOME": str(HOME), "XDG_RUNTIME_DIR": str(XDG), "LANG": "C.UTF-8",
