@@ -21,6 +21,7 @@ from coms_hermes_bridge.messages.contract import (
     cancel_target,
     defuse_markers,
     effective_timeout_ms,
+    first_line,
     foreign_verdict,
     format_question,
     over_asker_limit,
@@ -199,6 +200,13 @@ def test_remind_note_wording_defused_and_cut() -> None:  # X9, X3, X8, C5
 
 @pytest.mark.parametrize(("seconds", "shown"), [(0, "0s"), (59.9, "59s"), (60, "1m00s"),
                                                 (3599, "59m59s"), (3600, "1h00m"),
-                                                (86_399, "23h59m"), (90_000, "1d01h"), (-5, "0s")])
+                                                (3660, "1h01m"), (86_399, "23h59m"),
+                                                (86_400, "1d00h"), (90_000, "1d01h"), (-5, "0s")])
 def test_span(seconds: float, shown: str) -> None:
     assert span(seconds) == shown
+
+
+def test_first_line() -> None:  # the question's first line, for status and the reminder (X9)
+    assert first_line("\n  \t\n  Deploy?  \n  now") == "Deploy?"
+    assert first_line(" \n\t\n") == ""
+    assert first_line("") == ""

@@ -494,3 +494,13 @@ def test_a_closed_question_is_not_reminded(tmp_path: Any) -> None:  # X9
     rig.slot.tell(RemindDue())  # due in the same instant: the question is over
     rig.delivery.quiet(0.2)
     store.shutdown()
+
+
+def test_a_reminder_due_with_less_than_a_second_left_says_so(tmp_path: Any) -> None:  # X9
+    rig, store, timers, clock = _reminded_rig(tmp_path)
+    wait_for(lambda: len(timers) == 2, what="the deadline and the reminder armed")
+    clock.now += 99.6  # the daemon was down: the reminder's moment passed, not the deadline
+    note = rig.delivery.expect(SendText)
+    assert note.text == f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 0s left: Ship?"
+    assert rig.events(1) == [("reminded", {"left_ms": 400})]
+    store.shutdown()
