@@ -27,10 +27,10 @@ test-hermes *args: venv
     scripts/ensure-hermes-venv >/dev/null
     .venv/bin/python -m pytest -q -m real_hermes "$@"
 
-# The long property-based run (tests/test_fuzz.py, tests/test_unicode.py): thousands of
+# The long property-based run (tests/test_fuzz.py, test_unicode.py, test_directives.py): thousands of
 # hostile envelopes and answer files instead of the suite's short profile.
 fuzz *args: venv
-    HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest -q tests/test_fuzz.py tests/test_unicode.py "$@"
+    HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest -q tests/test_fuzz.py tests/test_unicode.py tests/test_directives.py "$@"
 
 # just upstream-suite /path/to/agent-fleet [--upstream] [-- node --test args]
 # (just takes a relative path from where it was started, scripts/dev from the checkout)
