@@ -22,7 +22,7 @@ from typing import Any
 
 from ulid import ULID
 
-from tests.fakes import read_line, wait_for
+from tests.fakes import read_line, read_ndjson, wait_for
 from tests.hermes_fake import FakeHermes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,9 +278,7 @@ class Bridge:
         return target
 
     def log_records(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        return read_ndjson(self.log)
 
     def wait_log(
         self, event: str, qid: str | None = None, timeout: float = 10.0,

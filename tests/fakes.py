@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import json
 import queue
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from coms_hermes_bridge.actors.base import Child
@@ -73,6 +75,16 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+def read_ndjson(path: Path) -> list[Any]:
+    """Every record of an ndjson file (none if it is not there yet). Lines end at "\n"
+    only: str.splitlines() would also cut at U+2028 inside a string, which JSON keeps raw."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 def read_line(conn: socket.socket) -> bytes:

@@ -26,7 +26,7 @@ from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.tree import Tree as ActorTree
 from coms_hermes_bridge.actors.tree import start_tree
 from tests.bridge_process import Asker, request
-from tests.fakes import wait_for
+from tests.fakes import read_ndjson, wait_for
 from tests.hermes_fake import FakeHermes
 
 
@@ -63,10 +63,7 @@ class Tree:
         return target
 
     def log_records(self) -> list[dict[str, Any]]:
-        path = self.questions.parent / "log.ndjson"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_ndjson(self.questions.parent / "log.ndjson")
 
     def child_ref(self, name: str) -> Any:
         return self.tree.slots[name].ref
