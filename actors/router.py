@@ -196,7 +196,13 @@ class QuestionRouter(PooledService):
             report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)", "info")
 
     def _restart_all(self, specs: list[QuestionSpec]) -> None:
-        """Start every open question afresh from its row (start, or after a crash)."""
+        """Start every open question afresh from its row (start, or after a crash).
+
+        An answer a retired question was handling may have died with it: its file
+        is offered again at once, not after the watcher's 30 s safety net (if the
+        old question did finish with it, it is then the file that answered).
+        """
+        handling = [q.answer_file for q in self.open.values() if q.answering and q.answer_file]
         for old in self.open.values():
             old.slot.retire()
         self.open.clear()
@@ -208,6 +214,8 @@ class QuestionRouter(PooledService):
             # logs question_received as it starts.
             if started is not None and spec.state in (None, "pending"):
                 self._deliver(spec, started)
+        for name in handling:
+            self.watcher.tell(OfferAgain(name))
 
     # -- messages -----------------------------------------------------------
 

@@ -32,6 +32,7 @@ from coms_hermes_bridge.messages.commands import (
     QueueDepthQuery,
     RemoveAnswerFile,
     ResetQuestions,
+    RestoreQuestions,
     SendResponse,
     SendText,
     StartQuestion,
@@ -464,3 +465,23 @@ def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Any) -> No
     rig.ref.tell(QuestionClosed(QIDS[1], "answered", second.child))
     rig.ref.ask(NewQuestion(prompt(QIDS[4])), timeout=5)  # room again once one closed
     assert rig.questions.expect(StartQuestion).spec.qid == QIDS[4]
+
+
+def test_an_answer_being_handled_when_all_questions_restart_is_offered_again(make: Any) -> None:
+    # the QuestionSupervisor (or the Router) crashed while a question handled an answer:
+    # its file is asked for again at once, for the question started anew from its row
+    rig = make()
+    start = rig.admit(QIDS[0])
+    rig.admit(QIDS[1])
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    assert isinstance(start.slot.held[0], AnswerArrived)
+    rig.ref.tell(RestoreQuestions())
+    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)  # only the one being handled
+    again = rig.questions.expect(StartQuestion)
+    assert again.spec.qid == QIDS[0] and again.child != start.child
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    assert isinstance(again.slot.held[0], AnswerArrived)
+    rig.watcher.quiet(0.05)
