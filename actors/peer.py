@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import queue
 import selectors
@@ -49,6 +48,7 @@ from ..messages.wire import (
     ResponseEnvelope,
     WireModel,
     invalid_text,
+    loads,
 )
 from .base import Episode, PooledService, report, utc_now
 from .files import private_dir
@@ -419,8 +419,8 @@ class Listener:
         (C12).
         """
         try:
-            body = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            body = loads(line.decode("utf-8"), parse_constant=_reject_constant)
+        except ValueError:  # UnicodeDecodeError is one
             return Nack(msg_id="", error=INVALID_JSON), None
         raw_id = body.get("msg_id") if isinstance(body, dict) else None
         msg_id = raw_id if isinstance(raw_id, str) else ""

@@ -34,7 +34,7 @@ from ..messages.commands import (
     SendText,
 )
 from ..messages.model import ParsedPrompt, State
-from ..messages.wire import PromptEnvelope, dumps, has_lone_surrogate
+from ..messages.wire import PromptEnvelope, dumps, has_lone_surrogate, loads
 from .base import report
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from .timers import shared_timers
@@ -699,8 +699,8 @@ class Store:
             try:
                 if has_lone_surrogate([qid, owner, response, error]):  # X12, as on the wire
                     raise ValueError("text that is not valid Unicode")
-                envelope = PromptEnvelope.model_validate(json.loads(prompt))
-                owed.append(SendResponse(envelope, json.loads(response), error, owner or None))
+                envelope = PromptEnvelope.model_validate(loads(prompt))
+                owed.append(SendResponse(envelope, loads(response), error, owner or None))
             except Exception as exc:  # whatever the decoder raises (RecursionError too)
                 bad.append(rowid)
                 report(
@@ -860,8 +860,8 @@ def _spec(
 ) -> QuestionSpec:
     """Rebuild one open question from its row; ValueError or TypeError if it does not parse.
 
-    The JSON is read with `json.loads`, as the peer reads envelopes off the
-    socket, and checked by the same model: a row whose text is not valid
+    The JSON is read with the wire's `loads`, as the peer reads envelopes off
+    the socket, and checked by the same model: a row whose text is not valid
     Unicode (X12; written by an older version, or by hand) is refused here as
     it would be on the wire.
     """
@@ -877,8 +877,8 @@ def _spec(
         raise ValueError(f"unknown state {state!r}")
     return QuestionSpec(
         qid=qid,
-        prompt=PromptEnvelope.model_validate(json.loads(prompt)),
-        parsed=ParsedPrompt.model_validate(json.loads(parsed)),
+        prompt=PromptEnvelope.model_validate(loads(prompt)),
+        parsed=ParsedPrompt.model_validate(loads(parsed)),
         timeout_ms=float(timeout_ms),
         deadline=float(deadline),
         state=cast("State | None", state),

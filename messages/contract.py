@@ -7,7 +7,6 @@ cases and the actors around it stay thin. Requirement ids are in the docstrings.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -33,7 +32,7 @@ from .model import (
     State,
     is_valid_qid,
 )
-from .wire import CancelEnvelope, PromptEnvelope, invalid_text
+from .wire import CancelEnvelope, PromptEnvelope, invalid_text, loads
 
 TELEGRAM_TEXT_LIMIT = 4096
 # An answer is one short JSON object; a file larger than this is never read (it
@@ -222,8 +221,8 @@ def _option(entry: Any) -> QuestionOption | None:
 def parse_prompt(prompt: PromptEnvelope) -> ParsedPrompt:
     """C6: a JSON object with a string `question` is structured; anything else is plain."""
     try:
-        body = json.loads(prompt.prompt)
-    except (ValueError, RecursionError):
+        body = loads(prompt.prompt)
+    except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("question"), str):
         raw_options = body.get("options")
@@ -567,8 +566,8 @@ def validate_answer(
     if content is None:
         return Rejected("invalid_schema", qid)
     try:
-        body = json.loads(content.decode("utf-8"))
-    except (ValueError, RecursionError):
+        body = loads(content.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one
         return Rejected("invalid_json", qid)
     try:
         answer = AnswerFile.model_validate(body)

@@ -114,6 +114,50 @@ def invalid_text(exc: ValidationError) -> str | None:
     return None
 
 
+MAX_JSON_DEPTH = 200
+"""Arrays and objects nested deeper than this are not read as JSON at all.
+
+Python's parser recurses, so how deep it gets depends on how deep the calling
+thread's stack already is: the same text could parse on one thread and fail on
+another. Below this depth every thread parses; past it the answer is the same
+everywhere. No envelope, prompt or answer file nests more than a few levels."""
+
+
+def _too_deep(text: str) -> bool:
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # nearly always: no scan
+        return False
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def loads(text: str, **options: Any) -> Any:
+    """`json.loads`, the same on every thread: ValueError for text that is not JSON,
+    and for JSON nested deeper than MAX_JSON_DEPTH."""
+    if _too_deep(text):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text, **options)
+    except RecursionError as exc:  # not reached below the bound; kept as a refusal anyway
+        raise ValueError("JSON nested too deep") from exc
+
+
 LINE_LIMIT = 64 * 1024 - 1
 """Bytes in one line we write, newline included: peers refuse lines over 64 KiB (W13)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from pydantic import ValidationError
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from coms_hermes_bridge.messages.model import AnswerFile, LogRecord
 from coms_hermes_bridge.messages.wire import (
     LINE_LIMIT,
+    MAX_JSON_DEPTH,
     Ack,
     AgentCard,
     CancelEnvelope,
@@ -21,6 +23,7 @@ from coms_hermes_bridge.messages.wire import (
     ResponseEnvelope,
     dumps,
     fit_line,
+    loads,
 )
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -282,3 +285,34 @@ def test_the_json_text_is_made_once_and_a_copy_makes_its_own() -> None:
     assert '"prompt":"second"' in changed.to_json()
     assert changed != envelope and envelope.to_json() is text
     assert envelope == PromptEnvelope(msg_id="x", sender_endpoint="/e", hops=0, prompt="first")
+
+
+def test_json_nesting_is_bounded_the_same_on_every_thread() -> None:
+    # A recursive parser's limit depends on the caller's stack; a fixed bound does not
+    # (found by the long property run: the same answer file judged two ways).
+    at_bound = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    past = '{"a":' * (MAX_JSON_DEPTH + 1) + "1" + "}" * (MAX_JSON_DEPTH + 1)
+    results: list[object] = []
+
+    def deep(n: int) -> None:  # a thread whose stack is already deep
+        if n:
+            deep(n - 1)
+            return
+        results.append(loads(at_bound))
+        try:
+            loads(past)
+        except ValueError as exc:
+            results.append(str(exc))
+
+    thread = threading.Thread(target=deep, args=(600,))
+    thread.start()
+    thread.join()
+    value: object = []
+    for _ in range(MAX_JSON_DEPTH - 1):
+        value = [value]
+    assert results == [value, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"]
+    # brackets in strings are text, escaped quotes do not end a string
+    text = json.dumps({"s": "[{" * 500 + '\\" [[[', "n": [[1]]})
+    assert loads(text) == json.loads(text)
+    with pytest.raises(ValueError):
+        loads("[1,")
