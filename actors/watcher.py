@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 import threading
@@ -93,6 +94,7 @@ class _Kind:
         return f"<{self.what}>"
 
 
+_ASIDE = itertools.count(1)  # names for versions being removed (not answer names)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _GONE = _Kind("gone")
 _DIRECTORY = _Kind("directory")
@@ -237,7 +239,7 @@ class WatcherActor(PooledService):
             case RemoveAnswerFile(name=name, signature=signature):
                 current = self._current(name)
                 if current == signature:
-                    self._remove(name)
+                    self._remove(name, signature)
                 elif current is None:
                     self._tracked.pop(name, None)
                 # else: a newer answer replaced it; its own events bring it here.
@@ -504,7 +506,7 @@ class WatcherActor(PooledService):
         Only the remover logs: bridges sharing the directory may reject the
         same file, and it must be logged once.
         """
-        if not self._remove(name):
+        if not self._remove(name, signature):
             return
         detail: dict[str, Any] = {"reason": reason, "file": name}
         if signature is not None and signature.size > ANSWER_FILE_LIMIT:
@@ -531,17 +533,46 @@ class WatcherActor(PooledService):
         self._noted[qid] = now
         self.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
 
-    def _remove(self, name: str) -> bool:
-        """Remove the file; True if this call removed it."""
+    def _remove(self, name: str, signature: FileSignature | None = None) -> bool:
+        """Remove the file; True if this call removed it.
+
+        With `signature`, only that version: a newer one renamed over it since it
+        was judged (a human's second answer, a moment after the first) must never
+        go with it. Linux cannot unlink "this inode only", so the file is first
+        renamed aside (atomic), looked at, and put back without clobbering
+        anything if it is not the version judged.
+        """
         self._tracked.pop(name, None)
+        path = self._prefix + name
+        # aside under a name no other bridge sharing the directory can pick
+        target = (path if signature is None
+                  else f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}")
         try:
-            os.remove(self._prefix + name)
+            if signature is not None:
+                os.rename(path, target)
+                if _signature(os.lstat(target)) != signature:
+                    self._put_back(target, path)
+                    return False
+            os.remove(target)
         except FileNotFoundError:
             return False
         except OSError as exc:
             report(f"{self.child_name}: cannot remove {name}: {exc}")
             return False
         return True
+
+    def _put_back(self, aside: str, path: str) -> None:
+        """A version not judged yet goes back where it was, unless a newer one is there
+        by now (then this one is superseded); its events bring it to be judged."""
+        try:
+            os.link(aside, path)  # never over a file that arrived meanwhile
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            if not os.path.lexists(path):
+                os.rename(aside, path)
+                return
+        os.remove(aside)
 
     def _log(self, qid: str | None, event: Event, detail: dict[str, Any]) -> None:
         self.logger.tell(LogEvent(log_record(self.now(), qid, event, detail)))

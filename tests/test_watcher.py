@@ -875,3 +875,19 @@ def test_a_file_that_never_becomes_json_is_rejected_after_the_grace(
     assert record.detail == {"reason": "invalid_json", "file": NAME}
     assert not path.exists()
     assert 1.0 <= elapsed < 2.5
+
+
+def test_only_the_judged_version_is_ever_removed(tmp_path: Path) -> None:  # C9, C2
+    # A newer answer renamed over a judged one between the look and the removal (the
+    # long property run hit it): the newer one stays, and is judged on its own.
+    rig = start(tmp_path)
+    rig.sync()
+    old = write(rig.dir / NAME, b"{}")
+    rig.seen(b"{}")
+    new = write(rig.dir / NAME, ANSWER)  # arrives after the verdict's own look
+    actor = rig.ref._actor_weakref()  # type: ignore[attr-defined]  # white-box: the window
+    assert actor._remove(NAME, old) is False
+    assert (rig.dir / NAME).read_bytes() == ANSWER
+    assert sorted(p.name for p in rig.dir.iterdir()) == [NAME]  # nothing left aside
+    assert rig.seen(ANSWER).signature == new  # and it is looked at
+    assert actor._remove(NAME, new) is True and not (rig.dir / NAME).exists()
