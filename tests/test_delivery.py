@@ -150,7 +150,8 @@ def test_a_send_past_its_timeout_is_killed_with_its_group(hermes: FakeHermes) ->
 
 def test_the_worker_goes_on_after_a_timeout(hermes: FakeHermes) -> None:  # C18
     hermes.configure(sleep=10)
-    ref = start(str(hermes.path), send_timeout_ms=200)
+    # long enough for the fast run's Python start-up on a loaded machine (200 ms was not)
+    ref = start(str(hermes.path), send_timeout_ms=1500)
     question = FakeRef("question")
     ref.tell(SendText(QID, "slow", "question", question))
     hermes.wait_started(1)
