@@ -347,6 +347,7 @@ def reminders(bridge: Bridge) -> list[str]:
     return [t for t in bridge.sent_texts() if t.startswith("⏰")]
 
 
+@pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_one_reminder_before_the_deadline_and_none_for_an_answered_question(
     bridge: Bridge,
 ) -> None:
@@ -369,6 +370,7 @@ def test_one_reminder_before_the_deadline_and_none_for_an_answered_question(
     assert "reminded" not in bridge.events(answered)
 
 
+@pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_an_owed_reminder_survives_a_kill(bridge: Bridge) -> None:
     # X9: decided and stored, hermes still running it, the daemon SIGKILLed: sent at restart;
     # and a question whose reminder was not due yet is reminded by the next run on time

@@ -82,6 +82,7 @@ def round_trip(bridge: Bridge, text: str) -> None:
     assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "yes"}
 
 
+@pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_200_trickling_clients_with_128_descriptors(bridge: Bridge) -> None:  # issue 9.1, W12
     bridge.start(preexec=_nofile(128), COMS_HERMES_BRIDGE_HEARTBEAT_MS="500")
     assert bridge.proc is not None

@@ -28,6 +28,7 @@ def fresh() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_pip_install_puts_one_import_package_in_site_packages(fresh: Path) -> None:
     # issue 11.4: no `actors` or `messages` in site-packages; python -m coms_hermes_bridge works
     source = fresh / "src"

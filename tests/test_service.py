@@ -143,6 +143,7 @@ def test_service_link_without_systemd_does_nothing() -> None:
     assert other.enabled and other.address == "\0x" and other.watchdog_s is None
 
 
+@pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
     # issue 11.3: start, ready, stop, a delivery error, a rejected answer file, each one line
     bridge.hermes.configure(exit=3, stderr="chat not found\n")
