@@ -186,9 +186,12 @@ class QuestionActor(PooledChild):
     # -- helpers ------------------------------------------------------------
 
     def _reminds(self) -> bool:
-        """X9: a reminder is configured, useful for this question, and not yet decided."""
+        """X9: a reminder is configured, useful for this question, not yet decided, and
+        the question is not past its deadline (a restart after both moments passed: the
+        timeout comes, not a reminder with nothing left)."""
         return (not self.spec.reminded
-                and remind_after_s(self.spec.timeout_ms, self.remind_before_ms) is not None)
+                and remind_after_s(self.spec.timeout_ms, self.remind_before_ms) is not None
+                and self.clock() < self.spec.deadline)
 
     def _remind(self) -> None:
         """X9: decided once, stored as owed with the mark on the row, then sent."""

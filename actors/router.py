@@ -56,6 +56,7 @@ from ..messages.commands import (
     UnknownMessage,
 )
 from ..messages.contract import (
+    ANSWER_SUFFIX,
     INVALID_QID_ERROR,
     Accepted,
     AlreadyOpen,
@@ -192,6 +193,12 @@ class QuestionRouter(PooledService):
             for note in self.store.owed_notes():
                 self.delivery.tell(note)
         self._restart_all(open_specs)
+        if not self.resume_owed:
+            # A restart of the Router itself: an answer the old questions were handling
+            # may have died with them, and this table does not know which; each open
+            # question's file (if any) is looked at again now, not after 30 s.
+            for spec in open_specs:
+                self.watcher.tell(OfferAgain(f"{spec.qid}{ANSWER_SUFFIX}"))
         if self.resume_owed and (open_specs or closed):
             report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)", "info")
 
@@ -350,8 +357,9 @@ class QuestionRouter(PooledService):
 
     def _foreign(self, name: str, signature: FileSignature, qid: str) -> None:
         """Neither open nor closed here: ours undelivered (X11), a sibling's (X6), or foreign."""
-        verdict = foreign_verdict(qid, self.store.undelivered(qid, self.clock()),
-                                  self.sibling(qid))
+        undelivered = self.store.undelivered(qid, self.clock())
+        # siblings' files are read only when our own memory does not decide it
+        verdict = foreign_verdict(qid, undelivered, None if undelivered else self.sibling(qid))
         match verdict:
             case Undelivered():
                 note = SendText(qid, undelivered_note(qid), "undelivered_note",

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -139,6 +140,7 @@ _MIGRATIONS = {
 _SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, SCHEMA_VERSION: _SCHEMA}
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
+_UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
 # A sibling's file is read on the actors' thread: a lock held longer than this (rare,
 # a WAL reader waits only on recovery) makes the file count as busy, not a stall.
 SIBLING_BUSY_S = 0.2
@@ -603,10 +605,7 @@ class Store:
     def undelivered(self, qid: str, now: float) -> bool:
         """Did this bridge fail to deliver `qid` within the last UNDELIVERED_MEMORY_S (X11)?"""
         with self._transaction() as conn:
-            row = conn.execute(
-                "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?",
-                (qid, now - UNDELIVERED_MEMORY_S),
-            ).fetchone()
+            row = conn.execute(_UNDELIVERED_SQL, (qid, now - UNDELIVERED_MEMORY_S)).fetchone()
         return row is not None
 
     def open_spec(self, qid: str, owner: str) -> QuestionSpec | None:
@@ -923,6 +922,12 @@ def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S)
     writer), so a bridge can ask what a sibling owns while that sibling is up,
     down or starting. Raises OSError when the file cannot be read.
     """
+    try:  # a FIFO (or a device) by that name would block SQLite's open for ever
+        st = os.lstat(path)
+    except OSError as exc:
+        raise OSError(f"cannot read state database {path}: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        raise OSError(f"state database {path} is not a regular file of ours")
     conn = _read_only(path, busy_s)
     try:
         tables = {name for (name,) in conn.execute(
@@ -938,8 +943,7 @@ def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S)
             if row is not None:
                 return str(row[0])
         if "undelivered" in tables and conn.execute(
-            "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?",
-            (qid, now - UNDELIVERED_MEMORY_S),
+            _UNDELIVERED_SQL, (qid, now - UNDELIVERED_MEMORY_S)
         ).fetchone():
             return "undelivered"
         return None

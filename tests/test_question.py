@@ -504,3 +504,14 @@ def test_a_reminder_due_with_less_than_a_second_left_says_so(tmp_path: Any) -> N
     assert note.text == f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 0s left: Ship?"
     assert rig.events(1) == [("reminded", {"left_ms": 400})]
     store.shutdown()
+
+
+def test_no_reminder_for_a_question_past_its_deadline(tmp_path: Any) -> None:  # X9, C17
+    # the daemon was down past both moments: the question times out, it is not reminded
+    rig, store, _timers, clock = _reminded_rig(tmp_path)
+    clock.now += 150
+    rig.slot.tell(RemindDue())  # the overdue reminder's message comes first
+    rig.slot.tell(TimedOut())
+    assert rig.delivery.expect(SendText).purpose == "timeout_note"  # the first and only note
+    assert [n.purpose for n in store.owed_notes()] == ["timeout_note"]
+    store.shutdown()

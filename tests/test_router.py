@@ -485,3 +485,18 @@ def test_an_answer_being_handled_when_all_questions_restart_is_offered_again(mak
     rig.ref.ask(QueueDepthQuery(), timeout=5)
     assert isinstance(again.slot.held[0], AnswerArrived)
     rig.watcher.quiet(0.05)
+
+
+def test_a_restarted_router_has_every_open_questions_file_looked_at_again(make: Any) -> None:
+    # the Router itself crashed: it cannot know which answer its old questions were
+    # handling, so each open qid's file is offered again at once (the first start's deep
+    # rescan covers that case on its own)
+    first = make()
+    first.admit(QIDS[0])
+    first.admit(QIDS[1])
+    first.watcher.quiet(0.05)
+    again = make(resume_owed=False)  # the same state file, as a restarted child
+    offered = {again.watcher.expect(OfferAgain).name for _ in range(2)}
+    assert offered == {f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"}
+    fresh = make(path="state-other.sqlite3")
+    fresh.watcher.quiet(0.05)

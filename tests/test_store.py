@@ -8,6 +8,7 @@ damaged file must never keep the daemon from starting.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import stat
 import subprocess
@@ -695,3 +696,17 @@ def test_a_busy_siblings_file_counts_as_knowing_and_is_waited_on_briefly(tmp_pat
     finally:
         locked.close()
     assert sibling_of(ours, QID, time.time()) is None
+
+
+def test_a_fifo_or_a_strangers_file_by_a_state_name_is_never_opened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # X6: SQLite's open of a FIFO would block the actors' thread for ever
+    ours = tmp_path / "state-a.sqlite3"
+    Store.open(ours).shutdown()
+    fifo = tmp_path / "state-b.sqlite3"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    assert sibling_of(ours, QID, time.time()) is None
+    assert time.monotonic() - started < 2.0
+    assert f"cannot tell whether project b owns {QID}: state database {fifo} is not a " \
+           "regular file of ours" in capsys.readouterr().err
