@@ -180,12 +180,22 @@ def _run(args: argparse.Namespace) -> int:
             st = status(config, closed_limit=limit)
             print(dumps(st.to_json(), indent=2) if args.json else render(st))
             return 0
-        every = [status(_config(args, p), closed_limit=limit) for p in projects(config)]
+        # one block per project; one that cannot be read is said, and the others shown
+        every: list[Status] = []
+        failed: list[tuple[str, str]] = []
+        for project in projects(config):
+            try:
+                every.append(status(_config(args, project), closed_limit=limit))
+            except OpsError as exc:
+                failed.append((project, str(exc)))
         if args.json:
-            print(dumps({"projects": [st.to_json() for st in every]}, indent=2))
+            print(dumps({"projects": [st.to_json() for st in every]
+                         + [{"project": p, "error": e} for p, e in failed]}, indent=2))
         else:  # no bridge anywhere yet: say so for the default project, as before
-            print("\n\n".join(render(st) for st in every or [status(config, limit)]))
-        return 0
+            blocks = [render(st) for st in every or ([] if failed else [status(config, limit)])]
+            blocks += [f"bridge for project {p}: cannot read its state: {e}" for p, e in failed]
+            print("\n\n".join(blocks))
+        return 1 if failed else 0
     if args.project is None:  # a qid is unique: its own project's bridge has it
         config = _config(args, project_of(config, args.qid))
     if args.verb == "answer":

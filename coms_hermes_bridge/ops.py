@@ -26,7 +26,7 @@ from .actors.base import utc_now
 from .actors.config import BridgeConfig
 from .actors.files import private_dir, write_atomic
 from .actors.peer import MODEL
-from .actors.registry import agents_dir, is_live, read_entry
+from .actors.registry import IdentityError, agents_dir, is_live, read_entry, validate_project
 from .actors.responses import send_envelope
 from .actors.store import (
     CLOSED_MEMORY,
@@ -197,7 +197,7 @@ def status(config: BridgeConfig, closed_limit: int = 10, clock: float | None = N
 def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:
     """Every project with a bridge on this host: a state file beside the questions
     directory, or a live bridge in the coms registry; sorted."""
-    found = set(state_files(config.state_path.parent))
+    found = set(_named_projects(config))
     moment = now or utc_now()
     try:
         registered = sorted((config.coms_dir / "projects").iterdir())
@@ -222,12 +222,17 @@ def project_of(config: BridgeConfig, qid: str) -> str:
     if not is_valid_qid(qid):
         raise OpsError(f"{qid!r} is not a qid (26 characters, Crockford base32)")
     closed: list[tuple[str, str]] = []
-    files = state_files(config.state_path.parent)
+    unread: list[str] = []
+    files = _named_projects(config)
+    if not files and config.shared_state_path.is_file():
+        # not adopted yet (no bridge ran since the upgrade): the default project's
+        files = {config.project: config.shared_state_path}
     for project, path in files.items():
         try:
             known = knows_qid(path, qid, time.time())
-        except OSError as exc:
-            raise OpsError(str(exc)) from exc
+        except OSError as exc:  # one unreadable file must not hide the others' questions
+            unread.append(str(exc))
+            continue
         if known == "open":
             return project
         if known is not None and known != "undelivered":
@@ -235,9 +240,23 @@ def project_of(config: BridgeConfig, qid: str) -> str:
     if closed:
         project, state = closed[0]
         raise OpsError(f"question {qid} is already closed ({state}) in project {project}")
+    also = f"; could not read: {'; '.join(unread)}" if unread else ""
     raise OpsError(
         f"no open question {qid} in any project (state files in {config.state_path.parent})"
+        + also
     )
+
+
+def _named_projects(config: BridgeConfig) -> dict[str, Path]:
+    """The state files beside the questions directory whose names are projects (W2)."""
+    found: dict[str, Path] = {}
+    for project, path in state_files(config.state_path.parent).items():
+        try:
+            validate_project(project)
+        except IdentityError:
+            continue
+        found[project] = path
+    return found
 
 
 def find_open(config: BridgeConfig, qid: str) -> QuestionSpec:

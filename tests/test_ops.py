@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from coms_hermes_bridge.actors.config import parse_config
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import QuestionSpec
+from coms_hermes_bridge.messages.contract import parse_prompt
+from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.ops import project_of
 from tests.bridge_process import ROOT, Bridge, new_qid
 from tests.fakes import wait_for
 
@@ -254,3 +260,39 @@ def test_the_verbs_find_the_project_without_being_told(bridge: Bridge) -> None:
     finally:
         second.kill()
         second.asker.close()
+
+
+def test_one_unreadable_state_file_hides_no_other_project(bridge: Bridge) -> None:
+    # the verbs without --project read every project's file: a damaged one is said, the
+    # others still work (and a file whose name is no project is no project)
+    bridge.start("--project", "demo")
+    qid = bridge.ask("Still findable?")
+    bridge.wait_log("delivered", qid)
+    (bridge.bridge_dir / "state-aaa.sqlite3").write_bytes(b"not a database " * 100)
+    (bridge.bridge_dir / "state-..sqlite3").write_bytes(b"")
+    done = verb(bridge, "answer", qid, "yes")
+    assert done.returncode == 0, done.stderr
+    assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "yes"}
+    table = verb(bridge, "status")
+    assert table.returncode == 1
+    blocks = table.stdout.split("\n\n")
+    assert blocks[0].startswith("bridge user-remote@demo: running")
+    assert blocks[1].startswith("bridge for project aaa: cannot read its state: ")
+    assert len(blocks) == 2
+    missing = new_qid()
+    done = verb(bridge, "answer", missing, "x")
+    assert done.returncode == 1
+    assert f"no open question {missing} in any project" in done.stderr
+    assert "could not read: cannot read state database" in done.stderr and "state-aaa" in done.stderr
+
+
+def test_a_qid_in_the_old_shared_state_file_belongs_to_the_default_project(
+    tmp_path: Path,
+) -> None:  # upgrades: before any bridge adopted the host's old state.sqlite3
+    config = parse_config([], {"HOME": str(tmp_path)})
+    qid = new_qid()
+    prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0, prompt="Old?")
+    store = Store.open(config.shared_state_path)
+    store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1000.0, 2e9), owner="q")
+    store.shutdown()
+    assert project_of(config, qid) == "default"
