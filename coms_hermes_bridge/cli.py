@@ -51,8 +51,8 @@ class _Parser(argparse.ArgumentParser):
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--project",
-        help="coms project (default: every project for status; the one that has the qid "
-        "open for answer and cancel)",
+        help="coms project (default: every project for status, the one that has the qid "
+        "open for answer and cancel, `default` for doctor)",
     )
     parser.add_argument(
         "--questions-dir", metavar="DIR", help="the daemon's --questions-dir, if it was given"

@@ -60,13 +60,16 @@ def _said(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def hermes_home(env: Mapping[str, str], profile: str | None) -> Path:
-    """Where hermes keeps this profile's files: the named profile's directory,
-    else `$HERMES_HOME`, else `~/.hermes`."""
-    base = Path(env.get("HOME") or os.path.expanduser("~")) / ".hermes"
+    """Where hermes keeps this profile's files: `<root>/profiles/<name>` for a named
+    profile, else `$HERMES_HOME` or `~/.hermes`. The root is `$HERMES_HOME` (or its
+    root, when it is itself a profile's directory), else `~/.hermes`, as hermes reads it."""
+    set_home = env.get("HERMES_HOME", "").strip()
+    home = Path(set_home) if set_home else Path(
+        env.get("HOME") or os.path.expanduser("~")) / ".hermes"
     if profile and profile != "default":
-        return base / "profiles" / profile
-    home = env.get("HERMES_HOME", "").strip()
-    return Path(home) if home else base
+        root = home.parent.parent if home.parent.name == "profiles" else home
+        return root / "profiles" / profile
+    return home
 
 
 def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
@@ -106,7 +109,13 @@ def _interpreter(program: Path) -> str | None:
     if not first.startswith(b"#!"):
         return None
     words = first[2:].decode("utf-8", "replace").split()
-    return words[0] if words else None
+    if words and os.path.basename(words[0]) == "env":  # `#!/usr/bin/env [-S] python3`
+        words = [w for w in words[1:] if not w.startswith("-")]
+        found = shutil.which(words[0]) if words else None
+        return found
+    if not words or os.path.basename(words[0]) in ("sh", "bash"):
+        return None  # pip's shell launcher for long paths: the Python is not named here
+    return words[0]
 
 
 def _telegram_library(program: Path, env: Mapping[str, str]) -> Check:

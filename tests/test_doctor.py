@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from coms_hermes_bridge.doctor import hermes_home
 from tests.bridge_process import ROOT, Bridge
 
 
@@ -128,3 +129,15 @@ def test_send_test_sends_one_message(bridge: Bridge) -> None:  # issue 21.1
     done = doctor(bridge, "--send-test")
     assert done.returncode == 1
     assert done.stdout.splitlines()[-1] == "✖ test message: hermes send failed (2): chat not found"
+
+
+def test_hermes_home_is_read_as_hermes_reads_it(tmp_path: Path) -> None:  # issue 21.1
+    home = {"HOME": str(tmp_path)}
+    assert hermes_home(home, None) == tmp_path / ".hermes"
+    assert hermes_home(home, "ops") == tmp_path / ".hermes" / "profiles" / "ops"
+    elsewhere = {**home, "HERMES_HOME": "/srv/hermes"}
+    assert hermes_home(elsewhere, None) == Path("/srv/hermes")
+    assert hermes_home(elsewhere, "ops") == Path("/srv/hermes/profiles/ops")
+    a_profile = {**home, "HERMES_HOME": "/srv/hermes/profiles/dev"}
+    assert hermes_home(a_profile, None) == Path("/srv/hermes/profiles/dev")
+    assert hermes_home(a_profile, "ops") == Path("/srv/hermes/profiles/ops")
