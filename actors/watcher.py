@@ -385,9 +385,14 @@ class WatcherActor(PooledService):
         elif read is _DIRECTORY:
             return  # not ours to remove; nothing the gateway writes
         elif read is _NOT_A_FILE:
-            # a symlink, FIFO or socket is never an answer (and is not followed)
+            # a symlink, FIFO or socket is never an answer (and is not followed); only
+            # that very one goes, never an answer renamed over it meanwhile
             if self._grace_over(name):
-                self._reject(name, "invalid_path", None)
+                try:
+                    version = _signature(os.lstat(self._prefix + name))
+                except OSError:
+                    return
+                self._reject(name, "invalid_path", None, version)
         elif isinstance(qid, Rejected):
             # A writer's temporary name may be renamed to a good one any moment.
             if self._grace_over(name):
