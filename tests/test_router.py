@@ -98,7 +98,7 @@ def make(tmp_path: Path) -> Iterator[Any]:
 
     def _make(
         max_open: int = 10_000, resume_owed: bool = True, path: str = "state-a.sqlite3",
-        max_open_per_asker: int | None = None,
+        max_open_per_asker: int | None = None, sibling: Any = None,
     ) -> Rig:
         store = Store.open(tmp_path / path)
         stores.append(store)
@@ -106,7 +106,7 @@ def make(tmp_path: Path) -> Iterator[Any]:
         ref = QuestionRouter.start(
             supervisor=FakeRef("root"), store=store, timeout_ms=60_000, run_tag="t.0",
             max_open=max_open, resume_owed=resume_owed, max_open_per_asker=max_open_per_asker,
-            **fakes,
+            sibling=sibling, **fakes,
         )
         assert fakes["questions"].expect(ResetQuestions) == ResetQuestions()
         return Rig(ref, store, **fakes)
@@ -500,3 +500,17 @@ def test_a_restarted_router_has_every_open_questions_file_looked_at_again(make: 
     assert offered == {f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"}
     fresh = make(path="state-other.sqlite3")
     fresh.watcher.quiet(0.05)
+
+
+def test_siblings_are_not_read_when_our_own_memory_decides(make: Any) -> None:  # X11, X6
+    # reading other bridges' state files costs I/O on the actors' thread: only when needed
+    asked: list[str] = []
+    rig = make(sibling=lambda qid: asked.append(qid) or "b")
+    start = rig.admit(QIDS[0])
+    rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
+    rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
+    rig.ref.tell(AnswerFileSeen(f"{QIDS[0]}.answer.json", answer_file(QIDS[0]), SIG))
+    assert rig.watcher.expect(RemoveAnswerFile).name == f"{QIDS[0]}.answer.json"  # X11's way
+    rig.ref.tell(AnswerFileSeen(f"{QIDS[1]}.answer.json", answer_file(QIDS[1]), SIG))
+    assert rig.watcher.expect(DisposeAnswerFile).verdict == OwnedElsewhere(QIDS[1], "b")
+    assert asked == [QIDS[1]]
