@@ -115,7 +115,7 @@ def run(config: BridgeConfig) -> int:
         if not ready and published(identity):
             try:
                 count = tree.queue_depth(2.0)
-            except (pykka.Timeout, pykka.ActorDeadError):
+            except TimeoutError:
                 continue  # published but not answering: not ready yet
             ready = True
             report(

@@ -1,132 +1,42 @@
 """DeliveryActor: the only caller of `hermes send` (W20, C18).
 
 Sends run one at a time, in the order they were asked for, so that a note
-never overtakes the question it follows in the human's chat. The blocking
-subprocess wait lives in a worker thread owned by the actor: the actor's own
-mailbox stays responsive (stop in particular), and a wedged hermes costs at
-most one send timeout, after which its whole process group is killed.
+never overtakes the question it follows in the human's chat. The process is
+run by the I/O edge (`run_process`), which tells this actor `HermesRan` when
+it is over: the actor's turns never wait, and a wedged hermes costs at most
+one send timeout, after which its whole process group is killed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-import os
-import selectors
-import signal
-import subprocess
-import threading
-import time
+import functools
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import pykka
+
 from ..messages.commands import (
     Address,
     Delivered,
     DeliveryFailed,
+    HermesRan,
     LogEvent,
     SendText,
     UnknownMessage,
 )
 from ..messages.contract import delivery_error, format_ms, log_record
-from .base import Child, report, utc_now
+from .base import PooledService, report, utc_now
+from .edge import OUTPUT_TAIL, Edge, ProcessResult, run_process, shared_edge
 
-# How long release() waits for the worker to notice; the daemon has 2 s to exit.
-_RELEASE_JOIN_S = 0.4
-
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill hermes and anything it spawned: it runs as leader of its own session."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+__all__ = ["OUTPUT_TAIL", "DeliveryActor"]
 
 
-OUTPUT_TAIL = 4096
-"""Bytes of each of hermes' streams kept for the error text: the end says why it failed."""
-
-_READ_CHUNK = 65536
-_POLL_S = 0.05  # how often the exit is checked where pidfd_open is missing
-
-
-class _Outputs:
-    """hermes' stdout and stderr, read as they come and kept to their last OUTPUT_TAIL bytes."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
-        self._tails: dict[int, bytearray] = {}
-        self._selector = selectors.DefaultSelector()
-        self._pidfd: int | None = None
-        self._fds: dict[int, int] = {}
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                fd = pipe.fileno()
-                self._fds[id(pipe)] = fd
-                os.set_blocking(fd, False)
-                self._tails[fd] = bytearray()
-                self._selector.register(fd, selectors.EVENT_READ)
-        try:
-            self._pidfd = os.pidfd_open(proc.pid)
-            self._selector.register(self._pidfd, selectors.EVENT_READ)
-        except (AttributeError, OSError):
-            self._pidfd = None
-
-    def collect(self, timeout: float) -> bool:
-        """Read until hermes exits (True) or `timeout` passes (False)."""
-        deadline = time.monotonic() + timeout
-        while self._proc.poll() is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            wait = left if self._pidfd is not None else min(left, _POLL_S)
-            for key, _ in self._selector.select(wait):
-                if key.fd != self._pidfd:
-                    self._read(key.fd)
-        # Exited: take what is already in the pipes, never wait for more.
-        for fd in list(self._tails):
-            self._read(fd, until_empty=True)
-        return True
-
-    def _read(self, fd: int, until_empty: bool = False) -> None:
-        for _ in range(64 if until_empty else 1):
-            try:
-                chunk = os.read(fd, _READ_CHUNK)
-            except BlockingIOError:
-                return
-            except OSError:
-                chunk = b""
-            if not chunk:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(fd)
-                return
-            tail = self._tails[fd]
-            tail += chunk
-            del tail[:-OUTPUT_TAIL]
-
-    def text(self) -> tuple[str, str]:
-        """(stdout, stderr) tails as text."""
-        streams = (self._proc.stdout, self._proc.stderr)
-        out, err = (self._tails.get(self._fds.get(id(pipe), -1), b"") for pipe in streams)
-        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-
-    def close(self) -> None:
-        """Let go of the pipes whoever still holds their other ends."""
-        self._selector.close()
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
-        for pipe in (self._proc.stdout, self._proc.stderr):
-            if pipe is not None:
-                pipe.close()
-
-
-class DeliveryActor(Child):
-    """Queues SendText jobs for a worker thread that runs hermes for each in turn."""
+class DeliveryActor(PooledService):
+    """Queues SendText jobs and has the edge run hermes for each in turn."""
 
     def __init__(
         self,
@@ -141,6 +51,7 @@ class DeliveryActor(Child):
         note_sent: Callable[[str], None] | None = None,
         note_owed: Callable[[str], bool] | None = None,
         name: str = "delivery",
+        edge: Edge | None = None,
     ) -> None:
         super().__init__(name, supervisor)
         self.logger = logger
@@ -151,37 +62,29 @@ class DeliveryActor(Child):
         self.now = now
         self.note_sent = note_sent
         self.note_owed = note_owed
-        # The jobs and the one being run, under one lock with the stop flag, so
-        # that a crash can hand every unfinished job over (see taken()).
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self.edge = edge or shared_edge()
         self._jobs: deque[SendText] = deque()
         self._current: SendText | None = None
-        self._stopping = False
-        self._running: subprocess.Popen[bytes] | None = None
-        self._worker = threading.Thread(
-            target=self._work, name=f"{name}-worker", daemon=True
-        )
-        self._worker.start()
+        self._running: concurrent.futures.Future[ProcessResult] | None = None
 
     def on_receive(self, message: Any) -> None:
         match message:
             case SendText():
-                with self._wake:
-                    self._jobs.append(message)
-                    self._wake.notify()
+                self._jobs.append(message)
+                self._next()
+            case HermesRan(job=job, error=error) if job is self._current:
+                self._current = self._running = None
+                self._settle(job, error)
+                self._next()
+            case HermesRan():
+                pass  # a run of a job this actor no longer holds
             case _:
                 raise UnknownMessage(self.child_name, message)
 
     def release(self) -> None:
-        with self._wake:
-            self._stopping = True
-            running = self._running
-            self._wake.notify_all()
+        running, self._running = self._running, None
         if running is not None:
-            _kill_group(running)
-        if threading.current_thread() is not self._worker:
-            self._worker.join(timeout=_RELEASE_JOIN_S)
+            running.cancel()  # the edge kills hermes' group; the job goes on in taken()
 
     def taken(self) -> tuple[SendText, ...]:
         """On a crash: the send that was cut short, then the queue, for the successor.
@@ -189,10 +92,9 @@ class DeliveryActor(Child):
         The cut-short send may have reached the chat already; it is sent again
         (at least once) rather than risk that a question never does.
         """
-        with self._lock:
-            jobs = ([self._current] if self._current is not None else []) + list(self._jobs)
-            self._current = None
-            self._jobs.clear()
+        jobs = ([self._current] if self._current is not None else []) + list(self._jobs)
+        self._current = None
+        self._jobs.clear()
         return tuple(jobs)
 
     def argv(self, text: str) -> list[str]:
@@ -200,29 +102,42 @@ class DeliveryActor(Child):
         profile = ["--profile", self.profile] if self.profile else []
         return [self.hermes, *profile, "send", "--to", self.target, text]
 
-    # -- the worker thread --------------------------------------------------
+    # -- one send at a time ---------------------------------------------------
 
-    def _work(self) -> None:
-        while True:
-            with self._wake:
-                while not self._jobs and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                job = self._current = self._jobs.popleft()
+    def _next(self) -> None:
+        """Start the next job unless one is running; a withdrawn reminder is skipped."""
+        while self._current is None and self._jobs:
+            job = self._jobs.popleft()
+            if self._withdrawn(job):
+                continue
+            self._current = job
             try:
-                if self._withdrawn(job):
-                    with self._lock:
-                        self._current = None
-                    continue
-                error = self._run(job.text)
-            except Exception as exc:  # the worker must outlive any one bad send
-                error = delivery_error(None, f"{type(exc).__name__}: {exc}")
-            if self._stopped():
-                return  # killed by release(): the job goes to the successor (taken())
-            self._settle(job, error)
-            with self._lock:
-                self._current = None
+                self._running = self.edge.spawn(
+                    run_process(self.argv(job.text), self.send_timeout_ms / 1000))
+            except RuntimeError as exc:  # the loop is closed: we are stopping
+                report(f"{self.child_name}: cannot run hermes: {exc}", "error")
+                return
+            self._running.add_done_callback(functools.partial(self._ran, job))
+
+    def _ran(self, job: SendText, done: concurrent.futures.Future[ProcessResult]) -> None:
+        """On the edge: hand the outcome to the actor, unless it has stopped meanwhile."""
+        if not done.cancelled():
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.actor_ref.tell(HermesRan(job, self._judge(done)))
+
+    def _judge(self, done: concurrent.futures.Future[ProcessResult]) -> str | None:
+        """None when hermes said it sent, else C18's error text."""
+        exc = done.exception()
+        if isinstance(exc, OSError | ValueError):
+            return delivery_error(None, str(exc))
+        if exc is not None:
+            return delivery_error(None, f"{type(exc).__name__}: {exc}")
+        result = done.result()
+        if result.returncode is None:
+            return delivery_error(None, f"timed out after {format_ms(self.send_timeout_ms)}ms")
+        if result.returncode == 0:
+            return None
+        return delivery_error(result.returncode, result.stderr, result.stdout)
 
     def _withdrawn(self, job: SendText) -> bool:
         """X9: a reminder whose question closed while it waited is no longer owed: the
@@ -234,58 +149,6 @@ class DeliveryActor(Child):
         except Exception as exc:  # the store cannot say: send it (at least once, like every note)
             report(f"{self.child_name}: cannot tell whether {job.note_id} is owed: {exc!r}")
             return False
-
-    def _stopped(self) -> bool:
-        with self._lock:
-            return self._stopping
-
-    def _run(self, text: str) -> str | None:
-        """Run one send; None when hermes said it sent, else C18's error text.
-
-        hermes' exit decides: once it has exited, pipes its children still
-        hold open are not waited on. Only the last OUTPUT_TAIL bytes of each
-        stream are kept, so a chatty hermes costs no memory.
-        """
-        with self._lock:
-            if self._stopping:
-                return None
-            try:
-                proc = subprocess.Popen(
-                    self.argv(text),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
-            except (OSError, ValueError) as exc:
-                return delivery_error(None, str(exc))
-            self._running = proc
-        exited = False
-        try:
-            outputs = _Outputs(proc)
-            try:
-                exited = outputs.collect(self.send_timeout_ms / 1000)
-            finally:
-                if not exited:
-                    _kill_group(proc)
-                self._reap(proc)
-                outputs.close()
-        finally:
-            with self._lock:
-                self._running = None
-        if not exited:
-            return delivery_error(None, f"timed out after {format_ms(self.send_timeout_ms)}ms")
-        if proc.returncode == 0:
-            return None
-        out, err = outputs.text()
-        return delivery_error(proc.returncode, err, out)
-
-    @staticmethod
-    def _reap(proc: subprocess.Popen[bytes]) -> None:
-        # Collect the exit status (hermes' group was killed if it overran);
-        # a grandchild that left the group may hold the pipes open for as long
-        # as it likes, so they are closed, never drained.
-        proc.wait()
 
     def _settle(self, job: SendText, error: str | None) -> None:
         if error is not None:

@@ -1,41 +1,40 @@
 """The PeerActor: the bridge's face in the coms pool (W3, W5-W8, W11-W17).
 
 It owns the listening socket, the registry entry and the heartbeat, and it
-sends response envelopes to askers. Everything that blocks (accept, reading a
-client, connecting to an asker, asking the router for the queue depth) runs in
-helper threads, so the actor's own mailbox only ever holds quick work:
-rewriting the entry and starting a response sender.
+sends response envelopes to askers. Everything that waits (accepting and
+reading clients, waiting for the Router's word, connecting to an asker, the
+heartbeat's beat) runs on the I/O edge, so the actor's own mailbox only ever
+holds quick work: rewriting the entry and handing a response to the sender.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import os
-import queue
-import selectors
 import socket
 import stat
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pykka
 from pydantic import ValidationError
 
 from ..messages.commands import (
     Address,
-    AdmissionRefused,
     CancelQuestion,
     Heartbeat,
+    HeartbeatDue,
     LogEvent,
     NewQuestion,
+    QueueDepthQuery,
     SendResponse,
     UnknownMessage,
 )
-from ..messages.contract import iso, log_record
+from ..messages.contract import NOT_ADMITTED, iso, log_record
 from ..messages.model import is_valid_qid
 from ..messages.wire import (
     Ack,
@@ -51,6 +50,7 @@ from ..messages.wire import (
     loads,
 )
 from .base import Episode, PooledService, report, utc_now
+from .edge import Edge, Timer, awaited, shared_edge
 from .files import private_dir
 from .registry import (
     PROBE_TIMEOUT_S,
@@ -61,7 +61,7 @@ from .registry import (
     resolve_identity,
     write_entry,
 )
-from .responses import ResponsePool, send_envelope
+from .responses import ResponsePool, send_envelope, shared_responses
 
 __all__ = [
     "EndpointInUse",
@@ -81,8 +81,8 @@ MAX_LINE = 65536
 LINE_DEADLINE_S = 10.0  # for a whole request line, however it trickles in
 REPLY_GRACE_S = 5.0  # for writing the reply once the line is in
 MAX_CONNECTIONS = 64
-HANDLER_THREADS = 8
-ACCEPT_POLL_S = 0.5
+ADMIT_TIMEOUT_S = 5.0  # for the Router to store a question before it is acked anyway
+DEPTH_TIMEOUT_S = 2.0  # for the Router's open count; the last one seen is used after
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
 ACCEPT_BATCH = 64
 JOIN_TIMEOUT_S = 1.0
@@ -92,7 +92,6 @@ INVALID_JSON = "invalid json"
 NOT_TAKEN = "bridge accepts prompts, cancels, and pings"
 INVALID_PROMPT = "invalid prompt envelope"
 INVALID_CANCEL = "invalid cancel envelope"
-NOT_ADMITTED = "bridge could not take the question (internal error)"
 BUSY = "bridge is busy: too many connections; try again"
 
 
@@ -137,178 +136,125 @@ def _reject_constant(name: str) -> Any:
 
 _SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
-
-@dataclass
-class _Client:
-    """One accepted connection still sending its request line."""
-
-    conn: socket.socket
-    deadline: float
-    buffer: bytearray = field(default_factory=bytearray)
-
-
-_Line = bytes | type[_LineTooLarge]
+Admit = Callable[[PromptEnvelope, Callable[[str | None], None]], None]
+"""Hand a prompt to admission; the callback gets None (ack) or the nack's error."""
+Depth = Callable[[Callable[[int], None]], None]
+"""Ask for the open count; the callback gets it."""
 
 
 class Listener:
-    """Reads request lines for many clients in one thread; a small pool answers them (W12-W17).
+    """Reads request lines for every client on the edge and answers each (W12-W17).
 
     Kept apart from the actor so that a slow or hostile client never reaches
     the actor's mailbox. Every limit is fixed: at most `max_connections` open
     at once (the next one gets a `bridge is busy` nack and is closed at once),
-    a whole request line within `line_deadline_s` (a client trickling one
-    byte a second is dropped when it runs out, however often it sends), and
-    `handlers` threads to admit and answer complete lines. A client that
-    waits costs a descriptor and its buffer, never a thread.
+    and a whole request line within `line_deadline_s` (a client trickling one
+    byte a second is dropped when it runs out, however often it sends). A
+    client costs a descriptor, its buffer and a task on the loop: no thread.
     """
 
     def __init__(
         self,
         server: socket.socket,
         questions: Address,
-        pong_card: Callable[[], AgentCard],
-        admit: Callable[[PromptEnvelope], None] | None = None,
+        pong_card: Callable[[int | None], AgentCard],
+        admit: Admit | None = None,
+        depth: Depth | None = None,
         *,
+        edge: Edge | None = None,
         max_connections: int = MAX_CONNECTIONS,
-        handlers: int = HANDLER_THREADS,
         line_deadline_s: float = LINE_DEADLINE_S,
     ) -> None:
         server.setblocking(False)  # accept() in a batch must never wait
         self._server = server
         self._questions = questions
         self._pong_card = pong_card
-        self._admit = admit or (lambda prompt: questions.tell(NewQuestion(prompt)))
+        self._admit = admit or (lambda prompt, reply: questions.tell(NewQuestion(prompt, reply)))
+        self._depth = depth or (lambda reply: questions.tell(QueueDepthQuery(reply)))
+        self.edge = edge or shared_edge()
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._open = 0  # accepted and not yet closed, wherever they are
-        self._ready: queue.Queue[tuple[socket.socket, _Line, float] | None] = queue.Queue()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._thread = threading.Thread(target=self._serve, name="peer-listener", daemon=True)
-        self._handlers = [
-            threading.Thread(target=self._answer, name=f"peer-handler-{n}", daemon=True)
-            for n in range(handlers)
-        ]
+        self._clients: set[asyncio.Task[None]] = set()
+        self._listening = False
+        self._stopped = False
         self._refused = Episode()  # connections refused while the cap was reached
         self._short = Episode()  # accept() out of descriptors
 
     @property
     def open_connections(self) -> int:
-        with self._lock:
-            return self._open
+        return len(self._clients)
+
+    @property
+    def serving(self) -> bool:
+        return self._listening or self._stopped
 
     def start(self) -> None:
-        for handler in self._handlers:
-            handler.start()
-        self._thread.start()
+        self.edge.call(self._listen, self._server)
 
     def stop(self) -> None:
-        """Close the listening socket and wake the loop, then wait briefly for it."""
-        self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._server.close()
-        self._wake()
-        for _ in self._handlers:
-            self._ready.put(None)
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(JOIN_TIMEOUT_S)
+        """Stop listening and drop every client, on the loop; wait briefly for it."""
+        done = concurrent.futures.Future[None]()
+        self.edge.call(self._shut, done)
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            done.result(JOIN_TIMEOUT_S)
 
     def replace_server(self, server: socket.socket) -> None:
         """Serve on a newly bound socket (the old path was deleted under us)."""
         server.setblocking(False)
-        old, self._server = self._server, server
-        self._wake()
-        with contextlib.suppress(OSError):
-            old.close()
+        self.edge.call(self._swap, server)
 
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+    # -- on the loop ----------------------------------------------------------
 
-    # -- the reading thread ---------------------------------------------------
-
-    def _serve(self) -> None:
-        clients: dict[int, _Client] = {}
-        selector = selectors.DefaultSelector()
-        selector.register(self._wake_r, selectors.EVENT_READ)
-        server: socket.socket | None = None
-        paused_until = 0.0
+    def _listen(self, server: socket.socket) -> None:
+        if self._stopped:
+            server.close()
+            return
         try:
-            while not self._stopping.is_set():
-                now = time.monotonic()
-                wanted = self._server if now >= paused_until else None
-                if wanted is not server:
-                    if server is not None:
-                        with contextlib.suppress(KeyError, ValueError, OSError):
-                            selector.unregister(server)
-                    server = None
-                    if wanted is not None:
-                        try:
-                            selector.register(wanted, selectors.EVENT_READ)
-                            server = wanted
-                        except (ValueError, OSError):  # closed by stop() or replace_server()
-                            paused_until = now + ACCEPT_PAUSE_S
-                soonest = min((c.deadline for c in clients.values()), default=now + ACCEPT_POLL_S)
-                if server is None:
-                    soonest = min(soonest, paused_until)
-                timeout = max(0.0, min(soonest - now, ACCEPT_POLL_S))
-                for key, _ in selector.select(timeout):
-                    if key.fileobj is self._wake_r:
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(64)
-                    elif key.fileobj is server:
-                        if not self._accept(server, selector, clients):
-                            paused_until = time.monotonic() + ACCEPT_PAUSE_S
-                    else:
-                        self._receive(key.fd, selector, clients)
-                now = time.monotonic()
-                for fd in [fd for fd, c in clients.items() if c.deadline <= now]:
-                    self._drop(fd, selector, clients)  # no whole line in time
-        except Exception as exc:  # say why: the heartbeat restarts a dead loop
-            report(f"coms listener stopped: {exc!r}", "error")
-        finally:
-            for fd in list(clients):
-                self._drop(fd, selector, clients)
-            selector.close()
-            for sock in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    sock.close()
+            self.edge.loop.add_reader(server.fileno(), self._accept, server)
+            self._listening = True
+        except (ValueError, OSError) as exc:  # closed meanwhile
+            self._listening = False
+            report(f"cannot listen for coms connections: {exc}", "error")
 
-    @property
-    def serving(self) -> bool:
-        return self._thread.is_alive()
+    def _unlisten(self, server: socket.socket) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self.edge.loop.remove_reader(server.fileno())
+        with contextlib.suppress(OSError):
+            server.close()
 
-    def _accept(
-        self, server: socket.socket, selector: selectors.BaseSelector, clients: dict[int, _Client]
-    ) -> bool:
-        """Take every waiting connection; False when out of descriptors (pause, retry)."""
+    def _swap(self, server: socket.socket) -> None:
+        old, self._server = self._server, server
+        self._unlisten(old)
+        self._listen(server)
+
+    def _shut(self, done: concurrent.futures.Future[None]) -> None:
+        self._stopped = True
+        self._listening = False
+        self._unlisten(self._server)
+        for task in list(self._clients):
+            task.cancel()
+        done.set_result(None)
+
+    def _accept(self, server: socket.socket) -> None:
+        """Take every waiting connection; out of descriptors, pause and try again."""
         for _ in range(ACCEPT_BATCH):
             try:
                 conn, _ = server.accept()
-            except (BlockingIOError, TimeoutError):
+            except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                if self._stopping.is_set() or server is not self._server:
-                    return True
-                if exc.errno in _SHORTAGE:
-                    if self._short.happened():
-                        report(f"cannot accept a coms connection: {exc.strerror or exc}; "
-                               f"retrying every {ACCEPT_PAUSE_S:g}s", "warning")
-                    return False
-                report(f"cannot accept a coms connection: {exc}", "warning")
-                return False
+                if self._stopped or server is not self._server:
+                    return
+                if exc.errno in _SHORTAGE and self._short.happened():
+                    report(f"cannot accept a coms connection: {exc.strerror or exc}; "
+                           f"retrying every {ACCEPT_PAUSE_S:g}s", "warning")
+                elif exc.errno not in _SHORTAGE:
+                    report(f"cannot accept a coms connection: {exc}", "warning")
+                self._unlisten_for(server, ACCEPT_PAUSE_S)
+                return
             if self._short.over():
                 report("accepting coms connections again", "info")
-            with self._lock:
-                full = self._open >= self.max_connections
-                if not full:
-                    self._open += 1
-            if full:
+            if len(self._clients) >= self.max_connections:
                 self._refuse(conn)
                 continue
             refused = self._refused.over()
@@ -316,9 +262,21 @@ class Listener:
                 report(f"refused {refused} coms connection(s) while "
                        f"{self.max_connections} were open", "warning")
             conn.setblocking(False)
-            clients[conn.fileno()] = _Client(conn, time.monotonic() + self.line_deadline_s)
-            selector.register(conn, selectors.EVENT_READ)
-        return True
+            task = self.edge.loop.create_task(self._client(conn))
+            self._clients.add(task)
+            task.add_done_callback(self._clients.discard)
+
+    def _unlisten_for(self, server: socket.socket, pause: float) -> None:
+        """Stop reading the listening socket for a while (its backlog waits meanwhile)."""
+        loop = self.edge.loop
+        loop.remove_reader(server.fileno())
+        self._listening = False
+
+        def resume() -> None:
+            if server is self._server and not self._stopped:
+                self._listen(server)
+
+        loop.call_later(pause, resume)
 
     def _refuse(self, conn: socket.socket) -> None:
         """Past the connection cap: a nack if it fits in the socket buffer, then close."""
@@ -332,74 +290,26 @@ class Listener:
             with contextlib.suppress(OSError):
                 conn.send(Nack(msg_id="", error=BUSY).to_line())
 
-    def _receive(
-        self, fd: int, selector: selectors.BaseSelector, clients: dict[int, _Client]
-    ) -> None:
-        client = clients.get(fd)
-        if client is None:
-            return
-        try:
-            chunk = client.conn.recv(MAX_LINE)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._drop(fd, selector, clients)
-            return
-        client.buffer += chunk
-        found: _Line | None
-        if chunk and b"\n" not in chunk and len(client.buffer) <= MAX_LINE:
-            return  # still mid-line: no need to look at the whole buffer again
-        try:
-            found, done = _take_line(bytes(client.buffer), eof=not chunk)
-        except _LineTooLarge:
-            found, done = _LineTooLarge, True
-        if not done:
-            return
-        del clients[fd]
-        with contextlib.suppress(KeyError, ValueError):
-            selector.unregister(client.conn)
-        if found is None:
-            self._close(client.conn)  # W12: nothing said, nothing answered
-            return
-        self._ready.put((client.conn, found, client.deadline))
-
-    def _drop(self, fd: int, selector: selectors.BaseSelector, clients: dict[int, _Client]) -> None:
-        client = clients.pop(fd)
-        with contextlib.suppress(KeyError, ValueError):
-            selector.unregister(client.conn)
-        self._close(client.conn)
-
-    def _close(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            conn.close()
-        with self._lock:
-            self._open -= 1
-
-    # -- the answering threads --------------------------------------------------
-
-    def _answer(self) -> None:
-        while True:
-            item = self._ready.get()
-            if item is None:
-                return
-            conn, found, deadline = item
-            try:
-                self._handle(conn, found, deadline)
-            finally:
-                self._close(conn)
-
-    def _handle(self, conn: socket.socket, found: _Line, deadline: float) -> None:
+    async def _client(self, conn: socket.socket) -> None:
         """Exactly one reply line per connection; never raise."""
+        loop = asyncio.get_running_loop()
         then: Callable[[], None] | None = None
         try:
-            conn.setblocking(True)
-            conn.settimeout(max(deadline - time.monotonic(), 0) + REPLY_GRACE_S)
-            if not isinstance(found, bytes):
-                conn.sendall(Nack(msg_id="", error=LINE_TOO_LARGE).to_line())
-                return
-            reply, then = self.reply_to(found)
-            conn.sendall(reply.to_line())
-        except OSError:
+            with conn:
+                try:
+                    async with asyncio.timeout(self.line_deadline_s):
+                        found = await self._read_line(loop, conn)
+                except TimeoutError:
+                    return  # no whole line in time
+                if found is None:
+                    return  # W12: nothing said, nothing answered
+                if isinstance(found, bytes):
+                    reply, then = await self.reply_to(found)
+                else:
+                    reply = Nack(msg_id="", error=LINE_TOO_LARGE)
+                async with asyncio.timeout(REPLY_GRACE_S):
+                    await loop.sock_sendall(conn, reply.to_line())
+        except (OSError, TimeoutError):
             pass  # the client went away or stalled; nobody is left to answer
         except Exception as exc:
             report(f"error serving a coms connection: {exc!r}")
@@ -411,7 +321,24 @@ class Listener:
                 except Exception as exc:
                     report(f"error handing on a coms envelope: {exc!r}")
 
-    def reply_to(self, line: bytes) -> tuple[WireModel, Callable[[], None] | None]:
+    @staticmethod
+    async def _read_line(
+        loop: asyncio.AbstractEventLoop, conn: socket.socket
+    ) -> bytes | type[_LineTooLarge] | None:
+        buffer = bytearray()
+        while True:
+            chunk = await loop.sock_recv(conn, MAX_LINE)
+            buffer += chunk
+            if chunk and b"\n" not in chunk and len(buffer) <= MAX_LINE:
+                continue  # still mid-line: no need to look at the whole buffer again
+            try:
+                found, done = _take_line(bytes(buffer), eof=not chunk)
+            except _LineTooLarge:
+                return _LineTooLarge
+            if done:
+                return found
+
+    async def reply_to(self, line: bytes) -> tuple[WireModel, Callable[[], None] | None]:
         """The reply for one line, and what to do once it is written.
 
         A prompt is admitted (stored) before its ack, so an ack means the
@@ -430,13 +357,21 @@ class Listener:
                 prompt = PromptEnvelope.model_validate(body)
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
+            def admit(reply: Callable[[str | None], None]) -> None:
+                self._admit(prompt, reply)
+
+            error: str | None
             try:
-                self._admit(prompt)
-            except AdmissionRefused as exc:  # full, its asker's share, not its qid (X2): as is
-                return Nack(msg_id=prompt.msg_id, error=str(exc)), None
+                error = await awaited(admit, ADMIT_TIMEOUT_S)
+            except TimeoutError:
+                report(f"question {prompt.msg_id} is queued but was not stored within "
+                       f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
+                error = None
             except Exception as exc:  # unforeseen: our words to the peer, the cause to stderr
                 report(f"could not take question {prompt.msg_id!r}: {exc!r}", "error")
-                return Nack(msg_id=prompt.msg_id, error=NOT_ADMITTED), None
+                error = NOT_ADMITTED
+            if error is not None:
+                return Nack(msg_id=prompt.msg_id, error=error), None
             return Ack(msg_id=prompt.msg_id), None
         if kind == "cancel":
             try:
@@ -445,7 +380,11 @@ class Listener:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_CANCEL, exc)), None
             return Ack(msg_id=cancel.msg_id), lambda: self._questions.tell(CancelQuestion(cancel))
         if kind == "ping":
-            return Pong(msg_id=msg_id, agent_card=self._pong_card()), None
+            try:
+                depth: int | None = await awaited(self._depth, DEPTH_TIMEOUT_S)
+            except TimeoutError:
+                depth = None
+            return Pong(msg_id=msg_id, agent_card=self._pong_card(depth)), None
         return Nack(msg_id=msg_id, error=NOT_TAKEN), None
 
 
@@ -467,14 +406,10 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
     try:
         server.bind(str(path))
         server.listen(backlog)
-        server.settimeout(ACCEPT_POLL_S)  # a safety net should shutdown() not wake accept()
     except BaseException:
         server.close()
         raise
     return server
-
-
-_RESPONSES = ResponsePool()
 
 
 class PeerActor(PooledService):
@@ -486,8 +421,8 @@ class PeerActor(PooledService):
         supervisor: Address,
         identity: PeerIdentity,
         questions: Address,
-        queue_depth: Callable[[], int],
-        admit: Callable[[PromptEnvelope], None] | None = None,
+        depth: Depth | None = None,
+        admit: Admit | None = None,
         settle: Callable[[str, str | None], None] | None = None,
         logger: Address | None = None,
         name: str = "peer",
@@ -496,11 +431,13 @@ class PeerActor(PooledService):
         response_timeout_s: float = 10.0,
         retry_pauses_s: tuple[float, ...] = (2.0, 10.0),
         responses: ResponsePool | None = None,
+        edge: Edge | None = None,
     ) -> None:
         super().__init__(name, supervisor)
         self.identity = identity
         self.questions = questions
-        self.queue_depth = queue_depth
+        self.edge = edge or shared_edge()
+        self.depth = depth or (lambda reply: questions.tell(QueueDepthQuery(reply)))
         self.admit = admit
         self.settle = settle
         self.logger = logger
@@ -508,13 +445,13 @@ class PeerActor(PooledService):
         self.heartbeat_s = heartbeat_s
         self.response_timeout_s = response_timeout_s
         self.retry_pauses_s = retry_pauses_s
-        self.responses = responses or _RESPONSES
+        self.responses = responses or shared_responses()
         self._last_depth = 0
         self._listener: Listener | None = None
         self._bound = False
         self._published = False
-        self._beating = threading.Event()
-        self._heart: threading.Thread | None = None
+        self._beat: Timer | None = None
+        self._asked_depth = False  # a depth asked for and not answered yet
         self._released = False
         self._failing = Episode()  # the registry entry cannot be written
 
@@ -525,11 +462,10 @@ class PeerActor(PooledService):
         self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.questions, self._card, self.admit)
+        self._listener = Listener(server, self.questions, self._card, self.admit, self.depth)
         self._listener.start()
         self._publish(self._last_depth)
-        self._heart = threading.Thread(target=self._beat, name="peer-heartbeat", daemon=True)
-        self._heart.start()
+        self._next_beat()
 
     def release(self) -> None:
         """Undo on_start in reverse: unpublish before the socket stops answering (W8)."""
@@ -537,9 +473,8 @@ class PeerActor(PooledService):
             return
         self._released = True
         try:
-            # Not joined: it may sit in a queue-depth ask for a while, and it
-            # checks this flag before it does anything else.
-            self._beating.set()
+            if self._beat is not None:
+                self._beat.cancel()
             if self._published:
                 remove_entry_if_ours(self.identity.entry_path, self.identity.session_id)
                 self._published = False
@@ -556,7 +491,16 @@ class PeerActor(PooledService):
 
     def on_receive(self, message: Any) -> Any:
         match message:
+            case HeartbeatDue():
+                self._next_beat()
+                if self._asked_depth:  # the Router is slow: beat with the last count
+                    self._heartbeat(self._last_depth)
+                else:
+                    self._asked_depth = True
+                    me = self.actor_ref
+                    self.depth(lambda depth: _tell(me, Heartbeat(depth)))
             case Heartbeat(queue_depth=depth):
+                self._asked_depth = False
                 self._last_depth = depth
                 self._heartbeat(depth)
             case SendResponse(prompt=prompt, response=response, error=error, owner=owner):
@@ -620,36 +564,26 @@ class PeerActor(PooledService):
             self._listener.replace_server(bind_endpoint(ident.endpoint))
             report(f"{ident.endpoint} was gone; listening on it again", "warning")
 
-    def _current_depth(self) -> int:
-        """The router's count, or the last one we saw when it does not answer in time."""
-        try:
-            depth = int(self.queue_depth())
-        except Exception:
-            return self._last_depth
-        self._last_depth = depth
-        return depth
-
-    def _card(self) -> AgentCard:
-        """W17: our agent card for a pong; runs in a connection thread."""
+    def _card(self, depth: int | None) -> AgentCard:
+        """W17: our agent card for a pong (on the edge), with the Router's count or,
+        when it did not answer in time, the last one seen."""
+        if depth is None:
+            depth = self._last_depth
+        else:
+            self._last_depth = depth
         return AgentCard(
             name=self.identity.name,
             purpose=self.purpose,
             model=MODEL,
             color=COLOR,
             context_used_pct=0,
-            queue_depth=self._current_depth(),
+            queue_depth=depth,
         )
 
-    def _beat(self) -> None:
-        """W6: ask for the depth here, off the actor thread, and hand it to the actor."""
-        while not self._beating.wait(self.heartbeat_s):
-            depth = self._current_depth()
-            if self._beating.is_set():
-                return
-            try:
-                self.actor_ref.tell(Heartbeat(depth))
-            except Exception:  # the actor is gone; so is our reason to beat
-                return
+    def _next_beat(self) -> None:
+        """W6: the next heartbeat, `heartbeat_s` from now."""
+        me = self.actor_ref
+        self._beat = self.edge.after(self.heartbeat_s, lambda: _tell(me, HeartbeatDue()))
 
     def _settle(self, qid: str, owner: str | None) -> None:
         """The response is no longer owed: take it out of the durable outbox."""
@@ -697,19 +631,18 @@ class PeerActor(PooledService):
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
-        try:
-            queued = self.responses.submit(
-                qid, endpoint, line, timeout, self.retry_pauses_s, settled
-            )
-        except (RuntimeError, OSError) as exc:  # the sender thread could not start
-            queued = False
-            report(f"cannot send the response for {qid} now: {exc}", "error")
-        if not queued:
+        if not self.responses.submit(qid, endpoint, line, timeout, self.retry_pauses_s, settled):
             # Refused, never dropped: it stays in the outbox (not settled) and
             # is sent again at the next start.
             report(
-                f"response for {qid} not sent now: {self.responses.pending} responses are "
-                f"already being sent (limit {self.responses.capacity}); it stays owed in "
-                "the state database and is sent at the next start",
+                f"response for {qid} not sent now: {self.responses.capacity} responses are "
+                f"already being sent (the limit); it stays owed in the state database and "
+                "is sent at the next start",
                 "error",
             )
+
+
+def _tell(ref: Any, message: Any) -> None:
+    """From the edge: an actor that stopped meanwhile needs to hear nothing more."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)

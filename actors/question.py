@@ -8,7 +8,7 @@ questions) and its QuestionSupervisor, and stops itself.
 
 Questions are many and mostly idle, so they hold no thread: each runs its
 turns on the shared dispatcher (actors/dispatch.py) and its deadline is one
-entry in the shared timer service (actors/timers.py).
+timer on the I/O edge (actors/edge.py).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from ..messages.contract import (
 )
 from ..messages.model import Event, State
 from .base import PooledChild, utc_now
+from .edge import Edge, Timer, shared_edge
 from .store import Store, remind_note_id
-from .timers import TimerHandle, TimerService, shared_timers
 
 
 class QuestionActor(PooledChild):
@@ -73,7 +73,7 @@ class QuestionActor(PooledChild):
         store: Store | None = None,
         now: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.time,
-        timers: TimerService | None = None,
+        edge: Edge | None = None,
         remind_before_ms: float | None = None,
     ) -> None:
         super().__init__(name, supervisor)
@@ -91,12 +91,9 @@ class QuestionActor(PooledChild):
         self.store = store
         self.now = now
         self.clock = clock
-        # the timers must read the same clock as the deadline was set on
-        self.timers = timers if timers is not None else (
-            shared_timers() if clock is time.time else TimerService(clock)
-        )
-        self._timer: TimerHandle | None = None
-        self._reminder: TimerHandle | None = None
+        self.edge = edge or shared_edge()
+        self._timer: Timer | None = None
+        self._reminder: Timer | None = None
 
     # -- life ---------------------------------------------------------------
 
@@ -123,11 +120,11 @@ class QuestionActor(PooledChild):
         and its reminder (X9) at its own absolute moment, unless it was decided already
         (a moment passed while the daemon was down fires at once)."""
         me = self.me
-        self._timer = self.timers.at(self.spec.deadline, lambda: me.tell(TimedOut()))
+        self._timer = self.edge.at(self.spec.deadline, lambda: me.tell(TimedOut()))
         after = remind_after_s(self.spec.timeout_ms, self.remind_before_ms)
         if self._reminds() and after is not None:
             asked = self.spec.deadline - self.spec.timeout_ms / 1000
-            self._reminder = self.timers.at(asked + after, lambda: me.tell(RemindDue()))
+            self._reminder = self.edge.at(asked + after, lambda: me.tell(RemindDue()))
 
     # -- messages -----------------------------------------------------------
 

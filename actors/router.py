@@ -58,6 +58,7 @@ from ..messages.commands import (
 from ..messages.contract import (
     ANSWER_SUFFIX,
     INVALID_QID_ERROR,
+    NOT_ADMITTED,
     Accepted,
     AlreadyOpen,
     Answering,
@@ -228,8 +229,8 @@ class QuestionRouter(PooledService):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case NewQuestion(envelope=envelope):
-                self._new_question(envelope)
+            case NewQuestion(envelope=envelope, reply=reply):
+                reply(self._admit(envelope))
             case CancelQuestion(envelope=envelope):
                 qid = cancel_target(envelope.ref_msg_id, self.open)
                 if qid is not None:
@@ -237,8 +238,8 @@ class QuestionRouter(PooledService):
                         self.open[qid].slot.tell(CancelRequested())
                     else:  # X2: only the asker cancels; acked all the same (C12)
                         self.logger.tell(LogEvent(cancel_refused_record(self.now(), envelope)))
-            case QueueDepthQuery():
-                return len(self.open)
+            case QueueDepthQuery(reply=reply):
+                reply(len(self.open))
             case AnswerFileSeen(name=name, content=content, signature=signature):
                 self._route_answer(name, content, signature)
             case QuestionClosed(qid=qid, state=state, child=child):
@@ -257,14 +258,26 @@ class QuestionRouter(PooledService):
                 raise UnknownMessage(self.child_name, message)
         return None
 
-    def _new_question(self, envelope: PromptEnvelope) -> None:
-        """Admission: called by the Peer's socket thread through a bounded ask.
+    def _admit(self, envelope: PromptEnvelope) -> str | None:
+        """Admission's answer for the asker: None to ack, else the nack's error.
 
-        Returns once the question is stored (the ack means "durable"), or at
-        once for its own asker's identical resend (X2); raises AdmissionRefused
-        when the qid is someone else's or closed too recently (X2) or the bridge
-        is full, and anything else when the store could not take it: the asker
-        is nacked either way.
+        An unforeseen fault (the store could not take it) is our words to the
+        asker and the cause on stderr, never a crash: the Router's table is fine.
+        """
+        try:
+            self._new_question(envelope)
+        except AdmissionRefused as exc:  # full, its asker's share, not its qid (X2): as is
+            return str(exc)
+        except Exception as exc:
+            report(f"could not take question {envelope.msg_id!r}: {exc!r}", "error")
+            return NOT_ADMITTED
+        return None
+
+    def _new_question(self, envelope: PromptEnvelope) -> None:
+        """Returns once the question is stored, or at once for its own asker's identical
+        resend (X2); raises AdmissionRefused when the qid is someone else's or closed
+        too recently (X2) or the bridge is full, and anything else when the store could
+        not take it: the asker is nacked either way.
         """
         qid = qid_of(envelope)
         if qid is None:  # C3: never reaches Telegram

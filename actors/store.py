@@ -37,8 +37,8 @@ from ..messages.commands import (
 from ..messages.model import ParsedPrompt, State
 from ..messages.wire import PromptEnvelope, dumps, has_lone_surrogate, loads
 from .base import report
+from .edge import shared_edge
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .timers import shared_timers
 
 SCHEMA_VERSION = 4
 CLOSED_MEMORY = 1000
@@ -790,8 +790,8 @@ class Store:
 
 
 def _after(delay_s: float, action: Callable[[], None]) -> object:
-    """Run `action` on the shared timer thread in `delay_s` seconds."""
-    return shared_timers().at(time.time() + delay_s, action)
+    """Run `action` on the I/O edge in `delay_s` seconds."""
+    return shared_edge().after(delay_s, action)
 
 
 def remind_note_id(qid: str) -> str:

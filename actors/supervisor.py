@@ -34,7 +34,7 @@ import pykka
 
 from ..messages.commands import Address, ChildFailed, RestartChild, UnknownMessage
 from .base import Slot, is_resource_shortage, report
-from .timers import shared_timers
+from .edge import shared_edge
 
 Restart = Literal["permanent", "transient", "temporary"]
 
@@ -46,8 +46,8 @@ BACKOFF_MAX_S = 30.0
 
 
 def timer_schedule(delay: float, action: Callable[[], None]) -> Callable[[], None]:
-    """The default scheduler: the process's one timer service (actors/timers.py)."""
-    return shared_timers().schedule(delay, action)
+    """The default scheduler: a timer on the process's I/O edge (actors/edge.py)."""
+    return shared_edge().schedule(delay, action)
 
 
 @dataclass(frozen=True)

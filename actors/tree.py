@@ -17,6 +17,7 @@ a child that is not up yet waits in its slot.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,15 +26,9 @@ from typing import Any
 
 import pykka
 
-from ..messages.commands import (
-    Address,
-    AdmissionRefused,
-    NewQuestion,
-    QuestionSpec,
-    QueueDepthQuery,
-)
+from ..messages.commands import Address, NewQuestion, QuestionSpec, QueueDepthQuery
 from ..messages.wire import PromptEnvelope
-from .base import Slot, report, utc_now
+from .base import Slot, utc_now
 from .config import BridgeConfig
 from .delivery import DeliveryActor
 from .logger import LoggerActor
@@ -43,10 +38,8 @@ from .question_supervisor import QuestionSupervisor
 from .router import QuestionRouter
 from .store import Store
 from .supervisor import ChildSpec, RootSupervisor
-from .timers import TimerService, shared_timers
 from .watcher import WatcherActor
 
-ADMIT_TIMEOUT_S = 5.0
 DEPTH_TIMEOUT_S = 2.0
 RESTARTING = "bridge is restarting; try again"
 
@@ -59,26 +52,22 @@ class Tree:
     slots: dict[str, Slot]
 
     def queue_depth(self, timeout: float = DEPTH_TIMEOUT_S) -> int:
-        """How many questions are open (C21, W6, sd_notify); raises if the Router
-        does not answer within `timeout`. Never call it from an actor."""
-        ref = self.slots["router"].ref
-        if ref is None:
-            raise pykka.ActorDeadError("the router is restarting")
-        return int(ref.ask(QueueDepthQuery(), block=True, timeout=timeout))
+        """How many questions are open (C21, sd_notify's watchdog); raises TimeoutError
+        if the Router does not answer within `timeout`. Never call it from an actor."""
+        if self.slots["router"].ref is None:
+            raise TimeoutError("the router is restarting")
+        answer = concurrent.futures.Future[int]()
+        self.slots["router"].tell(QueueDepthQuery(answer.set_result))
+        return answer.result(timeout)
 
-    def admit(self, envelope: PromptEnvelope) -> None:
-        """For the Peer's socket threads: return once the question is stored, so the
-        ack means "durable"; a refusal or a store error raises, and the asker is nacked."""
-        ref = self.slots["router"].ref
-        if ref is None:
-            raise AdmissionRefused(RESTARTING)
-        try:
-            ref.ask(NewQuestion(envelope), block=True, timeout=ADMIT_TIMEOUT_S)
-        except pykka.ActorDeadError:  # it died under the ask; its successor takes the next
-            raise AdmissionRefused(RESTARTING) from None
-        except pykka.Timeout:
-            report(f"question {envelope.msg_id} is queued but was not stored within "
-                   f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
+    def admit(self, envelope: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+        """For the Peer's listener: the Router stores the question, then `reply(None)`
+        (the ack means "durable"), or replies the nack's error; while it restarts the
+        asker is told to try again at once."""
+        if self.slots["router"].ref is None:
+            reply(RESTARTING)
+        else:
+            self.slots["router"].tell(NewQuestion(envelope, reply))
 
 
 def start_tree(
@@ -100,8 +89,6 @@ def start_tree(
     tree = Tree(root=None, slots=slots)  # type: ignore[arg-type]  # set below
     c = config
     run_tag = identity.session_id[-8:]
-    # every question's deadline on one heap and one thread, read on the questions' clock
-    timers = shared_timers() if clock is time.time else TimerService(clock)
 
     def logger(sup: Address, n: int) -> pykka.ActorRef[Any]:
         return LoggerActor.start(supervisor=sup, log_path=c.log_path)
@@ -134,7 +121,6 @@ def start_tree(
             store=store,
             now=now,
             clock=clock,
-            timers=timers,
             remind_before_ms=c.remind_before_ms,
         )
 
@@ -189,7 +175,6 @@ def start_tree(
             supervisor=sup,
             identity=identity,
             questions=slots["router"],
-            queue_depth=tree.queue_depth,
             admit=tree.admit,
             settle=store.settle,
             logger=slots["logger"],

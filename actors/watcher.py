@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pykka
 from inotify_simple import INotify, flags
 
 from ..messages.commands import (
@@ -67,11 +68,10 @@ from ..messages.contract import (
 )
 from ..messages.model import Event, RejectReason
 from .base import Episode, PooledService, report, utc_now
+from .edge import Edge, Timer, shared_edge
 from .files import private_dir
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
-# The helper blocks in read() at most this long, so release() is never slow.
-_READ_TIMEOUT_MS = 100
 _READ_ATTEMPTS = 3
 # A file handed on and not yet disposed of is offered again after this long, in
 # case the question it went to crashed with it (at-least-once, not every rescan).
@@ -131,6 +131,7 @@ class WatcherActor(PooledService):
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utc_now,
         name: str = "watcher",
+        edge: Edge | None = None,
     ) -> None:
         super().__init__(name, supervisor)
         self.router = router
@@ -151,78 +152,68 @@ class WatcherActor(PooledService):
         self._heals_unreported = 0
         self._last_heal_report = float("-inf")
         self._scan_cut = Episode()  # more entries than one rescan looks at
-        self._halt = threading.Event()
-        self._rescan_queued = threading.Event()
-        self._deep_queued = threading.Event()
-        self._helper: threading.Thread | None = None
+        self.edge = edge or shared_edge()
+        self._beat: Timer | None = None
+        self._deep_queued = threading.Event()  # one deep rescan queued at a time
 
     # -- life cycle -----------------------------------------------------------
 
     def begin(self) -> None:
-        self._inotify = INotify()
+        inotify = self._inotify = INotify()
         # Made (or tightened to) 0700 before the first look: another local user
         # who could write here could forge answers. A directory that cannot be
         # made at start is a setup fault: fail, and let supervision decide.
         self._make_and_watch()
-        self._helper = threading.Thread(
-            target=self._watch, args=(self._inotify,), name=f"{self.child_name}-inotify",
-            daemon=True,
-        )
-        self._helper.start()
+        self.edge.call(self._listen, inotify)
         # Files written while no watcher ran raise no event: look at them now.
         self._rescan(deep=True)
+        self._next_beat()
 
     def release(self) -> None:
-        self._halt.set()
-        helper = self._helper
-        if helper is not None and helper is not threading.current_thread():
-            helper.join(timeout=1.0)
-        # Closed only after the helper left read(), so its fd is never reused under it.
-        if self._inotify is not None:
-            try:
-                self._inotify.close()
-            except OSError:
-                pass
-            self._inotify = None
-            self._wd = None
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+        inotify, self._inotify, self._wd = self._inotify, None, None
+        if inotify is not None:
+            # Closed on the loop, after it stopped reading: its fd is never reused under it.
+            self.edge.call(self._unlisten, inotify)
 
-    def _watch(self, inotify: INotify) -> None:
-        """Helper thread: inotify events and the rescan beat, as messages to the actor."""
-        interval = self.poll_ms / 1000
-        next_rescan = time.monotonic() + interval
+    def _next_beat(self) -> None:
+        """The safety-net rescan, `poll_ms` after the last one: one beat pending at a time."""
+        if self._beat is not None:
+            self._beat.cancel()
+        me = self.actor_ref
+        self._beat = self.edge.after(self.poll_ms / 1000, lambda: _tell(me, Rescan()))
+
+    # -- on the edge ----------------------------------------------------------
+
+    def _listen(self, inotify: INotify) -> None:
+        self.edge.loop.add_reader(inotify.fileno(), self._events, inotify)
+
+    def _unlisten(self, inotify: INotify) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.edge.loop.remove_reader(inotify.fileno())
+            inotify.close()
+
+    def _events(self, inotify: INotify) -> None:
+        """inotify has events: the names, the end of the watch, lost events, as messages."""
+        me = self.actor_ref
         try:
-            while not self._halt.is_set():
-                left_ms = max(0.0, (next_rescan - time.monotonic()) * 1000)
-                events = inotify.read(timeout=int(min(_READ_TIMEOUT_MS, left_ms)))
-                if self._halt.is_set():
-                    return
-                names = tuple(dict.fromkeys(e.name for e in events if e.name))
-                if names:
-                    self.actor_ref.tell(FilesChanged(names))
-                for wd in dict.fromkeys(
-                    e.wd for e in events if e.mask & (flags.IGNORED | flags.MOVE_SELF)
-                ):
-                    # The directory was deleted or moved away: the actor makes it again.
-                    self.actor_ref.tell(WatchEnded(wd))
-                if any(e.mask & flags.Q_OVERFLOW for e in events):
-                    # Events were lost: every file must be looked at (one such scan
-                    # queued at a time, as for the plain ones).
-                    next_rescan = time.monotonic() + interval
-                    if not self._deep_queued.is_set():
-                        self._deep_queued.set()
-                        self.actor_ref.tell(Rescan(deep=True))
-                elif time.monotonic() >= next_rescan:
-                    next_rescan = time.monotonic() + interval
-                    # One queued Rescan is enough: a slow actor must not drown in them.
-                    if not self._rescan_queued.is_set():
-                        self._rescan_queued.set()
-                        self.actor_ref.tell(Rescan())
+            events = inotify.read(timeout=0)
         except Exception as exc:
-            if not self._halt.is_set():
-                # Without this thread no answer would ever be noticed again: make
-                # the actor fail, so the supervisor restarts the watcher whole.
-                with contextlib.suppress(Exception):
-                    self.actor_ref.tell(WatchLost(f"{type(exc).__name__}: {exc}"))
+            # Without this no answer would ever be noticed again: make the
+            # actor fail, so the supervisor restarts the watcher whole.
+            self._unlisten(inotify)
+            _tell(me, WatchLost(f"{type(exc).__name__}: {exc}"))
+            return
+        names = tuple(dict.fromkeys(e.name for e in events if e.name))
+        if names:
+            _tell(me, FilesChanged(names))
+        for wd in dict.fromkeys(e.wd for e in events if e.mask & (flags.IGNORED | flags.MOVE_SELF)):
+            _tell(me, WatchEnded(wd))  # the directory was deleted or moved away: make it again
+        if any(e.mask & flags.Q_OVERFLOW for e in events) and not self._deep_queued.is_set():
+            self._deep_queued.set()  # events were lost: every file must be looked at
+            _tell(me, Rescan(deep=True))
 
     # -- messages -------------------------------------------------------------
 
@@ -231,9 +222,12 @@ class WatcherActor(PooledService):
             case FilesChanged(names=names):
                 for name in dict.fromkeys(names):
                     self._examine(name)
-            case Rescan(deep=deep):
-                (self._deep_queued if deep else self._rescan_queued).clear()
-                self._rescan(deep=deep)
+            case Rescan(deep=True):
+                self._deep_queued.clear()
+                self._rescan(deep=True)
+            case Rescan():
+                self._rescan()
+                self._next_beat()
             case DisposeAnswerFile(name=name, signature=signature, verdict=verdict):
                 self._dispose(name, signature, verdict)
             case RemoveAnswerFile(name=name, signature=signature):
@@ -594,3 +588,9 @@ def _read_at_most(fd: int, limit: int) -> bytes | None:
         chunks.append(chunk)
         got += len(chunk)
     return None
+
+
+def _tell(ref: Any, message: Any) -> None:
+    """From the edge: a watcher that stopped meanwhile needs to hear nothing more."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)

@@ -6,8 +6,8 @@ are the pydantic models of `messages.wire` and `messages.model`.
 
 Who sends what (see docs/architecture.md for the picture):
 
-    Peer      -> Router     : NewQuestion (ask, from a socket thread), CancelQuestion
-    non-actor -> Router     : QueueDepthQuery (ask, with a timeout)
+    edge      -> Router     : NewQuestion, CancelQuestion, QueueDepthQuery (each
+                              NewQuestion and QueueDepthQuery carries its reply callback)
     Router    -> Question   : AnswerArrived, CancelRequested
     Router    -> QuestionSupervisor : StartQuestion, ResetQuestions
     QuestionSupervisor -> Router    : QuestionRestarted, RestoreQuestions, QuestionClosed
@@ -22,12 +22,13 @@ Who sends what (see docs/architecture.md for the picture):
     anyone    -> Logger     : LogEvent
     child     -> its supervisor : ChildFailed
     supervisor timers -> supervisor: RestartChild
-    helper threads -> their own actor: FilesChanged, Rescan, WatchEnded, WatchLost,
-                                       TimedOut, Heartbeat
+    the edge  -> the actor that asked : FilesChanged, Rescan, WatchEnded, WatchLost,
+                                        TimedOut, RemindDue, HermesRan, HeartbeatDue
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -56,10 +57,12 @@ class UnknownMessage(TypeError):
 
 @dataclass(frozen=True, slots=True)
 class NewQuestion:
-    """A well-formed prompt arrived; it is acked once this is handled (stored, or refused
-    with a nack). Its qid may still be invalid (C3)."""
+    """A well-formed prompt arrived (its qid may still be invalid, C3). `reply` is called
+    once it is handled: None once it is stored (the ack means "durable"), else the
+    nack's error, word for word. Called on the Router's turn: it must not block."""
 
     envelope: PromptEnvelope
+    reply: Callable[[str | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +74,10 @@ class CancelQuestion:
 
 @dataclass(frozen=True, slots=True)
 class QueueDepthQuery:
-    """Asked by the socket and heartbeat threads: how many questions are open (C21, W6)."""
+    """How many questions are open (C21, W6): `reply` is called with the count, on the
+    Router's turn (it must not block)."""
+
+    reply: Callable[[int], None]
 
 
 class AdmissionRefused(Exception):
@@ -216,6 +222,14 @@ class OfferAgain:
 
 
 @dataclass(frozen=True, slots=True)
+class HermesRan:
+    """The edge finished running hermes for `job`: None when it sent, else C18's error."""
+
+    job: SendText
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class FilesChanged:
     """inotify saw these names change in the questions directory."""
 
@@ -257,6 +271,11 @@ class LogEvent:
 
 
 # -- peer ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatDue:
+    """Time for the Peer to ask for the open count and beat (W6)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ DEFAULT_TIMEOUT_MS = 1_800_000
 ANSWER_SUFFIX = ".answer.json"
 ELLIPSIS = "…"
 INVALID_QID_ERROR = "prompt msg_id must be a 26-character Crockford ULID qid"
+NOT_ADMITTED = "bridge could not take the question (internal error)"
 
 # JavaScript's String.prototype.trim() set, so that "trimmed" means what it
 # meant to the daemon we replace (Python's str.strip() differs at the edges).

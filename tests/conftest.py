@@ -13,11 +13,11 @@ import pykka
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coms_hermes_bridge.actors import dispatch, timers
+from coms_hermes_bridge.actors import dispatch, edge
 
 
 def _forget_shared_services() -> None:
-    """A forked test process starts without the parent's shared pool and timer threads.
+    """A forked test process starts without the parent's shared pool and edge threads.
 
     Mutation testing (mutmut) runs each mutant in a fork of a process that has
     already run tests; the singletons it inherits would point at threads that
@@ -25,8 +25,8 @@ def _forget_shared_services() -> None:
     """
     dispatch._SHARED_LOCK = threading.Lock()
     dispatch._SHARED = None
-    timers._SHARED_LOCK = threading.Lock()
-    timers._SHARED = None
+    edge._SHARED_LOCK = threading.Lock()
+    edge._SHARED = None
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)

@@ -32,9 +32,9 @@ QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 PING = b'{"type":"ping","msg_id":"p"}\n'
 
 
-def card() -> AgentCard:
+def card(depth: int | None) -> AgentCard:
     return AgentCard(name="user-remote", purpose="p", model="m", color="c",
-                     context_used_pct=0, queue_depth=0)
+                     context_used_pct=0, queue_depth=depth or 0)
 
 
 def prompt(msg_id: str = QID, endpoint: str = "/tmp/nowhere.sock") -> bytes:
@@ -68,7 +68,7 @@ class Served:
         self.questions = FakeRef("questions")
         self.admit = limits.pop("admit", None)
         self.listener = Listener(server or bind_endpoint(self.path), self.questions, card,
-                                 self.admit, **limits)
+                                 self.admit, lambda reply: reply(0), **limits)
         self.listener.start()
 
     def stop(self) -> None:
@@ -130,19 +130,20 @@ def test_the_deadline_is_for_the_whole_line_not_each_recv(short_tmp: Path) -> No
         served.stop()
 
 
-def test_waiting_clients_take_no_threads_and_handlers_are_bounded(short_tmp: Path) -> None:
-    # 9.1, 14.3: many open connections, a fixed number of handler threads
-    release = threading.Event()
+def test_waiting_clients_and_admissions_take_no_threads(short_tmp: Path) -> None:
+    # 9.1, 14.3: many open connections and admissions pending, not one thread for them
+    pending: list[Any] = []
+    lock = threading.Lock()
 
-    def slow_admit(envelope: PromptEnvelope) -> None:
-        release.wait(5)
+    def slow_admit(envelope: PromptEnvelope, reply: Any) -> None:
+        with lock:
+            pending.append(reply)  # answered later, from the test's own thread
 
+    warm = Served(short_tmp, max_connections=40, admit=slow_admit)  # the edge, warm
+    warm.stop()
     before = set(threading.enumerate())
-    served = Served(short_tmp, handlers=2, max_connections=40, admit=slow_admit)
+    served = Served(short_tmp, max_connections=40, admit=slow_admit)
     try:
-        started = set(threading.enumerate())
-        assert sorted(t.name for t in started - before) == [
-            "peer-handler-0", "peer-handler-1", "peer-listener"]
         waiting = [connect(served.path) for _ in range(30)]
         replies: dict[str, bytes] = {}
 
@@ -154,8 +155,10 @@ def test_waiting_clients_take_no_threads_and_handlers_are_bounded(short_tmp: Pat
         for thread in askers:
             thread.start()
         wait_for(lambda: served.listener.open_connections == 34, what="all connected")
-        assert set(threading.enumerate()) - started == set(askers)  # none per connection
-        release.set()
+        wait_for(lambda: len(pending) == 4, what="four admissions pending")
+        assert set(threading.enumerate()) - before == set(askers)  # none of ours
+        for reply in pending:
+            reply(None)
         for thread in askers:
             thread.join(10)
         assert sorted(replies) == [f"01ARZ3NDEKTSV4RRFFQ69G{n:04d}" for n in range(4)]
@@ -215,14 +218,15 @@ def test_a_full_response_pool_is_a_logged_refusal_and_stays_owed(
     pool = ResponsePool(capacity=0)
     settled: list[str] = []
     ref = PeerActor.start(
-        supervisor=FakeRef(), identity=identity, questions=FakeRef(), queue_depth=lambda: 0,
-        settle=lambda qid, owner: settled.append(qid), responses=pool,
+        supervisor=FakeRef(), identity=identity, questions=FakeRef(),
+        depth=lambda reply: reply(0), settle=lambda qid, owner: settled.append(qid),
+        responses=pool,
     )
     envelope = PromptEnvelope.model_validate(json.loads(prompt()))
     ref.ask(SendResponse(envelope, {"kind": "freeform", "text": "yes"}, None, "q"), timeout=5)
     err = capsys.readouterr().err
-    assert (f"response for {QID} not sent now: 0 responses are already being sent (limit 0); "
-            "it stays owed in the state database and is sent at the next start") in err
+    assert (f"response for {QID} not sent now: 0 responses are already being sent (the "
+            "limit); it stays owed in the state database and is sent at the next start") in err
     assert settled == []
     ref.stop()
 
@@ -231,7 +235,7 @@ def test_heartbeat_heals_deleted_registry_and_sockets_dirs(identity: PeerIdentit
     # 9.3: back within one beat, and the endpoint answers again
     supervisor = FakeRef("supervisor")
     PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
-                    queue_depth=lambda: 0, heartbeat_s=0.2)
+                    depth=lambda reply: reply(0), heartbeat_s=0.2)
     wait_for(identity.entry_path.exists, what="entry")
     shutil.rmtree(identity.agents_dir)
     shutil.rmtree(identity.endpoint.parent)
@@ -251,7 +255,7 @@ def test_a_failing_heartbeat_write_is_reported_not_a_crash(
 ) -> None:  # 9.3: no restart loop; the next beat tries again
     supervisor = FakeRef("supervisor")
     PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
-                    queue_depth=lambda: 0, heartbeat_s=0.1)
+                    depth=lambda reply: reply(0), heartbeat_s=0.1)
     wait_for(identity.entry_path.exists, what="entry")
     shutil.rmtree(identity.agents_dir)
     identity.agents_dir.write_text("in the way")  # the directory cannot be made
@@ -268,7 +272,13 @@ def test_a_failing_heartbeat_write_is_reported_not_a_crash(
 def test_new_question_reaches_the_questions_address(short_tmp: Path) -> None:  # W14
     served = Served(short_tmp)
     try:
-        assert json.loads(exchange(served.path, prompt()))["type"] == "ack"
-        assert served.questions.expect(NewQuestion).envelope.msg_id == QID
+        replies: list[bytes] = []
+        sender = threading.Thread(target=lambda: replies.append(exchange(served.path, prompt())))
+        sender.start()
+        handed = served.questions.expect(NewQuestion)
+        assert handed.envelope.msg_id == QID
+        handed.reply(None)  # the Router stored it
+        sender.join(5)
+        assert json.loads(replies[0])["type"] == "ack"
     finally:
         served.stop()

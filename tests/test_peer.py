@@ -69,7 +69,7 @@ def start(
         supervisor=supervisor or FakeRef("supervisor"),
         identity=identity,
         questions=questions or FakeRef("questions"),
-        queue_depth=lambda: depth,
+        depth=lambda reply: reply(depth),
         **options,
     )
     return ref
@@ -143,9 +143,27 @@ def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -
     start(identity, questions=questions)
     wait_for(identity.entry_path.exists)
     body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
-    reply = send_line(identity.endpoint, (json.dumps(body) + "\n").encode())
-    assert reply == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
-    assert questions.expect(NewQuestion) == NewQuestion(prompt_to("/tmp/asker.sock"))
+    replies: list[bytes] = []
+    sender = threading.Thread(
+        target=lambda: replies.append(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
+    )
+    sender.start()
+    handed = questions.expect(NewQuestion)
+    assert handed.envelope == prompt_to("/tmp/asker.sock")
+    assert replies == []  # not acked before the Router's word
+    handed.reply(None)
+    sender.join(5)
+    assert replies == [f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()]
+
+
+def test_a_refused_prompt_is_nacked_with_the_routers_words(identity: PeerIdentity) -> None:
+    # W14, X2: the nack's error is the Router's reply, word for word
+    start(identity, admit=lambda prompt, reply: reply("bridge has 3 open questions; try later"))
+    wait_for(identity.entry_path.exists)
+    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    reply = json.loads(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
+    assert reply == {"type": "nack", "msg_id": QID,
+                     "error": "bridge has 3 open questions; try later"}
 
 
 def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # W14
@@ -153,9 +171,13 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
     admitted: list[str] = []
     release = threading.Event()
 
-    def admit(prompt: PromptEnvelope) -> None:
-        release.wait(5)
-        admitted.append(prompt.msg_id)
+    def admit(prompt: PromptEnvelope, reply: Any) -> None:
+        def later() -> None:
+            release.wait(5)
+            admitted.append(prompt.msg_id)
+            reply(None)
+
+        threading.Thread(target=later).start()
 
     start(identity, admit=admit)
     wait_for(identity.entry_path.exists)
@@ -176,7 +198,7 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
 def test_prompt_that_cannot_be_admitted_is_nacked_in_our_words(
     identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
 ) -> None:  # W14, X12: the cause goes to stderr once, never to the peer
-    def admit(prompt: PromptEnvelope) -> None:
+    def admit(prompt: PromptEnvelope, reply: Any) -> None:
         raise OSError("disk full")
 
     start(identity, admit=admit)

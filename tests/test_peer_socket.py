@@ -20,6 +20,7 @@ import pytest
 from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoint
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
 from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 from tests.fakes import FakeRef, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -104,9 +105,13 @@ def peer(coms_dir: Path) -> Running:
         coms_dir, "default", "user-remote", cwd="/work", pid=os.getpid(), now=datetime.now(UTC)
     )
     questions, supervisor = FakeRef("questions"), FakeRef("supervisor")
-    PeerActor.start(
-        supervisor=supervisor, identity=identity, questions=questions, queue_depth=lambda: 3
-    )
+
+    def admit(envelope: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+        questions.tell(NewQuestion(envelope, reply))  # recorded, and stored at once
+        reply(None)
+
+    PeerActor.start(supervisor=supervisor, identity=identity, questions=questions,
+                    admit=admit, depth=lambda reply: reply(3))
     wait_for(identity.entry_path.exists, what="registry entry")
     return Running(identity, questions, supervisor)
 
@@ -270,16 +275,15 @@ def test_pong_reports_the_last_depth_when_the_supervisor_does_not_answer(
     identity = resolve_identity(
         coms_dir, "default", "user-remote", cwd="/", pid=os.getpid(), now=datetime.now(UTC)
     )
-    answers: list[Callable[[], int]] = [lambda: 4]
+    answers = [4]
 
-    def depth() -> int:
+    def depth(reply: Callable[[int], None]) -> None:
         if answers:
-            return answers.pop()()
-        raise TimeoutError("supervisor busy")
+            reply(answers.pop())
+        # else: the Router is busy and never answers in time
 
-    PeerActor.start(
-        supervisor=FakeRef(), identity=identity, questions=FakeRef(), queue_depth=depth
-    )
+    PeerActor.start(supervisor=FakeRef(), identity=identity, questions=FakeRef(), depth=depth,
+                    heartbeat_s=3600)
     wait_for(identity.entry_path.exists)
     assert exchange(identity.endpoint, b'{"type":"ping","msg_id":"1"}\n') == pong("1", 4)
     assert exchange(identity.endpoint, b'{"type":"ping","msg_id":"2"}\n') == pong("2", 4)

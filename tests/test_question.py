@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ import pytest
 
 from coms_hermes_bridge.actors.base import Slot
 from coms_hermes_bridge.actors.dispatch import DEFAULT_THREADS
+from coms_hermes_bridge.actors.edge import shared_edge
 from coms_hermes_bridge.actors.question import QuestionActor
 from coms_hermes_bridge.actors.store import Store
-from coms_hermes_bridge.actors.timers import TimerService
 from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
     AnswerFileSeen,
@@ -362,13 +363,20 @@ def test_the_note_is_owed_in_the_closing_transaction(
     store.shutdown()
 
 
+def edge_passed(when: float) -> None:
+    """Returns once every edge timer due by the wall clock's `when` has fired (they fire
+    in order): a deterministic sync for "nothing fired", instead of a sleep."""
+    passed = threading.Event()
+    shared_edge().at(when, passed.set)
+    assert passed.wait(when - time.time() + 5), "the edge's timers stalled"
+
+
 def test_timer_fires_at_the_absolute_deadline_across_a_restart() -> None:
-    # C16, issue 14.2: one timer service; a restarted question keeps its deadline
-    clock = FakeClock()
-    timers = TimerService(clock)
+    # C16: a restarted question keeps its stored deadline; the first one's timer goes with it
+    deadline = time.time() + 1.0
     spec = QuestionSpec(
         qid=QID, prompt=PROMPT, parsed=parse_prompt(PROMPT), timeout_ms=100_000.0,
-        deadline=clock.now + 100, state="delivered",
+        deadline=deadline, state="delivered",
     )
     fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
                                       "watcher")}
@@ -376,22 +384,20 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart() -> None:
     def run(name: str) -> tuple[pykka.ActorRef[Any], Slot]:
         slot = Slot(name)
         ref = QuestionActor.start(spec=spec, me=slot, target="telegram", name=name,
-                                  now=lambda: NOW, clock=clock, timers=timers, **fakes)
+                                  now=lambda: NOW, **fakes)
         slot.bind(ref)
         return ref, slot
 
-    first, _ = run("question:x:1")
-    wait_for(lambda: len(timers) == 1, what="the first timer set")
-    clock.now += 60
+    first, first_slot = run("question:x:1")
+    first.ask(Delivered(QID))  # a turn after begin(): its timer is set
     first.stop()
-    assert len(timers) == 0  # released with the actor
     run("question:x:2")  # the restart: same stored deadline
-    wait_for(lambda: len(timers) == 1, what="the second timer set")
-    clock.now += 39.9
-    fakes["logger"].quiet(1.3)  # the service looks at the clock at least once a second
-    clock.now += 0.1
-    assert fakes["logger"].expect(LogEvent).record.event == "timeout"
+    assert fakes["logger"].expect(LogEvent, timeout=5).record.event == "timeout"
+    assert time.time() >= deadline  # not a moment before
     assert fakes["peer"].expect(SendResponse).error == "no remote answer within 100000ms"
+    edge_passed(deadline + 0.1)
+    assert first_slot.held == ()  # the stopped one's timer was cancelled: it told nobody
+    fakes["logger"].quiet(0.1)
 
 
 def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None:
@@ -400,7 +406,6 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
     store = Store.open(tmp_path / "state.sqlite3")
     fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
                                       "watcher")}
-    timers = TimerService()
     before = thread_count()
     slots = []
     for i in range(2000):
@@ -411,7 +416,7 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
         slot = Slot(qid)
         ref = QuestionActor.start(spec=spec, me=slot, target="telegram",
                                   name=f"question:x:{i}", store=store, now=lambda: NOW,
-                                  timers=timers, **fakes)
+                                  **fakes)
         slot.bind(ref)
         slots.append((qid, slot))
     for qid, slot in slots:
@@ -420,11 +425,10 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
     while delivered < 2000:
         if fakes["logger"].expect(LogEvent, timeout=30).record.event == "delivered":
             delivered += 1
-    assert len(timers) == 2000  # every question holds its own deadline
     assert sum(1 for _, slot in slots if slot.ref is not None and slot.ref.is_alive()) == 2000
     after = thread_count()
     assert after <= 40, after
-    assert after - before <= DEFAULT_THREADS + 1  # the pool and the timer thread, if new
+    assert after - before <= DEFAULT_THREADS + 1  # the pool and the edge's thread, if new
     store.shutdown()
 
 
@@ -432,33 +436,33 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
 
 
 def _reminded_rig(tmp_path: Any, *, reminded: bool = False, state: State = "delivered",
-                  remind_before_ms: float | None = 30_000) -> tuple[Rig, Store, TimerService,
-                                                                      FakeClock]:
+                  remind_before_ms: float | None = 30_000, remind_in_s: float = 0.5,
+                  left_s: float = 30.0) -> tuple[Rig, Store, float]:
+    """A 100 s question whose reminder (30 s before its deadline) is due in `remind_in_s`
+    by the wall clock, as the edge reads it; the question reads `left_s` left then."""
+    deadline = time.time() + remind_in_s + 30
     clock = FakeClock()
-    timers = TimerService(clock)
+    clock.now = deadline - left_s
     store = Store.open(tmp_path / "state.sqlite3")
     spec = QuestionSpec(qid=QID, prompt=PROMPT, parsed=parse_prompt(PROMPT),
-                        timeout_ms=100_000.0, deadline=clock.now + 100, state=state,
+                        timeout_ms=100_000.0, deadline=deadline, state=state,
                         reminded=reminded)
     store.put_open(spec, owner="question:x:1")
     fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
                                       "watcher")}
     slot = Slot("question")
     ref = QuestionActor.start(spec=spec, me=slot, target="telegram", name="question:x:1",
-                              store=store, now=lambda: NOW, clock=clock, timers=timers,
+                              store=store, now=lambda: NOW, clock=clock,
                               remind_before_ms=remind_before_ms, **fakes)
     slot.bind(ref)
-    return Rig(ref, slot, **fakes), store, timers, clock
+    return Rig(ref, slot, **fakes), store, deadline - 30
 
 
 def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(tmp_path: Any) -> None:
     # X9: at deadline - 30 s of a 100 s question: one note, stored as owed, marked on the row
-    rig, store, timers, clock = _reminded_rig(tmp_path)
-    wait_for(lambda: len(timers) == 2, what="the deadline and the reminder armed")
-    clock.now += 69.9
-    rig.delivery.quiet(1.3)  # the service looks at the clock at least once a second
-    clock.now += 0.1
-    note = rig.delivery.expect(SendText)
+    rig, store, due = _reminded_rig(tmp_path)
+    note = rig.delivery.expect(SendText, timeout=5)
+    assert time.time() >= due  # not a moment before
     assert (note.purpose, note.note_id) == ("remind_note", f"remind:{QID}")
     assert note.text == f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 30s left: Ship?"
     assert rig.events(1) == [("reminded", {"left_ms": 30_000})]
@@ -477,18 +481,18 @@ def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(tmp_path: 
 def test_no_reminder_when_decided_too_late_or_off(
     tmp_path: Any, reminded: bool, remind_before_ms: float | None
 ) -> None:  # X9: decided before a restart; as long as the question; off by default
-    rig, store, timers, _clock = _reminded_rig(
-        tmp_path, reminded=reminded, remind_before_ms=remind_before_ms)
+    rig, store, due = _reminded_rig(
+        tmp_path, reminded=reminded, remind_before_ms=remind_before_ms, remind_in_s=0.2)
+    edge_passed(due + 0.05)  # a reminder armed for `due` would have been told by now
     rig.slot.tell(RemindDue())  # a due all the same (a replay): nothing to remind of
     rig.slot.tell(CancelRequested())  # a turn after it, to sync on
     assert rig.delivery.expect(SendText).purpose == "cancel_note"  # the first and only note
-    assert len(timers) == 0  # no reminder was armed beside the deadline (now cancelled too)
     assert [n.purpose for n in store.owed_notes()] == ["cancel_note"]
     store.shutdown()
 
 
 def test_a_closed_question_is_not_reminded(tmp_path: Any) -> None:  # X9
-    rig, store, _timers, _clock = _reminded_rig(tmp_path)
+    rig, store, _due = _reminded_rig(tmp_path, remind_in_s=30)
     rig.slot.tell(answer("2"))
     assert rig.peer.expect(SendResponse).error is None
     rig.slot.tell(RemindDue())  # due in the same instant: the question is over
@@ -497,9 +501,8 @@ def test_a_closed_question_is_not_reminded(tmp_path: Any) -> None:  # X9
 
 
 def test_a_reminder_due_with_less_than_a_second_left_says_so(tmp_path: Any) -> None:  # X9
-    rig, store, timers, clock = _reminded_rig(tmp_path)
-    wait_for(lambda: len(timers) == 2, what="the deadline and the reminder armed")
-    clock.now += 99.6  # the daemon was down: the reminder's moment passed, not the deadline
+    # the daemon was down: the reminder's moment passed (it fires at once), not the deadline
+    rig, store, _due = _reminded_rig(tmp_path, remind_in_s=-1, left_s=0.4)
     note = rig.delivery.expect(SendText)
     assert note.text == f"⏰ [HUB-Q:{QID}] Still waiting for your answer, 0s left: Ship?"
     assert rig.events(1) == [("reminded", {"left_ms": 400})]
@@ -508,8 +511,7 @@ def test_a_reminder_due_with_less_than_a_second_left_says_so(tmp_path: Any) -> N
 
 def test_no_reminder_for_a_question_past_its_deadline(tmp_path: Any) -> None:  # X9, C17
     # the daemon was down past both moments: the question times out, it is not reminded
-    rig, store, _timers, clock = _reminded_rig(tmp_path)
-    clock.now += 150
+    rig, store, _due = _reminded_rig(tmp_path, remind_in_s=30, left_s=-50)
     rig.slot.tell(RemindDue())  # the overdue reminder's message comes first
     rig.slot.tell(TimedOut())
     assert rig.delivery.expect(SendText).purpose == "timeout_note"  # the first and only note

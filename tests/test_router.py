@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pykka
 import pytest
@@ -16,7 +17,6 @@ from fakes import FakeRef
 from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
-    AdmissionRefused,
     AnswerArrived,
     AnswerFileSeen,
     CancelQuestion,
@@ -55,6 +55,7 @@ from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 
 QIDS = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}" for c in "0123456789"]
 SIG = FileSignature(7, 80, 1)
+T = TypeVar("T")
 
 
 def prompt(qid: str, text: str = "Ship?") -> PromptEnvelope:
@@ -63,6 +64,32 @@ def prompt(qid: str, text: str = "Ship?") -> PromptEnvelope:
         sender_endpoint="/tmp/asker.sock", hops=0, timestamp="2026-11-30T12:00:00.000Z",
         prompt=text, sender_name="builder", sender_cwd="/work",
     )
+
+
+def _replied(ref: pykka.ActorRef[Any], message: Callable[[Callable[[T], None]], object]) -> T:
+    """Tell the Router `message(reply)` and wait (5 s) for the value it replies with,
+    on its own turn."""
+    got: list[T] = []
+    done = threading.Event()
+
+    def reply(value: T) -> None:
+        got.append(value)
+        done.set()
+
+    ref.tell(message(reply))
+    assert done.wait(5), "the router did not reply within 5 s"
+    assert len(got) == 1
+    return got[0]
+
+
+def admit(ref: pykka.ActorRef[Any], envelope: PromptEnvelope) -> str | None:
+    """NewQuestion's reply: None once it is stored (acked), else the nack's error."""
+    return _replied(ref, lambda reply: NewQuestion(envelope, reply))
+
+
+def depth(ref: pykka.ActorRef[Any]) -> int:
+    """QueueDepthQuery's reply; handled in turn, so also a sign all told before is read."""
+    return _replied(ref, lambda reply: QueueDepthQuery(reply))
 
 
 def answer_file(qid: str, text: str = "yes") -> bytes:
@@ -82,7 +109,7 @@ class Rig:
     logger: FakeRef
 
     def admit(self, qid: str) -> StartQuestion:
-        self.ref.ask(NewQuestion(prompt(qid)), timeout=5)
+        assert admit(self.ref, prompt(qid)) is None
         return self.questions.expect(StartQuestion)
 
     @property
@@ -148,15 +175,16 @@ def test_cancel_target() -> None:
 # -- admission -----------------------------------------------------------------------
 
 
-def test_a_prompt_is_stored_before_the_ask_returns_then_run_and_delivered(make: Any) -> None:
+def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Any) -> None:
     rig = make()
-    start = rig.admit(QIDS[0])
-    assert start.spec.qid == QIDS[0] and start.child == f"question:{QIDS[0]}:t.0.1"
+    assert admit(rig.ref, prompt(QIDS[0])) is None  # the ack: stored by then
     assert [s.qid for s in rig.store.load()[0]] == [QIDS[0]]
+    start = rig.questions.expect(StartQuestion)
+    assert start.spec.qid == QIDS[0] and start.child == f"question:{QIDS[0]}:t.0.1"
     assert rig.store.open_spec(QIDS[0], start.child) is not None  # owned by the child
     sent = rig.delivery.expect(SendText)
     assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", start.slot)
-    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 1
+    assert depth(rig.ref) == 1
 
 
 def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> None:
@@ -164,15 +192,13 @@ def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> N
     rig = make(max_open=3)
     for qid in QIDS[:3]:
         rig.admit(qid)
-    with pytest.raises(AdmissionRefused) as refused:
-        rig.ref.ask(NewQuestion(prompt(QIDS[3])), timeout=5)
-    assert str(refused.value) == "bridge has 3 open questions; try again later"
+    assert admit(rig.ref, prompt(QIDS[3])) == "bridge has 3 open questions; try again later"
     assert [s.qid for s in rig.store.load()[0]] == QIDS[:3]
     rig.questions.quiet(0.05)
-    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 3
+    assert depth(rig.ref) == 3
     assert rig.ref.is_alive()
     # its own asker's resend of an open question is acked, not refused (X2), nor stored again
-    rig.ref.ask(NewQuestion(prompt(QIDS[0])), timeout=5)
+    assert admit(rig.ref, prompt(QIDS[0])) is None
     rig.questions.quiet(0.05)
 
 
@@ -180,7 +206,7 @@ def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Any) -> N
     # C3
     rig = make()
     bad = prompt("not-a-ulid")
-    rig.ref.ask(NewQuestion(bad), timeout=5)
+    assert admit(rig.ref, bad) is None
     assert rig.peer.expect(SendResponse) == SendResponse(bad, None, INVALID_QID_ERROR)
     assert rig.store.load() == ([], [])
 
@@ -196,14 +222,14 @@ def test_an_answer_reaches_its_question_once(make: Any) -> None:
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)  # both handled
+    depth(rig.ref)  # both handled
     held = start.slot.held  # nobody runs the question here: the slot holds for it
     assert len(held) == 1 and isinstance(held[0], AnswerArrived) and held[0].answer.answer == "yes"
     rig.ref.tell(QuestionRestarted(QIDS[0], start.child))
     # the answer may have died with it: the watcher is asked for the file again
     assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    depth(rig.ref)
     assert len(start.slot.held) == 2
     rig.watcher.quiet(0)
 
@@ -266,7 +292,7 @@ def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: 
     start = rig.admit(QIDS[0])
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    depth(rig.ref)
     assert len(start.slot.held) == 1  # AnswerArrived
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # offered again
@@ -292,7 +318,7 @@ def test_cancel_goes_to_the_open_question_only(make: Any) -> None:
              "created_at": "2026-11-30T12:00:00.000Z", "ref_msg_id": ref}
         )
         rig.ref.tell(CancelQuestion(cancel))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    depth(rig.ref)
     assert start.slot.held == (CancelRequested(),)
 
 
@@ -300,9 +326,9 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(mak
     rig = make()
     start = rig.admit(QIDS[0])
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
-    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 1
+    assert depth(rig.ref) == 1
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
-    assert rig.ref.ask(QueueDepthQuery(), timeout=5) == 0
+    assert depth(rig.ref) == 0
     assert rig.router.closed == {QIDS[0]: "answered"}
 
 
@@ -383,7 +409,7 @@ def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
     assert len(_late_notes(rig, 3)) == 3
     for sig in versions[1:]:  # the two most recent: remembered
         rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)  # the router has read them
+    depth(rig.ref)  # the router has read them
     rig.delivery.quiet(0.1)
     assert len(rig.router._judged) == 2
 
@@ -455,15 +481,14 @@ def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Any) -> No
     rig = make(max_open_per_asker=2)
     rig.admit(QIDS[0])
     second = rig.admit(QIDS[1])
-    with pytest.raises(AdmissionRefused, match=r"^builder has 2 open questions; try again later$"):
-        rig.ref.ask(NewQuestion(prompt(QIDS[2])), timeout=5)
+    assert admit(rig.ref, prompt(QIDS[2])) == "builder has 2 open questions; try again later"
     assert [spec.qid for spec in rig.store.load()[0]] == QIDS[:2]  # nothing stored
     other = prompt(QIDS[3]).model_copy(update={"sender_name": "reviewer"})
-    rig.ref.ask(NewQuestion(other), timeout=5)
+    assert admit(rig.ref, other) is None
     assert rig.questions.expect(StartQuestion).spec.qid == QIDS[3]
-    rig.ref.ask(NewQuestion(prompt(QIDS[1])), timeout=5)  # its own resend: acked (X2)
+    assert admit(rig.ref, prompt(QIDS[1])) is None  # its own resend: acked (X2)
     rig.ref.tell(QuestionClosed(QIDS[1], "answered", second.child))
-    rig.ref.ask(NewQuestion(prompt(QIDS[4])), timeout=5)  # room again once one closed
+    assert admit(rig.ref, prompt(QIDS[4])) is None  # room again once one closed
     assert rig.questions.expect(StartQuestion).spec.qid == QIDS[4]
 
 
@@ -475,14 +500,14 @@ def test_an_answer_being_handled_when_all_questions_restart_is_offered_again(mak
     rig.admit(QIDS[1])
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    depth(rig.ref)
     assert isinstance(start.slot.held[0], AnswerArrived)
     rig.ref.tell(RestoreQuestions())
     assert rig.watcher.expect(OfferAgain) == OfferAgain(name)  # only the one being handled
     again = rig.questions.expect(StartQuestion)
     assert again.spec.qid == QIDS[0] and again.child != start.child
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.ask(QueueDepthQuery(), timeout=5)
+    depth(rig.ref)
     assert isinstance(again.slot.held[0], AnswerArrived)
     rig.watcher.quiet(0.05)
 

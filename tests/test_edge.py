@@ -1,0 +1,177 @@
+"""The I/O edge: one event loop in one thread, its timers and its processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coms_hermes_bridge.actors.edge import OUTPUT_TAIL, Edge, run_process
+from tests.fakes import wait_for
+
+
+@pytest.fixture
+def edge() -> Edge:
+    own = Edge("test-edge")
+    yield own  # type: ignore[misc]
+    own.close()
+
+
+def passed(edge: Edge, when: float) -> None:
+    """Every timer of `edge` due by the wall clock's `when` has fired (they fire in order)."""
+    done = threading.Event()
+    edge.at(when, done.set)
+    assert done.wait(when - time.time() + 5)
+
+
+def test_fires_at_the_wall_clock_moment_not_before(edge: Edge) -> None:
+    fired: list[float] = []
+    when = time.time() + 0.3
+    edge.at(when, lambda: fired.append(time.time()))
+    wait_for(lambda: fired, what="the timer fired")
+    assert fired[0] >= when
+
+
+def test_a_moment_already_past_fires_at_once(edge: Edge) -> None:
+    fired = threading.Event()
+    edge.at(time.time() - 5, fired.set)
+    assert fired.wait(1.0)
+
+
+def test_fires_in_deadline_order_whatever_the_order_set(edge: Edge) -> None:
+    order: list[str] = []
+    now = time.time()
+    for name, offset in [("c", 0.3), ("a", 0.1), ("b", 0.2), ("d", 0.4)]:
+        edge.at(now + offset, lambda name=name: order.append(name))
+    passed(edge, now + 0.5)
+    assert order == ["a", "b", "c", "d"]
+
+
+def test_an_earlier_deadline_set_later_fires_first(edge: Edge) -> None:
+    late = threading.Event()
+    early = threading.Event()
+    edge.after(3600, late.set)
+    edge.after(0.05, early.set)
+    assert early.wait(1.0)
+    assert not late.is_set()
+
+
+def test_cancel_from_any_thread_keeps_an_action_from_running(edge: Edge) -> None:
+    fired: list[int] = []
+    now = time.time()
+    timers = [edge.at(now + 0.2, lambda i=i: fired.append(i)) for i in range(10)]
+    for timer in timers[::2]:
+        timer.cancel()
+    timers[0].cancel()  # twice is harmless
+    passed(edge, now + 0.3)
+    assert sorted(fired) == [1, 3, 5, 7, 9]
+    timers[1].cancel()  # after it fired: nothing happens
+
+
+def test_the_schedule_shape_returns_a_cancel(edge: Edge) -> None:
+    fired = threading.Event()
+    cancel = edge.schedule(0.1, fired.set)
+    cancel()
+    passed(edge, time.time() + 0.2)
+    assert not fired.is_set()
+
+
+def test_ten_thousand_timers_one_thread(edge: Edge) -> None:
+    before = threading.active_count()
+    fired: list[int] = []
+    now = time.time()
+    timers = [edge.at(now + 1 + (i % 50) / 1000, lambda i=i: fired.append(i))
+              for i in range(10_000)]
+    assert threading.active_count() == before + 1  # the loop's thread, nothing per timer
+    for timer in timers[:9_000]:
+        timer.cancel()
+    assert not fired  # all set and 9,000 cancelled before the first was due
+    passed(edge, now + 1.1)
+    assert sorted(fired) == list(range(9_000, 10_000))
+
+
+def test_an_action_that_raises_does_not_stop_the_others(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    fired = threading.Event()
+
+    def bad() -> None:
+        raise RuntimeError("bad action")
+
+    edge.after(0.01, bad)
+    edge.after(0.02, fired.set)
+    assert fired.wait(1.0)
+    assert "coms-hermes-bridge: test-edge: a timer action failed: RuntimeError('bad action')" \
+        in capfd.readouterr().err
+
+
+def test_call_runs_on_the_loop_in_order(edge: Edge) -> None:
+    seen: list[tuple[int, bool]] = []
+    for i in range(100):
+        edge.call(lambda i=i: seen.append((i, edge.on_loop())))
+    passed(edge, time.time())
+    assert seen == [(i, True) for i in range(100)]
+
+
+# -- processes -----------------------------------------------------------------
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    path = tmp_path / "prog.py"
+    path.write_text(body)
+    return [sys.executable, str(path)]
+
+
+def test_a_process_exit_status_and_the_tails_of_its_streams(edge: Edge, tmp_path: Path) -> None:
+    argv = _script(tmp_path, "import sys\nsys.stdout.write('o' * 100000 + 'END')\n"
+                             "sys.stderr.write('why')\nsys.exit(3)\n")
+    result = edge.spawn(run_process(argv, 10)).result(15)
+    assert result.returncode == 3
+    assert result.stdout == ("o" * 100000 + "END")[-OUTPUT_TAIL:]
+    assert result.stderr == "why"
+
+
+def test_a_process_past_its_timeout_is_killed_with_its_group(edge: Edge, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    argv = _script(tmp_path, "import os, subprocess, sys, time\n"
+                             "child = subprocess.Popen([sys.executable, '-c', "
+                             "'import time; time.sleep(60)'])\n"
+                             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                             "time.sleep(60)\n")
+    began = time.monotonic()
+    result = edge.spawn(run_process(argv, 0.5)).result(15)
+    assert result.returncode is None
+    assert time.monotonic() - began < 5
+    child, grandchild = (int(pid) for pid in pids.read_text().split())
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return status == "Z"  # killed, waiting for its parent (init) to collect it
+
+    wait_for(lambda: gone(grandchild), what="the grandchild killed with the group")
+    assert gone(child)
+
+
+def test_pipes_a_grandchild_holds_are_not_waited_on(edge: Edge, tmp_path: Path) -> None:
+    # the exit decides: a daemonised grandchild keeping stdout open does not hold the send
+    argv = _script(tmp_path, "import os, subprocess, sys, time\n"
+                             "subprocess.Popen([sys.executable, '-c', "
+                             "'import time; time.sleep(30)'], start_new_session=True)\n"
+                             "print('sent')\n")
+    began = time.monotonic()
+    result = edge.spawn(run_process(argv, 20)).result(25)
+    assert result.returncode == 0
+    assert time.monotonic() - began < 10
+
+
+def test_a_program_that_cannot_start_raises(edge: Edge, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        edge.spawn(run_process([str(tmp_path / "missing")], 5)).result(5)
