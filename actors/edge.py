@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -88,9 +90,17 @@ class Edge:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # Calls from other threads, run in one wake-up of the loop: a burst of them
+        # (a thousand answers' responses) costs one write to the loop's pipe, not one each.
+        self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._waking = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        return loop if loop is not None else self._start()
+
+    def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = _BootLoop()
@@ -111,12 +121,27 @@ class Edge:
         loop.run_forever()
 
     def call(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run `fn(*args)` on the loop, soon; from the loop itself in order with other calls."""
+        """Run `fn(*args)` on the loop, soon, in the order the calls were made."""
         loop = self.loop
         if self.on_loop():
             loop.call_soon(fn, *args)
-        else:
-            loop.call_soon_threadsafe(fn, *args)
+            return
+        with self._lock:
+            self._calls.append((fn, args))
+            if self._waking:
+                return
+            self._waking = True
+        loop.call_soon_threadsafe(self._run_calls)
+
+    def _run_calls(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, deque()
+            self._waking = False
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception as exc:  # one bad call must not keep the others from running
+                report(f"{self.name}: a call failed: {exc!r}")
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run a coroutine on the loop; its future may be waited on by a non-actor thread."""
@@ -132,9 +157,12 @@ class Edge:
             if not timer._cancelled:
                 guarded()
 
+        loop = self.loop
+        due = loop.time() + delay  # from now, however long the loop takes to arm it
+
         def arm() -> None:
             if not timer._cancelled:
-                timer._handle = self.loop.call_later(max(delay, 0.0), fire)
+                timer._handle = loop.call_at(due, fire)
 
         self.call(arm)
         return timer
@@ -177,7 +205,8 @@ async def awaited(send: Callable[[Callable[[T], None]], None], timeout: float) -
             loop.call_soon_threadsafe(settle, value)
 
     send(reply)
-    return await asyncio.wait_for(future, timeout)
+    async with asyncio.timeout(timeout):
+        return await future
 
 
 def _loop_fault(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -213,21 +242,19 @@ async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
     with its group.
     """
     loop = asyncio.get_running_loop()
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    spawned: asyncio.Future[subprocess.Popen[bytes]] = loop.run_in_executor(
+        _spawner(), functools.partial(_popen, argv))
+    try:
+        proc = await asyncio.shield(spawned)
+    except asyncio.CancelledError:  # given up while it started: it must not run on
+        spawned.add_done_callback(_kill_spawned)
+        raise
     tails: dict[int, bytearray] = {}
     pidfd = -1
-    exited = loop.create_future()
+    exited = asyncio.Event()
     try:
         pidfd = os.pidfd_open(proc.pid)
-
-        def on_exit() -> None:
-            if not exited.done():
-                exited.set_result(None)
-
-        loop.add_reader(pidfd, on_exit)
+        loop.add_reader(pidfd, exited.set)
         for pipe in (proc.stdout, proc.stderr):
             assert pipe is not None
             fd = pipe.fileno()
@@ -235,14 +262,16 @@ async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
             tails[fd] = bytearray()
             loop.add_reader(fd, _drain, loop, fd, tails[fd], 1)
         try:
-            await asyncio.wait_for(asyncio.shield(exited), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await exited.wait()
         except TimeoutError:
             kill_group(proc.pid)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(exited, _REAP_S)  # gone at once, unless stuck in the kernel
+                async with asyncio.timeout(_REAP_S):  # gone at once, unless stuck in the kernel
+                    await exited.wait()
             return ProcessResult(None, "", "")
         finally:
-            if proc.poll() is None and exited.done():
+            if proc.poll() is None and exited.is_set():
                 proc.wait()  # it exited: collecting its status does not wait
         for fd, tail in tails.items():
             _drain(loop, fd, tail, 64)  # what is in the pipes already; never wait for more
@@ -258,6 +287,35 @@ async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
                 loop.remove_reader(fd)
         if pidfd >= 0:
             os.close(pidfd)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+_SPAWNER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _popen(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that starts processes. Starting one (fork, exec, and waiting
+    until exec succeeded) blocks for a millisecond or more; on the loop's thread
+    that would stall every socket meanwhile."""
+    global _SPAWNER
+    with _SHARED_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
+        return _SPAWNER
+
+
+def _kill_spawned(spawned: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    if not spawned.cancelled() and spawned.exception() is None:
+        proc = spawned.result()
+        kill_group(proc.pid)
+        proc.wait()
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()

@@ -47,7 +47,7 @@ from .base import (
     utc_now,
 )
 from .store import Store
-from .supervisor import Backoff, Intensity, Schedule, timer_schedule
+from .supervisor import GiveUp, RestartPolicy, Schedule, timer_schedule
 
 FAILED_PREFIX = "bridge failed on this question"
 # A question's error, as the asker reads it, is kept to a readable size.
@@ -70,7 +70,6 @@ class Running:
 
     spec: QuestionSpec
     slot: Slot
-    intensity: Intensity
 
 
 class QuestionSupervisor(PooledService):
@@ -102,14 +101,9 @@ class QuestionSupervisor(PooledService):
         self.start_question = start_question
         self.me: Address = me if me is not None else self.actor_ref
         self.first_start = first_start
-        self.max_restarts = max_restarts
-        self.window_s = window_s
-        self.clock = clock
-        self.schedule = schedule
         self.now = now
-        self.backoff = Backoff(clock)
+        self.policy = RestartPolicy(max_restarts, window_s, clock, schedule, per_child=True)
         self.running: dict[str, Running] = {}
-        self._pending: dict[str, Callable[[], None]] = {}
 
     # -- life ---------------------------------------------------------------
 
@@ -119,9 +113,7 @@ class QuestionSupervisor(PooledService):
             self.router.tell(RestoreQuestions())
 
     def release(self) -> None:
-        for cancel in self._pending.values():
-            cancel()
-        self._pending.clear()
+        self.policy.cancel_all()
         for child in list(self.running):
             self._stop_question(child)
 
@@ -142,26 +134,19 @@ class QuestionSupervisor(PooledService):
     def on_receive(self, message: Any) -> None:
         match message:
             case StartQuestion(spec=spec, child=child, slot=slot):
-                intensity = Intensity(self.max_restarts, self.window_s, self.clock)
-                self.running[child] = Running(spec, slot, intensity)
+                self.running[child] = Running(spec, slot)
                 self._spawn(child, spec, ())
             case QuestionClosed(child=child):
-                running = self.running.pop(child, None)
-                self.backoff.forget(child)
-                cancel = self._pending.pop(child, None)
-                if cancel is not None:
-                    cancel()
-                del running
+                self.running.pop(child, None)
+                self.policy.forget(child)
             case ResetQuestions():
-                for cancel in self._pending.values():
-                    cancel()
-                self._pending.clear()
+                self.policy.cancel_all()
                 for child in list(self.running):
                     self._stop_question(child)
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
                 self._failed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
-                self._pending.pop(child, None)
+                self.policy.restarting(child)
                 self._restart(child, unread)
             case _:
                 raise UnknownMessage(self.child_name, message)
@@ -179,22 +164,12 @@ class QuestionSupervisor(PooledService):
         running = self.running.get(child)
         if running is None:
             return  # closed or replaced meanwhile: nothing to restart
-        if shortage:
-            delay, fresh = self.backoff.next(child)
-            if fresh:
-                report(
-                    f"{child} ran short of a resource ({error}); retrying with backoff", "warning"
-                )
-            me = self.me
-            self._pending[child] = self.schedule(
-                delay, lambda: me.tell(RestartChild(child, unread))
-            )
-            return
-        if not running.intensity.allow():
-            self._give_up(child, running, error)
-            return
-        report(f"{child} crashed ({error}); restarting it", "warning")
-        self._restart(child, unread)
+        verdict = self.policy.crashed(child, error, unread, shortage, self.me,
+                                      who=f"question {running.spec.qid}")
+        if isinstance(verdict, GiveUp):
+            self._give_up(child, running, verdict.verdict, error)
+        elif verdict == "now":
+            self._restart(child, unread)
 
     def _restart(self, child: str, unread: tuple[Any, ...]) -> None:
         running = self.running.get(child)
@@ -211,7 +186,7 @@ class QuestionSupervisor(PooledService):
         self.router.tell(QuestionRestarted(spec.qid, child))
         self._spawn(child, spec, unread)
 
-    def _give_up(self, child: str, running: Running, error: str) -> None:
+    def _give_up(self, child: str, running: Running, verdict: str, error: str) -> None:
         """A poison question: closed with an error for its asker, never restored."""
         spec = running.spec
         self._stop_question(child)
@@ -221,11 +196,7 @@ class QuestionSupervisor(PooledService):
         except Exception as exc:  # the asker is still told; the next start may retry it
             report(f"could not record question {spec.qid} as failed: {exc!r}")
             owned = True
-        report(
-            f"question {spec.qid} crashed {running.intensity.recent} times within "
-            f"{self.window_s:g}s; closed it with an error ({error})",
-            "error",
-        )
+        report(f"{verdict}; closed it with an error ({error})", "error")
         self.router.tell(QuestionClosed(spec.qid, None, child))
         if not owned:
             return  # replaced meanwhile: its successor answers for the qid

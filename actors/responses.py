@@ -181,13 +181,47 @@ class ResponsePool:
             task.cancel()
 
 
+class _Exchange(asyncio.Protocol):
+    """The line written once connected; the reply read up to its first newline."""
+
+    def __init__(self, line: bytes, reply: asyncio.Future[bytes]) -> None:
+        self.line = line
+        self.reply = reply
+        self.received = bytearray()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(self.line)
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+        if b"\n" in data or len(self.received) > MAX_REPLY:
+            self.eof_received()
+
+    def eof_received(self) -> bool:
+        if not self.reply.done():
+            self.reply.set_result(bytes(self.received))
+        if self.transport is not None:
+            self.transport.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.reply.done():
+            if exc is None:
+                self.reply.set_result(bytes(self.received))
+            else:
+                self.reply.set_exception(exc)
+
+
 async def _exchange(endpoint: str, line: bytes) -> Outcome:
     """Connect (a full backlog is tried again every CONNECT_RETRY_S), write the line,
     read the reply up to its first newline (at most MAX_REPLY bytes) and judge it."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK |
                          socket.SOCK_CLOEXEC)
-    with sock:
+    try:
         while True:
             try:
                 sock.connect(endpoint)
@@ -196,13 +230,15 @@ async def _exchange(endpoint: str, line: bytes) -> Outcome:
                 await asyncio.sleep(CONNECT_RETRY_S)
             except ValueError as exc:  # a path too long for a socket address, say
                 raise OSError(errno.ENAMETOOLONG, str(exc)) from None
-        await loop.sock_sendall(sock, line)
-        reply = bytearray()
-        while True:
-            chunk = await loop.sock_recv(sock, 4096)
-            reply += chunk
-            if not chunk or b"\n" in chunk or len(reply) > MAX_REPLY:
-                return judge_reply(bytes(reply))
+    except BaseException:
+        sock.close()
+        raise
+    reply: asyncio.Future[bytes] = loop.create_future()
+    transport, _ = await loop.create_unix_connection(lambda: _Exchange(line, reply), sock=sock)
+    try:
+        return judge_reply(await reply)
+    finally:
+        transport.abort()  # at once, whatever is left: the exchange is over
 
 
 _SHARED: ResponsePool | None = None

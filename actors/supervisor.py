@@ -140,6 +140,74 @@ class Backoff:
         self._state.pop(child, None)
 
 
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Past the intensity: the child is not restarted; `verdict` says who crashed how often."""
+
+    verdict: str
+
+
+class RestartPolicy:
+    """The one restart decision both supervisors make, and the restarts it put off.
+
+    A crash from a resource shortage comes back after a backoff (reported once
+    per episode) and is not counted; any other crash counts toward an
+    intensity (one over all children for the root, one per child for the
+    question supervisor) and comes back at once, or never past its bound. A
+    restart put off is a RestartChild told to the supervisor later, never a
+    sleep in its turn.
+    """
+
+    def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float],
+                 schedule: Schedule, *, per_child: bool) -> None:
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.clock = clock
+        self.schedule = schedule
+        self.backoff = Backoff(clock)
+        self._shared = None if per_child else Intensity(max_restarts, window_s, clock)
+        self._each: dict[str, Intensity] = {}
+        self._pending: dict[str, Callable[[], None]] = {}
+
+    def crashed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool,
+                me: Address, who: str | None = None) -> Literal["now", "later"] | GiveUp:
+        """Restart `child` "now", or GiveUp: never. A shortage's restart is "later":
+        RestartChild(child, unread) comes to `me` after the backoff. `who` names the
+        child in the verdict, if not by its name."""
+        if shortage:
+            delay, fresh = self.backoff.next(child)
+            if fresh:
+                report(f"{child} ran short of a resource ({error}); restarting it with backoff "
+                       f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s", "warning")
+            self._pending[child] = self.schedule(
+                delay, lambda: me.tell(RestartChild(child, unread)))
+            return "later"
+        self.backoff.forget(child)
+        intensity = self._shared or self._each.setdefault(
+            child, Intensity(self.max_restarts, self.window_s, self.clock))
+        if not intensity.allow(who or child):
+            return GiveUp(intensity.verdict())
+        report(f"{child} crashed ({error}); restarting it", "warning")
+        return "now"
+
+    def restarting(self, child: str) -> None:
+        """The put-off restart of `child` is here."""
+        self._pending.pop(child, None)
+
+    def forget(self, child: str) -> None:
+        """`child` is gone for good: its history and any restart put off with it."""
+        self.backoff.forget(child)
+        self._each.pop(child, None)
+        cancel = self._pending.pop(child, None)
+        if cancel is not None:
+            cancel()
+
+    def cancel_all(self) -> None:
+        for cancel in self._pending.values():
+            cancel()
+        self._pending.clear()
+
+
 class RootSupervisor(pykka.ThreadingActor):
     """one_for_one over child specs; the only business it knows is how to start them."""
 
@@ -159,11 +227,8 @@ class RootSupervisor(pykka.ThreadingActor):
         self.specs = {spec.id: spec for spec in specs}
         self.order = [spec.id for spec in specs]
         self.on_fatal = on_fatal
-        self.intensity = Intensity(max_restarts, window_s, clock)
-        self.backoff = Backoff(clock)
-        self.schedule = schedule
+        self.policy = RestartPolicy(max_restarts, window_s, clock, schedule, per_child=False)
         self.incarnations: dict[str, int] = {}
-        self._pending: dict[str, Callable[[], None]] = {}
         self._failed = False
         self._stopping = False
 
@@ -175,9 +240,7 @@ class RootSupervisor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._stopping = True
-        for cancel in self._pending.values():
-            cancel()
-        self._pending.clear()
+        self.policy.cancel_all()
         for child in reversed(self.order):
             spec = self.specs[child]
             ref = spec.slot.ref
@@ -203,7 +266,7 @@ class RootSupervisor(pykka.ThreadingActor):
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
                 self._child_failed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
-                self._pending.pop(child, None)
+                self.policy.restarting(child)
                 if not self._stopping and not self._failed:
                     self._start(child, unread)
             case _:
@@ -220,27 +283,11 @@ class RootSupervisor(pykka.ThreadingActor):
             report(f"{child} crashed ({error}); not restarted", "warning")
             spec.slot.retire()
             return
-        if shortage:
-            self._later(child, error, unread)
-            return
-        self.backoff.forget(child)
-        if not self.intensity.allow(child):
-            self._fatal(f"{self.intensity.verdict()}; last error: {error}")
-            return
-        report(f"{child} crashed ({error}); restarting it", "warning")
-        self._start(child, unread)
-
-    def _later(self, child: str, error: str, unread: tuple[Any, ...]) -> None:
-        """A shortage: restart after a backoff delay, as a message to ourselves."""
-        delay, fresh = self.backoff.next(child)
-        if fresh:
-            report(
-                f"{child} ran short of a resource ({error}); restarting it with backoff "
-                f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s",
-                "warning",
-            )
-        me = self.actor_ref
-        self._pending[child] = self.schedule(delay, lambda: me.tell(RestartChild(child, unread)))
+        verdict = self.policy.crashed(child, error, unread, shortage, self.actor_ref)
+        if isinstance(verdict, GiveUp):
+            self._fatal(f"{verdict.verdict}; last error: {error}")
+        elif verdict == "now":
+            self._start(child, unread)
 
     def _start(self, child: str, unread: tuple[Any, ...]) -> None:
         spec = self.specs[child]

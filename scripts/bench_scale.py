@@ -23,9 +23,13 @@ threads, CPU) are read from /proc for the pid in the registry entry, i.e. the
 daemon itself even when the command is a launcher. Thread count is the
 highest seen by a 10 Hz sampler over the run.
 
+`--asker threads` answers the responses with a thread per connection and a
+listen backlog of 256 instead of one fast accept loop (see `Asker`).
+
 Usage:
   .venv/bin/python scripts/bench_scale.py --sizes 100,1000 [--clients 16]
-      [--seq 200] [--repeat 3] [--compare "tsx /path/to/other-bridge.ts"]
+      [--seq 200] [--repeat 3] [--asker fast|threads]
+      [--compare "tsx /path/to/other-bridge.ts"]
 """
 
 from __future__ import annotations
@@ -60,16 +64,24 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class Asker:
-    """Receives the responses: one accept loop, a deep backlog, arrival times by qid."""
+    """Receives the responses and records arrival times by qid.
 
-    def __init__(self, directory: Path) -> None:
+    `threaded=False`: one accept loop answering each connection in turn, with
+    a deep backlog (4096): the fastest an asker can be. `threaded=True`: a
+    thread per accepted connection and a listen backlog of 256, as a peer
+    written that way would be: its backlog fills when many responses come at
+    once, and the sender must wait for room.
+    """
+
+    def __init__(self, directory: Path, threaded: bool = False) -> None:
         self.endpoint = str(directory / "asker.sock")
         self.arrivals: dict[str, float] = {}
         self.errors: dict[str, Any] = {}
+        self.threaded = threaded
         self._lock = threading.Lock()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.endpoint)
-        self._server.listen(4096)
+        self._server.listen(256 if threaded else 4096)
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -79,19 +91,25 @@ class Asker:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            with conn:
-                try:
-                    buf = read_line(conn)
-                    env = json.loads(buf.split(b"\n", 1)[0])
-                    reply = {"type": "ack", "msg_id": env.get("msg_id")}
-                    conn.sendall(json.dumps(reply).encode() + b"\n")
-                except (OSError, ValueError):
-                    continue
-            with self._lock:
-                qid = str(env.get("msg_id", ""))
-                self.arrivals.setdefault(qid, time.perf_counter())
-                if env.get("error") is not None:
-                    self.errors[qid] = env["error"]
+            if self.threaded:
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+            else:
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                buf = read_line(conn)
+                env = json.loads(buf.split(b"\n", 1)[0])
+                reply = {"type": "ack", "msg_id": env.get("msg_id")}
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+            except (OSError, ValueError):
+                return
+        with self._lock:
+            qid = str(env.get("msg_id", ""))
+            self.arrivals.setdefault(qid, time.perf_counter())
+            if env.get("error") is not None:
+                self.errors[qid] = env["error"]
 
     def count(self) -> int:
         with self._lock:
@@ -216,14 +234,14 @@ def ask(endpoint: str, asker: Asker, qid: str, i: int) -> float:
     return took
 
 
-def run_once(command: str, n: int, clients: int, seq: int) -> dict[str, float]:
+def run_once(command: str, n: int, clients: int, seq: int, threaded: bool) -> dict[str, float]:
     """One daemon through the whole scenario; its figures by name."""
     base = Path(tempfile.mkdtemp(prefix="bsc", dir="/tmp"))
     home, coms, bindir = base / "h", base / "c", base / "bin"
     for d in (home, coms, bindir):
         d.mkdir()
     os.symlink(shutil.which("true") or "/bin/true", bindir / "hermes")  # the fast fake hermes
-    asker = Asker(base)
+    asker = Asker(base, threaded)
     env = {k: v for k, v in os.environ.items() if k != "PI_COMS_TIMEOUT_MS"}
     env.update(HOME=str(home), PI_COMS_DIR=str(coms), PYTHONPATH=str(ROOT),
                PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}")
@@ -362,12 +380,16 @@ def main() -> int:
     parser.add_argument("--ours", default=OURS, help="our bridge command")
     parser.add_argument("--compare", metavar="CMD", help="another bridge command, interleaved")
     parser.add_argument("--json", metavar="FILE", help="also write every run's figures here")
+    parser.add_argument("--asker", choices=("fast", "threads"), default="fast",
+                        help="the asker receiving responses: one accept loop (fast) or a "
+                             "thread per connection with a backlog of 256 (default fast)")
     args = parser.parse_args()
     sizes = [int(s.replace(",", "").replace("_", "")) for s in args.sizes.split(",") if s]
     record: dict[str, Any] = {"ours": args.ours, "compare": args.compare, "runs": []}
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-          f"{os.cpu_count()} CPUs; clients {args.clients}, seq {args.seq}", flush=True)
+          f"{os.cpu_count()} CPUs; clients {args.clients}, seq {args.seq}, "
+          f"asker {args.asker}", flush=True)
     for n in sizes:
         ours_runs: list[dict[str, float]] = []
         their_runs: list[dict[str, float]] = []
@@ -377,7 +399,7 @@ def main() -> int:
                 theirs = ("theirs", args.compare, their_runs)
                 order = [*order, theirs] if r % 2 == 0 else [theirs, *order]
             for name, command, runs in order:
-                figures = run_once(command, n, args.clients, args.seq)
+                figures = run_once(command, n, args.clients, args.seq, args.asker == "threads")
                 runs.append(figures)
                 record["runs"].append({"n": n, "who": name, **figures})
                 print(f"  N={n} run {r + 1} {name}: " + ", ".join(

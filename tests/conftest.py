@@ -27,6 +27,7 @@ def _forget_shared_services() -> None:
     dispatch._SHARED = None
     edge._SHARED_LOCK = threading.Lock()
     edge._SHARED = None
+    edge._SPAWNER = None
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)

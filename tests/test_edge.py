@@ -175,3 +175,30 @@ def test_pipes_a_grandchild_holds_are_not_waited_on(edge: Edge, tmp_path: Path) 
 def test_a_program_that_cannot_start_raises(edge: Edge, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         edge.spawn(run_process([str(tmp_path / "missing")], 5)).result(5)
+
+
+def test_a_call_that_raises_does_not_keep_the_others_from_running(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[int] = []
+
+    def bad() -> None:
+        raise RuntimeError("bad call")
+
+    edge.call(seen.append, 1)
+    edge.call(bad)
+    edge.call(seen.append, 2)
+    passed(edge, time.time())
+    assert seen == [1, 2]
+    assert "coms-hermes-bridge: test-edge: a call failed: RuntimeError('bad call')" \
+        in capfd.readouterr().err
+
+
+def test_a_timer_set_while_the_loop_is_busy_counts_from_when_it_was_set(edge: Edge) -> None:
+    # the delay runs from the call, not from whenever the loop gets to arm it
+    edge.call(time.sleep, 1.0)  # the loop is busy for a second
+    began = time.time()
+    fired: list[float] = []
+    edge.after(0.5, lambda: fired.append(time.time()))
+    wait_for(lambda: fired, what="the timer fired")
+    assert 0.9 <= fired[0] - began < 1.4  # as soon as the loop was free, not 0.5 s later
