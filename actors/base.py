@@ -327,12 +327,12 @@ class PooledChild(Supervised, PooledActor):
 
 
 class PooledService(PooledChild):
-    """A long-lived supervised actor on the shared dispatcher (Logger, Router,
+    """A long-lived supervised actor on the shared dispatcher (Logger, Delivery, Router,
     QuestionSupervisor, Watcher, Peer).
 
     Its turns must not wait for long: what waits on another process (a
-    connection, inotify, hermes) is in a helper thread, and what is left (a
-    store write, a file of at most 64 KiB, a log append, the registry entry
-    written every 30 s) is short and local. At a stop or a crash its `release`
-    may join a helper thread for up to a second.
+    connection, inotify, hermes, a deadline) waits on the I/O edge
+    (actors/edge.py), and what is left (a store write, a file of at most
+    64 KiB, a log append, the registry entry written every 30 s) is short and
+    local.
     """

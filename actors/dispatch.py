@@ -1,25 +1,33 @@
-"""Many actors, few threads: a pykka actor whose turns run on a shared pool.
+"""Many actors, no thread each: a pykka actor whose turns run on the I/O edge's loop.
 
 A `PooledActor` is a pykka actor in every way its callers can see: it has its
 own mailbox, its own state, an `ActorRef` for `tell`/`ask`/`stop`, a place in
 the `ActorRegistry`, and `on_start`/`on_stop`/`on_failure` with the meaning
 they have for `pykka.ThreadingActor`. What differs is where its code runs.
 A ThreadingActor owns an OS thread that blocks on its mailbox; with thousands
-of open questions that is thousands of sleeping threads, and waking one gets
-slower as they pile up. A PooledActor's mailbox instead asks a `Dispatcher`
-(worker threads shared by many actors, as Akka's dispatchers are; the
-daemon's has one, see DEFAULT_THREADS) to
-run the actor for one turn whenever it holds a message and is not already
-scheduled. A turn handles up to `throughput` messages, in mailbox order, and
-gives the thread back, so a busy actor cannot starve the others.
+of open questions that is thousands of sleeping threads. A PooledActor's
+mailbox instead asks its `Dispatcher` to run the actor for one turn whenever
+it holds a message and is not already scheduled, as Akka's dispatchers do. A
+turn handles up to `throughput` messages, in mailbox order, and gives the
+thread back, so a busy actor cannot starve the others.
+
+The turns run on the event loop of the I/O edge (actors/edge.py), between
+its socket and timer callbacks: one thread for the actors and the I/O. Measured
+against a dispatcher thread of its own beside the loop (docs/architecture.md,
+"The I/O edge"): 0.81x the CPU per question and 0.84x the time for 1,000
+answers, because two busy threads hand CPython's interpreter lock to each other
+at nearly every step. The price is that a turn that blocks holds up the
+sockets too; what a turn may block on is short and local (a SQLite write,
+a file of at most 64 KiB, one log append).
 
 The guarantees are the ones an actor needs: one turn at a time per actor
-(the mailbox is in the pool's ready queue, or being run, at most once), its
-messages handled in the order they were put, `on_start` before the first
-message, and after a failure or a stop nothing more of its code runs; what
-was still in its mailbox stays readable there (`actor_inbox.empty()/get()`),
-so a supervised actor can hand it over from `on_failure`, as it does on a
-thread of its own. Turns must not block for long: they share the pool.
+(the mailbox is scheduled, or being run, at most once), its messages handled
+in the order they were put, `on_start` before the first message, and after a
+failure or a stop nothing more of its code runs; what was still in its
+mailbox stays readable there (`actor_inbox.empty()/get()`), so a supervised
+actor can hand it over from `on_failure`, as it does on a thread of its own.
+A turn must never wait for another pooled actor (an ask, a blocking stop):
+that actor's turn would run on this same thread, after this one.
 
 pykka internals relied on (pinned in setup.cfg, exercised by
 tests/test_dispatch.py): the `ActorInbox` protocol (`put`, `get`, `empty`);
@@ -39,76 +47,40 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 from pykka import ActorRegistry, ThreadingFuture
 
+from .edge import Edge, report, shared_edge
+
 if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-__all__ = ["DEFAULT_THREADS", "Dispatcher", "PooledActor", "shared_dispatcher"]
+__all__ = ["Dispatcher", "PooledActor", "shared_dispatcher"]
 
-# One thread runs every pooled actor's turns. CPython runs one thread's Python
-# at a time, so more threads add no throughput here; they added contention: each
-# blocking call handed the interpreter lock to another thread and back, two
-# context switches a time. With one, a message to an actor whose turn comes
-# next costs an append, not a thread wake-up (docs/architecture.md, figures).
-DEFAULT_THREADS = 1
 DEFAULT_THROUGHPUT = 8
 
 
 class Dispatcher:
-    """A fixed set of worker threads running actor turns from one ready queue.
+    """Runs actor turns on an edge's loop, in the order the actors became ready.
 
-    Threads start on first use and are daemon threads, as the actors' own
-    threads are: a wedged turn must not keep the process from exiting. The
-    ready queue holds at most one entry per actor, so it is bounded by the
-    number of live actors. Turns run in the order actors became ready: an
-    actor that was just told something waits for the others' turns, and its
-    mail piles up meanwhile, so its next turn handles several messages at
-    once (the Logger writes them in one batch, say). Serving the long-lived
-    actors first was tried and undone: each then ran for one message at a
-    time, and the answers took 70 % longer.
+    An actor that was just told something waits for the others' turns, and its
+    mail piles up meanwhile, so its next turn handles several messages at once
+    (the Logger writes them in one batch, say). Serving the long-lived actors
+    first was tried and undone: each then ran for one message at a time, and
+    the answers took 70 % longer.
     """
 
-    def __init__(self, threads: int = DEFAULT_THREADS, name: str = "dispatch") -> None:
-        if threads < 1:
-            raise ValueError("a dispatcher needs at least one thread")
-        self.size = threads
+    def __init__(self, edge: Edge | None = None, name: str = "actors") -> None:
+        self.edge = edge or shared_edge()
         self.name = name
-        self._ready: deque[PoolInbox] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._threads: list[threading.Thread] = []
 
     def submit(self, inbox: PoolInbox) -> None:
         """Queue one turn for the actor behind `inbox` (its caller made sure it is not queued)."""
-        with self._cond:
-            if not self._threads:
-                self._start_threads()
-            self._ready.append(inbox)
-            self._cond.notify()
+        self.edge.call(self._turn, inbox)
 
-    def _start_threads(self) -> None:
-        for i in range(self.size):
-            thread = threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._ready:
-                    self._cond.wait()
-                inbox = self._ready.popleft()
-            try:
-                inbox.run_turn()
-            except BaseException as exc:  # a bug in the turn machinery itself; keep the worker
-                from .base import report  # base imports this module
-
-                report(f"{self.name}: a turn failed outside its actor: {exc!r}")
-
-    @property
-    def threads(self) -> int:
-        """How many worker threads are running (0 until first use)."""
-        with self._cond:
-            return len(self._threads)
+    def _turn(self, inbox: PoolInbox) -> None:
+        try:
+            inbox.run_turn()
+        except BaseException as exc:  # a bug in the turn machinery itself; keep the loop
+            report(f"{self.name}: a turn failed outside its actor: {exc!r}")
 
 
 _SHARED: Dispatcher | None = None
@@ -116,11 +88,11 @@ _SHARED_LOCK = threading.Lock()
 
 
 def shared_dispatcher() -> Dispatcher:
-    """The process's default pool, made on first use."""
+    """The process's default dispatcher, on the process's edge, made on first use."""
     global _SHARED
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = Dispatcher(DEFAULT_THREADS, "actors")
+            _SHARED = Dispatcher()
         return _SHARED
 
 

@@ -33,8 +33,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .base import report
-
 __all__ = ["Edge", "ProcessResult", "Timer", "awaited", "run_process", "shared_edge"]
 
 T = TypeVar("T")
@@ -50,6 +48,14 @@ class _BootLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def report(message: str) -> None:
+    """base.report, imported when first needed: base imports the dispatcher, which runs
+    its turns here."""
+    from .base import report as say
+
+    say(message)
 
 
 def _guarded(action: Callable[[], None], what: str) -> Callable[[], None]:

@@ -192,8 +192,12 @@ class Listener:
         self.edge.call(self._listen, self._server)
 
     def stop(self) -> None:
-        """Stop listening and drop every client, on the loop; wait briefly for it."""
+        """Stop listening and drop every client, on the loop (waiting briefly for it when
+        called from another thread)."""
         done = concurrent.futures.Future[None]()
+        if self.edge.on_loop():
+            self._shut(done)
+            return
         self.edge.call(self._shut, done)
         with contextlib.suppress(concurrent.futures.TimeoutError):
             done.result(JOIN_TIMEOUT_S)

@@ -683,7 +683,7 @@ class Store:
             self._commit_settles()
         except StoreClosedError:
             pass  # shut down meanwhile: shutdown() committed what waited; later ones stay owed
-        except Exception as exc:  # on the timer thread: reported, never raised
+        except Exception as exc:  # on the edge's timer: reported, never raised
             report(f"state database {self.path}: could not record sent responses: {exc!r}")
 
     def outbox(self) -> list[SendResponse]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import queue
 import socket
@@ -13,8 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pykka
+
 from coms_hermes_bridge.actors.base import Child
-from coms_hermes_bridge.messages.commands import Address
+from coms_hermes_bridge.actors.router import QuestionRouter
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.messages.commands import (
+    Address,
+    NewQuestion,
+    QueueDepthQuery,
+    StartQuestion,
+)
+from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 T = TypeVar("T")
 
@@ -55,12 +66,56 @@ class FakeRef:
         return message
 
     def quiet(self, within: float = 0.2) -> None:
-        """Assert nothing more is told within `within` seconds."""
+        """Assert nothing more is told within `within` seconds.
+
+        A sleep: only for an absence that needs time to pass (a timer that must not
+        fire). After a sync, use `assert_nothing`."""
         try:
             message = self.inbox.get(timeout=within)
         except queue.Empty:
             return
         raise AssertionError(f"{self.name}: unexpected {message!r}")
+
+    def assert_nothing(self) -> None:
+        """Assert nothing more has been told, now, without waiting.
+
+        For use after a deterministic sync that leaves nothing in flight: an ask (or
+        a reply) from the teller, which it handles after all it was told before; its
+        stop; the `expect` of something it tells after what must not come."""
+        try:
+            message = self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        raise AssertionError(f"{self.name}: unexpected {message!r}")
+
+
+# -- prompts ---------------------------------------------------------------------------
+
+PROMPT_QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+
+
+def prompt_envelope(
+    qid: str = PROMPT_QID,
+    *,
+    text: str = "Ship?",
+    sender_name: str = "builder",
+    sender_endpoint: str = "/tmp/asker.sock",
+    **fields: Any,
+) -> PromptEnvelope:
+    """A prompt as a peer sends it (W14), its msg_id `qid`; any other envelope field
+    (sender_cwd, reply_timeout_ms, ...) as a keyword. Validated as an inbound one is.
+    For the wire's dict or line: `.json_body()`, `.to_line()`."""
+    return PromptEnvelope.model_validate({
+        "msg_id": qid,
+        "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
+        "sender_endpoint": sender_endpoint,
+        "hops": 0,
+        "timestamp": "2026-11-30T12:00:00.000Z",
+        "prompt": text,
+        "sender_name": sender_name,
+        "sender_cwd": "/work",
+        **fields,
+    })
 
 
 def wait_for(
@@ -96,6 +151,67 @@ def read_line(conn: socket.socket) -> bytes:
             break
         buf += chunk
     return buf
+
+
+# -- the Router's rig -------------------------------------------------------------------
+
+
+def replied(ref: pykka.ActorRef[Any], message: Callable[[Callable[[T], None]], object],
+            timeout: float = 5.0) -> T:
+    """Tell `ref` `message(reply)` and wait for the value it replies with, on its own
+    turn: a sync too, since it handles what it was told before first."""
+    got: list[T] = []
+    done = threading.Event()
+
+    def reply(value: T) -> None:
+        got.append(value)
+        done.set()
+
+    ref.tell(message(reply))
+    assert done.wait(timeout), f"no reply within {timeout} s"
+    assert len(got) == 1
+    return got[0]
+
+
+class RouterRig:
+    """A QuestionRouter run for real on a real Store; each collaborator is a FakeRef
+    named for its role. `options` are the Router's own (timeout_ms and run_tag at least).
+    """
+
+    def __init__(self, store: Store, **options: Any) -> None:
+        self.store = store
+        self.supervisor = FakeRef("supervisor")
+        self.questions = FakeRef("questions")
+        self.peer = FakeRef("peer")
+        self.delivery = FakeRef("delivery")
+        self.watcher = FakeRef("watcher")
+        self.logger = FakeRef("logger")
+        self.ref: pykka.ActorRef[QuestionRouter] = QuestionRouter.start(
+            supervisor=self.supervisor, questions=self.questions, peer=self.peer,
+            delivery=self.delivery, watcher=self.watcher, logger=self.logger, store=store,
+            **options,
+        )
+
+    def admit(self, envelope: PromptEnvelope) -> str | None:
+        """NewQuestion's reply: None once it is stored (acked), else the nack's error."""
+        reply: str | None = replied(self.ref, functools.partial(NewQuestion, envelope))
+        return reply
+
+    def opened(self, envelope: PromptEnvelope) -> StartQuestion:
+        """Admit `envelope` (acked) and return the StartQuestion that runs it."""
+        assert self.admit(envelope) is None
+        return self.questions.expect(StartQuestion)
+
+    def depth(self) -> int:
+        """QueueDepthQuery's reply; handled in turn, so also a sign all told before is
+        handled, and all it told meanwhile is in the FakeRefs."""
+        return replied(self.ref, QueueDepthQuery)
+
+    @property
+    def router(self) -> QuestionRouter:
+        actor = self.ref._actor_weakref()  # white-box: the table
+        assert actor is not None
+        return actor
 
 
 # -- fake children for supervisor tests -----------------------------------------------

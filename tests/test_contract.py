@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from fakes import prompt_envelope
 
 from coms_hermes_bridge.messages.contract import (
     DEFAULT_TIMEOUT_MS,
@@ -41,23 +42,9 @@ from coms_hermes_bridge.messages.model import (
     QuestionOption,
     SelectionAnswer,
 )
-from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 OTHER = "01ARZ3NDEKTSV4RRFFQ69G5FAW"
-
-
-def prompt(text: str, msg_id: str = QID) -> PromptEnvelope:
-    return PromptEnvelope(
-        msg_id=msg_id,
-        sender_session="01J0000000000000000000SESS",
-        sender_endpoint="/tmp/asker.sock",
-        hops=0,
-        timestamp="2026-11-30T12:00:00.000Z",
-        prompt=text,
-        sender_name="builder",
-        sender_cwd="/work/app",
-    )
 
 
 # C3 ------------------------------------------------------------------------
@@ -81,7 +68,7 @@ def prompt(text: str, msg_id: str = QID) -> PromptEnvelope:
 )
 def test_qid_is_the_prompts_msg_id_when_it_is_a_crockford_ulid(msg_id: str, valid: bool) -> None:
     # C3
-    assert qid_of(prompt("q", msg_id)) == (msg_id if valid else None)
+    assert qid_of(prompt_envelope(msg_id, text="q")) == (msg_id if valid else None)
 
 
 def test_invalid_qid_error_text() -> None:
@@ -147,7 +134,8 @@ def test_invalid_qid_error_text() -> None:
 )
 def test_prompt_parsing(text: str, expected: ParsedPrompt) -> None:
     # C6
-    assert parse_prompt(prompt(text)) == expected
+    # the plain prompt's context names the sender: builder @ /work/app
+    assert parse_prompt(prompt_envelope(text=text, sender_cwd="/work/app")) == expected
 
 
 # C4, C5 --------------------------------------------------------------------

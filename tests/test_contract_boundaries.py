@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fakes import prompt_envelope
 
 from coms_hermes_bridge.messages.contract import (
     Answering,
@@ -34,35 +35,24 @@ from coms_hermes_bridge.messages.contract import (
     utf16_len,
 )
 from coms_hermes_bridge.messages.model import ParsedPrompt, QuestionOption
-from coms_hermes_bridge.messages.wire import JsonValue, PromptEnvelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NAME = f"{QID}.answer.json"
 INSTRUCTION = f"\n\n↩ Reply to this message, or type: HUB-Q:{QID}: <answer>"
 
 
-def prompt(reply_timeout_ms: JsonValue) -> PromptEnvelope:
-    return PromptEnvelope(
-        msg_id=QID,
-        sender_endpoint="/tmp/asker.sock",
-        hops=0,
-        prompt="Ship it?",
-        sender_name="builder",
-        reply_timeout_ms=reply_timeout_ms,
-    )
-
-
 def test_the_smallest_positive_whole_reply_timeout_is_taken() -> None:
     # X5: any positive reply_timeout_ms is the question's timeout, 1 ms included
-    assert effective_timeout_ms(prompt(1), 1_800_000) == 1
-    assert effective_timeout_ms(prompt(0.5), 1_800_000) == 0.5
-    assert effective_timeout_ms(prompt(0), 1_800_000) == 1_800_000
+    assert effective_timeout_ms(prompt_envelope(reply_timeout_ms=1), 1_800_000) == 1
+    assert effective_timeout_ms(prompt_envelope(reply_timeout_ms=0.5), 1_800_000) == 0.5
+    assert effective_timeout_ms(prompt_envelope(reply_timeout_ms=0), 1_800_000) == 1_800_000
 
 
 def test_a_whole_reply_timeout_is_logged_as_javascript_writes_it() -> None:
     # X5, C16: the timeout's log detail carries the number; JSON.stringify(5000) is "5000"
-    assert json.dumps(effective_timeout_ms(prompt(5000), 1_800_000)) == "5000"
-    assert json.dumps(effective_timeout_ms(prompt(2500.5), 1_800_000)) == "2500.5"
+    whole, fraction = prompt_envelope(reply_timeout_ms=5000), prompt_envelope(reply_timeout_ms=2500.5)
+    assert json.dumps(effective_timeout_ms(whole, 1_800_000)) == "5000"
+    assert json.dumps(effective_timeout_ms(fraction, 1_800_000)) == "2500.5"
 
 
 # -- C5: the context gets what is left, and nothing when nothing is left ---------

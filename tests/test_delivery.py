@@ -175,10 +175,13 @@ def test_a_failed_note_is_logged_by_delivery_itself(hermes: FakeHermes) -> None:
 
 def test_a_sent_note_logs_nothing(hermes: FakeHermes) -> None:
     logger = FakeRef("logger")
-    ref = start(str(hermes.path), logger=logger)
-    ref.tell(SendText(QID, "note", "late_note"))
-    wait_for(lambda: len(hermes.calls()) == 1, what="the note to be sent")
-    logger.quiet(0.2)
+    settled: list[str] = []
+    ref = start(str(hermes.path), logger=logger, note_sent=settled.append)
+    ref.tell(SendText(QID, "note", "late_note", note_id="late:1"))
+    # marked sent once the run is settled, after any log line it would have brought
+    wait_for(lambda: settled == ["late:1"], what="the note to be sent")
+    assert len(hermes.calls()) == 1
+    logger.assert_nothing()
 
 
 class DeadRef:
@@ -206,7 +209,9 @@ def test_release_during_a_long_send_is_quick_and_kills_hermes(hermes: FakeHermes
     ref.stop(timeout=2)
     assert time.monotonic() - began < 0.6
     wait_for(lambda: not group_alive(run["pgid"]), timeout=2, what="hermes' group to die")
-    question.quiet(0.3)  # a stopped actor reports nothing, and the queue is dropped
+    # stopped (ref.stop returned): it has no turn left to tell anything in, and only
+    # its turns tell; the queue is dropped
+    question.assert_nothing()
     assert len(hermes.started()) == 1
 
 

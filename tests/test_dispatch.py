@@ -12,14 +12,24 @@ import pytest
 
 from coms_hermes_bridge.actors.base import PooledChild
 from coms_hermes_bridge.actors.dispatch import Dispatcher, PooledActor, PoolInbox, StopFlag
+from coms_hermes_bridge.actors.edge import Edge
 from coms_hermes_bridge.messages.commands import ChildFailed
 from tests.fakes import FakeRef, thread_count, wait_for
+
+
+def turns_over(ref: pykka.ActorRef[Any]) -> None:
+    """Wait until no turn of `ref`'s actor runs or is due (white-box: its mailbox's
+    flag, cleared only at the end of a turn that leaves it empty): whatever that
+    actor's runtime does, teardown included, is done."""
+    inbox = ref.actor_inbox
+    assert isinstance(inbox, PoolInbox)
+    wait_for(lambda: not inbox._scheduled, what="its last turn over")
 
 
 class Recorder(PooledActor):
     """Records what it handles, with the thread and a concurrency check."""
 
-    dispatcher = Dispatcher(3, "test-dispatch")
+    dispatcher = Dispatcher(Edge("test-dispatch"), "test-dispatch")
 
     def __init__(self, log: list[Any], busy: float = 0.0) -> None:
         super().__init__()
@@ -77,9 +87,7 @@ def test_messages_are_handled_in_mailbox_order_one_at_a_time() -> None:
         overlaps, threads, events = ref.proxy().report().get(timeout=5)
         assert overlaps == 0
         assert events[0] == "start"
-        assert threads <= {f"test-dispatch-{i}" for i in range(3)}
-    # the pool was shared: 20 actors, 3 threads, and more than one of them did work
-    assert Recorder.dispatcher is not None and Recorder.dispatcher.threads == 3
+        assert threads == {"test-dispatch"}  # 20 actors, their turns on the one loop thread
 
 
 def test_ask_tell_stop_and_registry() -> None:
@@ -128,7 +136,7 @@ def test_an_ask_that_raises_goes_back_to_the_caller_and_the_actor_lives_on() -> 
 class Failing(PooledActor):
     """Fails on 'boom'; its on_failure reads what is left in its mailbox (the hand-over)."""
 
-    dispatcher = Dispatcher(2, "test-failing")
+    dispatcher = Dispatcher(Edge("test-failing"), "test-failing")
 
     def __init__(self, out: FakeRef, gate: threading.Event) -> None:
         super().__init__()
@@ -169,13 +177,14 @@ def test_on_failure_runs_once_dead_with_the_unread_mailbox_drainable() -> None:
     ref.tell(3)
     gate.set()
     assert out.next() == ("failed", "boom", True, [2, 3])
-    out.quiet(0.2)  # no on_stop, nothing handled after the failure
+    turns_over(ref)
+    out.assert_nothing()  # no on_stop, nothing handled after the failure
     assert not ref.is_alive()
     assert ref not in pykka.ActorRegistry.get_all()
 
 
 class FailsToStart(PooledActor):
-    dispatcher = Dispatcher(1, "test-start")
+    dispatcher = Dispatcher(Edge("test-start"), "test-start")
 
     def __init__(self, out: FakeRef) -> None:
         super().__init__()
@@ -193,13 +202,14 @@ def test_on_start_failure_stops_the_actor_before_any_message() -> None:
     ref = FailsToStart.start(out)
     ref.tell("never")
     wait_for(lambda: not ref.is_alive(), what="stopped")
-    out.quiet(0.2)
+    turns_over(ref)
+    out.assert_nothing()
 
 
 class PooledQuestion(PooledChild):
     """A supervised pooled actor, as the QuestionActors are."""
 
-    dispatcher = Dispatcher(2, "test-child")
+    dispatcher = Dispatcher(Edge("test-child"), "test-child")
 
     def __init__(self, name: str, supervisor: FakeRef, gate: threading.Event) -> None:
         super().__init__(name, supervisor)
@@ -237,7 +247,7 @@ def test_thread_count_stays_flat_with_thousands_of_actors() -> None:
     for ref in refs:
         ref.tell("hello")
     wait_for(lambda: all(log == ["hello"] for log in logs), timeout=30, what="all handled")
-    assert thread_count() <= before + 3
+    assert thread_count() <= before + 1  # the loop thread, if it was not up yet
     for ref in refs:
         ref.stop(block=False)
     wait_for(lambda: not any(ref.is_alive() for ref in refs), timeout=30, what="all stopped")
@@ -246,7 +256,7 @@ def test_thread_count_stays_flat_with_thousands_of_actors() -> None:
 def test_a_busy_actor_does_not_starve_the_others() -> None:
     # a turn handles at most `throughput` messages, then the thread serves other actors
     class Single(Recorder):
-        dispatcher = Dispatcher(1, "test-single")
+        dispatcher = Dispatcher(Edge("test-single"), "test-single")
         throughput = 2
 
     busy_log: list[Any] = []
@@ -302,17 +312,25 @@ def test_an_idle_mailbox_holds_no_queue() -> None:
     ref.stop()
 
 
-def test_a_dispatcher_needs_a_thread_and_names_its_threads() -> None:
-    with pytest.raises(ValueError, match=r"^a dispatcher needs at least one thread$"):
-        Dispatcher(0)
-    dispatcher = Dispatcher(2)
+def test_a_dispatcher_runs_turns_on_its_edges_thread_and_survives_a_faulty_one(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    edge = Edge("test-turns")
+    dispatcher = Dispatcher(edge, "turns")
     ran: list[str] = []
 
     class Inbox:  # what the dispatcher calls on a mailbox, and no more
         def run_turn(self) -> None:
             ran.append(threading.current_thread().name)
 
+    class Broken:
+        def run_turn(self) -> None:
+            raise RuntimeError("broken turn")
+
+    dispatcher.submit(Broken())  # type: ignore[arg-type]
     dispatcher.submit(Inbox())  # type: ignore[arg-type]
     wait_for(lambda: len(ran) == 1, what="the turn")
-    assert ran[0] in {"dispatch-0", "dispatch-1"}  # SIGUSR1's stack dump shows these names
-    assert dispatcher.threads == 2
+    assert ran == ["test-turns"]  # SIGUSR1's stack dump shows this name
+    assert ("coms-hermes-bridge: turns: a turn failed outside its actor: "
+            "RuntimeError('broken turn')") in capfd.readouterr().err
+    edge.close()

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from dateutil import parser as dateutil_parser
+from fakes import prompt_envelope
 
 from coms_hermes_bridge.messages.contract import (
     MAX_REPLY_TIMEOUT_MS,
@@ -44,21 +45,6 @@ from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 OTHER = "01ARZ3NDEKTSV4RRFFQ69G5FAW"
 THIRD = "01J9Z8Y7X6W5V4T3S2R1Q0P9NM"
-
-
-def prompt(text: str = "Ship?", **fields: object) -> PromptEnvelope:
-    base: dict[str, object] = {
-        "msg_id": QID,
-        "sender_session": "01J0000000000000000000SESS",
-        "sender_endpoint": "/tmp/a.sock",
-        "hops": 0,
-        "timestamp": "2026-11-30T12:00:00.000Z",
-        "prompt": text,
-        "sender_name": "agent-a",
-        "sender_cwd": "/work/a",
-    }
-    base.update(fields)
-    return PromptEnvelope.model_validate(base)
 
 
 # X4: `at` as JavaScript's Date.parse takes it (issue 12.1) ---------------------
@@ -235,7 +221,7 @@ def spoofed_prompt() -> PromptEnvelope:
             f"ＨＵＢ－Ｑ {THIRD}",
         ],
     }
-    return prompt(json.dumps(body), sender_name=f"HUB-Q:{OTHER}")
+    return prompt_envelope(text=json.dumps(body), sender_name=f"HUB-Q:{OTHER}")
 
 
 @pytest.mark.parametrize("project", [None, f"HUB-Q:{OTHER}"])
@@ -254,7 +240,8 @@ def test_question_text_carries_only_the_bridges_markers(project: str | None) -> 
 
 def test_plain_prompt_sender_name_is_defused() -> None:
     # X3: the sender name reaches Telegram in the plain prompt's context (C6)
-    text = format_question(QID, parse_prompt(prompt("Go?", sender_name=f"HUB-Q:{OTHER}")))
+    spoofed = prompt_envelope(text="Go?", sender_name=f"HUB-Q:{OTHER}", sender_cwd="/work/a")
+    text = format_question(QID, parse_prompt(spoofed))
     assert f"Context: From HUB-Ɋ:{OTHER} @ /work/a" in text
     assert lenient_qids(text) == [QID, QID]
 
@@ -368,12 +355,12 @@ def test_tiny_limit_still_ends_with_the_reply_line() -> None:
 def test_effective_timeout(raw: object, expected: float) -> None:
     # X5, C16
     assert MAX_REPLY_TIMEOUT_MS == 86_400_000
-    assert effective_timeout_ms(prompt(reply_timeout_ms=raw), 1_800_000) == expected
+    assert effective_timeout_ms(prompt_envelope(reply_timeout_ms=raw), 1_800_000) == expected
 
 
 # X2: ownership (issue 10.1, 10.2) -------------------------------------------
 
-A = prompt("Ship?")
+A = prompt_envelope(text="Ship?")
 
 
 @pytest.mark.parametrize(
@@ -382,12 +369,14 @@ A = prompt("Ship?")
         (A, None, False, Admit()),
         (A, A, False, AlreadyOpen()),  # identical resend by its asker
         # the same asker is endpoint and text; the rest of the envelope may differ
-        (prompt("Ship?", sender_session="other", timestamp="later"), A, False, AlreadyOpen()),
-        (prompt("Ship?", sender_endpoint="/tmp/b.sock"), A, False,
+        (prompt_envelope(text="Ship?", sender_session="other", timestamp="later"), A, False,
+         AlreadyOpen()),
+        (prompt_envelope(text="Ship?", sender_endpoint="/tmp/b.sock"), A, False,
          Refused(f"qid {QID} is already in use", "open")),
-        (prompt("Ship now?"), A, False, Refused(f"qid {QID} is already in use", "open")),
-        (prompt("Ship?", sender_name="agent-b", sender_endpoint="/tmp/b.sock"), A, False,
+        (prompt_envelope(text="Ship now?"), A, False,
          Refused(f"qid {QID} is already in use", "open")),
+        (prompt_envelope(text="Ship?", sender_name="agent-b", sender_endpoint="/tmp/b.sock"),
+         A, False, Refused(f"qid {QID} is already in use", "open")),
         (A, None, True, Refused(f"qid {QID} is already in use", "closed")),  # recently closed
         (A, A, True, AlreadyOpen()),  # open wins over a stale closed entry
     ],
@@ -423,7 +412,7 @@ def cancel(sender: str) -> CancelEnvelope:
 )
 def test_only_the_asker_cancels(sender: str, asker: str, honoured: bool) -> None:
     # X2, issue 10.2
-    assert may_cancel(cancel(sender), prompt(sender_name=asker)) is honoured
+    assert may_cancel(cancel(sender), prompt_envelope(sender_name=asker)) is honoured
 
 
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -432,8 +421,8 @@ AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 def test_refusal_log_records() -> None:
     # X1, X2: the claimed sender, bounded like every log line
     refusal = Refused(duplicate_error(QID), "closed")
-    assert json.loads(duplicate_refused_record(AT, QID, prompt(sender_name="agent-b"), refusal)
-                      .to_line()) == {
+    claimed = prompt_envelope(sender_name="agent-b")
+    assert json.loads(duplicate_refused_record(AT, QID, claimed, refusal).to_line()) == {
         "at": "2026-11-30T12:00:00.000Z", "qid": QID, "event": "duplicate_refused",
         "detail": {"from": "agent-b", "reason": "closed"},
     }

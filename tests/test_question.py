@@ -14,7 +14,6 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.base import Slot
-from coms_hermes_bridge.actors.dispatch import DEFAULT_THREADS
 from coms_hermes_bridge.actors.edge import shared_edge
 from coms_hermes_bridge.actors.question import QuestionActor
 from coms_hermes_bridge.actors.store import Store
@@ -38,24 +37,14 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.model import AnswerFile, State
-from coms_hermes_bridge.messages.wire import PromptEnvelope
-from tests.fakes import FakeClock, FakeRef, thread_count, wait_for
+from tests.fakes import FakeClock, FakeRef, prompt_envelope, thread_count, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SIG = FileSignature(inode=7, size=80, mtime_ns=1)
-PROMPT = PromptEnvelope(
-    msg_id=QID,
-    sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-    sender_endpoint="/tmp/asker.sock",
-    hops=0,
-    timestamp="2026-11-30T12:00:00.000Z",
-    prompt=json.dumps(
-        {"question": "Ship?", "options": [{"title": "Approve", "description": "go"}, "Stop"]}
-    ),
-    sender_name="builder",
-    sender_cwd="/work",
-)
+PROMPT = prompt_envelope(QID, text=json.dumps(
+    {"question": "Ship?", "options": [{"title": "Approve", "description": "go"}, "Stop"]}
+))
 
 
 @dataclass
@@ -68,6 +57,16 @@ class Rig:
     delivery: FakeRef
     logger: FakeRef
     watcher: FakeRef
+
+    def sync(self) -> None:
+        """Returns once the question has handled everything told to it so far (a proxy's
+        read is a message too, read in turn), and so told all it would tell for it."""
+        self.ref.proxy().state.get(timeout=5)
+
+    def stopped(self) -> None:
+        """Returns once the question has stopped: its last turn is over, and it tells
+        nobody anything more (its timers went with it)."""
+        wait_for(lambda: not self.ref.is_alive(), what="question actor stops")
 
     def events(self, count: int) -> list[tuple[str, Any]]:
         """The next `count` log events as (event, detail)."""
@@ -130,9 +129,10 @@ def test_new_question_is_logged_and_stored(start: Any, tmp_path: Any) -> None:
     rig = start(store=store)
     assert rig.events(1) == [("question_received", {"from": "builder"})]
     assert _row_state(store) == "pending"
-    rig.delivery.quiet()
-    rig.supervisor.quiet(0)
-    rig.router.quiet(0)
+    rig.sync()  # its first turn (begin) is over; its timer is 60 s away
+    rig.delivery.assert_nothing()
+    rig.supervisor.assert_nothing()
+    rig.router.assert_nothing()
     store.shutdown()
 
 
@@ -157,7 +157,7 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(start: Any) -> 
     )
     assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
     assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
-    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+    rig.stopped()
 
 
 @pytest.mark.parametrize("delivered", [True, False])
@@ -184,7 +184,7 @@ def test_answer_closes_the_question(
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
     assert rig.router.expect(QuestionClosed).state == "answered"
     assert rig.supervisor.expect(QuestionClosed).state == "answered"
-    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+    rig.stopped()
 
 
 @pytest.mark.parametrize("delivered", [True, False])
@@ -200,7 +200,8 @@ def test_cancel_sends_the_note_and_no_response(start: Any, delivered: bool) -> N
     assert note.note_id == "question:x:1:cancel_note"
     assert note.text == f"✖ [HUB-Q:{QID}] The question was cancelled — it was answered from the console."
     assert rig.router.expect(QuestionClosed).state == "cancelled"
-    rig.peer.quiet()
+    rig.stopped()
+    rig.peer.assert_nothing()
 
 
 @pytest.mark.parametrize("delivered", [True, False])
@@ -235,7 +236,7 @@ def test_answer_after_each_terminal_state_is_late(start: Any, closing: Any, stat
     assert rig.router.next() == AnswerFileSeen(f"{QID}.answer.json", None, SIG)
     told = [rig.watcher.inbox.get_nowait() for _ in range(rig.watcher.inbox.qsize())]
     assert not [m for m in told if isinstance(m, DisposeAnswerFile)]  # nothing judged here
-    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
+    rig.stopped()
     rest = [rig.router.inbox.get_nowait() for _ in range(rig.router.inbox.qsize())]
     assert not [m for m in rest if isinstance(m, QuestionClosed)]  # closed exactly once
 
@@ -310,10 +311,10 @@ def test_a_replaced_question_does_nothing_more(start: Any, tmp_path: Any) -> Non
     store.put_open(successor, owner="question:x:2")
     rig.slot.tell(TimedOut())
     wait_for(lambda: not rig.ref.is_alive(), what="the replaced actor stops")
-    rig.logger.quiet()
-    rig.peer.quiet(0)
-    rig.delivery.quiet(0)
-    rig.router.quiet(0)
+    rig.logger.assert_nothing()
+    rig.peer.assert_nothing()
+    rig.delivery.assert_nothing()
+    rig.router.assert_nothing()
     # its supervisor forgets it (nothing to restart, nothing to watch over)
     assert rig.supervisor.expect(QuestionClosed) == QuestionClosed(QID, None, "question:x:1")
     assert [s.qid for s in store.load()[0]] == [QID] and store.outbox() == []
@@ -325,8 +326,8 @@ def test_restart_in_a_terminal_state_closes_at_once(start: Any, state: State) ->
     # crashed after its end but before reporting it: it must not linger as open
     rig = start(state=state)
     assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, state, "question:x:1")
-    wait_for(lambda: not rig.ref.is_alive(), what="question actor stops")
-    rig.logger.quiet()
+    rig.stopped()
+    rig.logger.assert_nothing()
 
 
 class SnapshotDelivery(FakeRef):
@@ -391,13 +392,14 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart() -> None:
     first, first_slot = run("question:x:1")
     first.ask(Delivered(QID))  # a turn after begin(): its timer is set
     first.stop()
-    run("question:x:2")  # the restart: same stored deadline
+    second, _ = run("question:x:2")  # the restart: same stored deadline
     assert fakes["logger"].expect(LogEvent, timeout=5).record.event == "timeout"
     assert time.time() >= deadline  # not a moment before
     assert fakes["peer"].expect(SendResponse).error == "no remote answer within 100000ms"
     edge_passed(deadline + 0.1)
     assert first_slot.held == ()  # the stopped one's timer was cancelled: it told nobody
-    fakes["logger"].quiet(0.1)
+    wait_for(lambda: not second.is_alive(), what="the restarted one stops")  # timed out
+    fakes["logger"].assert_nothing()  # both are over, their timers fired or cancelled
 
 
 def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None:
@@ -428,7 +430,7 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
     assert sum(1 for _, slot in slots if slot.ref is not None and slot.ref.is_alive()) == 2000
     after = thread_count()
     assert after <= 40, after
-    assert after - before <= DEFAULT_THREADS + 1  # the pool and the edge's thread, if new
+    assert after - before <= 1  # the edge's thread (turns and timers), if it was not up yet
     store.shutdown()
 
 
@@ -472,7 +474,8 @@ def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(tmp_path: 
     rig.slot.tell(CancelRequested())
     assert rig.delivery.expect(SendText).purpose == "cancel_note"
     assert [n.purpose for n in store.owed_notes()] == ["cancel_note"]  # the reminder withdrawn
-    rig.delivery.quiet(0.1)
+    rig.stopped()
+    rig.delivery.assert_nothing()
     store.shutdown()
 
 
@@ -496,7 +499,8 @@ def test_a_closed_question_is_not_reminded(tmp_path: Any) -> None:  # X9
     rig.slot.tell(answer("2"))
     assert rig.peer.expect(SendResponse).error is None
     rig.slot.tell(RemindDue())  # due in the same instant: the question is over
-    rig.delivery.quiet(0.2)
+    rig.stopped()
+    rig.delivery.assert_nothing()
     store.shutdown()
 
 

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pykka
 import pytest
-from fakes import FakeRef
+from fakes import RouterRig, prompt_envelope
 
-from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
@@ -24,12 +21,10 @@ from coms_hermes_bridge.messages.commands import (
     DisposeAnswerFile,
     FileSignature,
     LogEvent,
-    NewQuestion,
     OfferAgain,
     QuestionClosed,
     QuestionRestarted,
     QuestionSpec,
-    QueueDepthQuery,
     RemoveAnswerFile,
     ResetQuestions,
     RestoreQuestions,
@@ -51,72 +46,16 @@ from coms_hermes_bridge.messages.contract import (
     triage_answer,
     undelivered_note,
 )
-from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
+from coms_hermes_bridge.messages.wire import CancelEnvelope
 
 QIDS = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}" for c in "0123456789"]
 SIG = FileSignature(7, 80, 1)
-T = TypeVar("T")
-
-
-def prompt(qid: str, text: str = "Ship?") -> PromptEnvelope:
-    return PromptEnvelope(
-        msg_id=qid, sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-        sender_endpoint="/tmp/asker.sock", hops=0, timestamp="2026-11-30T12:00:00.000Z",
-        prompt=text, sender_name="builder", sender_cwd="/work",
-    )
-
-
-def _replied(ref: pykka.ActorRef[Any], message: Callable[[Callable[[T], None]], object]) -> T:
-    """Tell the Router `message(reply)` and wait (5 s) for the value it replies with,
-    on its own turn."""
-    got: list[T] = []
-    done = threading.Event()
-
-    def reply(value: T) -> None:
-        got.append(value)
-        done.set()
-
-    ref.tell(message(reply))
-    assert done.wait(5), "the router did not reply within 5 s"
-    assert len(got) == 1
-    return got[0]
-
-
-def admit(ref: pykka.ActorRef[Any], envelope: PromptEnvelope) -> str | None:
-    """NewQuestion's reply: None once it is stored (acked), else the nack's error."""
-    return _replied(ref, lambda reply: NewQuestion(envelope, reply))
-
-
-def depth(ref: pykka.ActorRef[Any]) -> int:
-    """QueueDepthQuery's reply; handled in turn, so also a sign all told before is read."""
-    return _replied(ref, lambda reply: QueueDepthQuery(reply))
 
 
 def answer_file(qid: str, text: str = "yes") -> bytes:
     return json.dumps(
         {"qid": qid, "answer": text, "answered_by": "telegram:1", "at": "2026-11-30T12:00:00Z"}
     ).encode()
-
-
-@dataclass
-class Rig:
-    ref: pykka.ActorRef[QuestionRouter]
-    store: Store
-    questions: FakeRef
-    peer: FakeRef
-    delivery: FakeRef
-    watcher: FakeRef
-    logger: FakeRef
-
-    def admit(self, qid: str) -> StartQuestion:
-        assert admit(self.ref, prompt(qid)) is None
-        return self.questions.expect(StartQuestion)
-
-    @property
-    def router(self) -> QuestionRouter:
-        actor = self.ref._actor_weakref()  # white-box: the table
-        assert actor is not None
-        return actor  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -126,17 +65,15 @@ def make(tmp_path: Path) -> Iterator[Any]:
     def _make(
         max_open: int = 10_000, resume_owed: bool = True, path: str = "state-a.sqlite3",
         max_open_per_asker: int | None = None, sibling: Any = None,
-    ) -> Rig:
+    ) -> RouterRig:
         store = Store.open(tmp_path / path)
         stores.append(store)
-        fakes = {n: FakeRef(n) for n in ("questions", "peer", "delivery", "watcher", "logger")}
-        ref = QuestionRouter.start(
-            supervisor=FakeRef("root"), store=store, timeout_ms=60_000, run_tag="t.0",
-            max_open=max_open, resume_owed=resume_owed, max_open_per_asker=max_open_per_asker,
-            sibling=sibling, **fakes,
+        rig = RouterRig(
+            store, timeout_ms=60_000, run_tag="t.0", max_open=max_open, resume_owed=resume_owed,
+            max_open_per_asker=max_open_per_asker, sibling=sibling,
         )
-        assert fakes["questions"].expect(ResetQuestions) == ResetQuestions()
-        return Rig(ref, store, **fakes)
+        assert rig.questions.expect(ResetQuestions) == ResetQuestions()
+        return rig
 
     yield _make
     pykka.ActorRegistry.stop_all()
@@ -177,36 +114,36 @@ def test_cancel_target() -> None:
 
 def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Any) -> None:
     rig = make()
-    assert admit(rig.ref, prompt(QIDS[0])) is None  # the ack: stored by then
+    assert rig.admit(prompt_envelope(QIDS[0])) is None  # the ack: stored by then
     assert [s.qid for s in rig.store.load()[0]] == [QIDS[0]]
     start = rig.questions.expect(StartQuestion)
     assert start.spec.qid == QIDS[0] and start.child == f"question:{QIDS[0]}:t.0.1"
     assert rig.store.open_spec(QIDS[0], start.child) is not None  # owned by the child
     sent = rig.delivery.expect(SendText)
     assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", start.slot)
-    assert depth(rig.ref) == 1
+    assert rig.depth() == 1
 
 
 def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> None:
     # issue 9.10: nacked at once with the count; the open ones are untouched
     rig = make(max_open=3)
     for qid in QIDS[:3]:
-        rig.admit(qid)
-    assert admit(rig.ref, prompt(QIDS[3])) == "bridge has 3 open questions; try again later"
+        rig.opened(prompt_envelope(qid))
+    assert rig.admit(prompt_envelope(QIDS[3])) == "bridge has 3 open questions; try again later"
     assert [s.qid for s in rig.store.load()[0]] == QIDS[:3]
-    rig.questions.quiet(0.05)
-    assert depth(rig.ref) == 3
+    rig.questions.assert_nothing()  # the nack is replied after the turn's tells
+    assert rig.depth() == 3
     assert rig.ref.is_alive()
     # its own asker's resend of an open question is acked, not refused (X2), nor stored again
-    assert admit(rig.ref, prompt(QIDS[0])) is None
-    rig.questions.quiet(0.05)
+    assert rig.admit(prompt_envelope(QIDS[0])) is None
+    rig.questions.assert_nothing()
 
 
 def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Any) -> None:
     # C3
     rig = make()
-    bad = prompt("not-a-ulid")
-    assert admit(rig.ref, bad) is None
+    bad = prompt_envelope("not-a-ulid")
+    assert rig.admit(bad) is None
     assert rig.peer.expect(SendResponse) == SendResponse(bad, None, INVALID_QID_ERROR)
     assert rig.store.load() == ([], [])
 
@@ -218,20 +155,20 @@ def test_an_answer_reaches_its_question_once(make: Any) -> None:
     # issue 13.5: Watcher -> Router -> Question; the second sighting is dropped
     # until the question restarts
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    depth(rig.ref)  # both handled
+    rig.depth()  # both handled
     held = start.slot.held  # nobody runs the question here: the slot holds for it
     assert len(held) == 1 and isinstance(held[0], AnswerArrived) and held[0].answer.answer == "yes"
     rig.ref.tell(QuestionRestarted(QIDS[0], start.child))
     # the answer may have died with it: the watcher is asked for the file again
     assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    depth(rig.ref)
+    rig.depth()
     assert len(start.slot.held) == 2
-    rig.watcher.quiet(0)
+    rig.watcher.assert_nothing()
 
 
 def test_a_foreign_file_is_refused_without_reading_it(make: Any) -> None:
@@ -245,7 +182,7 @@ def test_a_foreign_file_is_refused_without_reading_it(make: Any) -> None:
 
 def test_a_bad_answer_to_an_open_question_is_refused(make: Any) -> None:
     rig = make()
-    rig.admit(QIDS[0])
+    rig.opened(prompt_envelope(QIDS[0]))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
     assert rig.watcher.expect(DisposeAnswerFile).verdict == Rejected("qid_mismatch", QIDS[0])
@@ -254,7 +191,7 @@ def test_a_bad_answer_to_an_open_question_is_refused(make: Any) -> None:
 def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
     # C15, issue 9.7: the note is in the store before Delivery is told, once per file version
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
@@ -267,14 +204,16 @@ def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
         note = rig.delivery.expect(SendText)
     assert note.text == late_note(QIDS[0]) and note.note_id is not None
     assert rig.store.owed_notes() == [note]
-    rig.delivery.quiet(0.1)
-    rig.logger.quiet(0)
+    rig.depth()  # the rescan's sighting handled too
+    rig.delivery.assert_nothing()
+    rig.logger.assert_nothing()
 
 
 def test_the_file_that_answered_a_question_is_not_late(make: Any) -> None:
     # a crash between storing the answer and removing its file
     rig = make()
-    spec = QuestionSpec(QIDS[0], prompt(QIDS[0]), parse_prompt(prompt(QIDS[0])), 1, time.time())
+    envelope = prompt_envelope(QIDS[0])
+    spec = QuestionSpec(QIDS[0], envelope, parse_prompt(envelope), 1, time.time())
     rig.store.put_open(spec, owner="q")
     rig.store.close(QIDS[0], "answered", owner="q", answer_file=(f"{QIDS[0]}.answer.json", SIG))
     rig.ref.stop()
@@ -282,22 +221,24 @@ def test_the_file_that_answered_a_question_is_not_late(make: Any) -> None:
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
-    rig.logger.quiet(0.05)
+    rig.depth()  # that turn is over
+    rig.logger.assert_nothing()
 
 
 def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: Any) -> None:
     # issue 14: a rescan re-offering the answering file between the close and its
     # removal logged a spurious late_answer and sent a late note to the human
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    depth(rig.ref)
+    rig.depth()
     assert len(start.slot.held) == 1  # AnswerArrived
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # offered again
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
-    rig.logger.quiet(0.05)
+    rig.depth()  # that turn is over
+    rig.logger.assert_nothing()
     assert rig.store.owed_notes() == []
     # another version of the file after the close is late, as before (C15)
     other = FileSignature(SIG.inode, SIG.size + 1, SIG.mtime_ns)
@@ -311,32 +252,32 @@ def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: 
 
 def test_cancel_goes_to_the_open_question_only(make: Any) -> None:
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     for ref in (QIDS[0], QIDS[1]):
         cancel = CancelEnvelope.model_validate(
             {"msg_id": QIDS[5], "from": "builder", "to": "user-remote",
              "created_at": "2026-11-30T12:00:00.000Z", "ref_msg_id": ref}
         )
         rig.ref.tell(CancelQuestion(cancel))
-    depth(rig.ref)
+    rig.depth()
     assert start.slot.held == (CancelRequested(),)
 
 
 def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(make: Any) -> None:
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
-    assert depth(rig.ref) == 1
+    assert rig.depth() == 1
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
-    assert depth(rig.ref) == 0
+    assert rig.depth() == 0
     assert rig.router.closed == {QIDS[0]: "answered"}
 
 
 def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None:
     # restore: pending questions are sent again, owed notes and responses too (issue 9.7)
     first = make()
-    first.admit(QIDS[0])
-    second_start = first.admit(QIDS[1])
+    first.opened(prompt_envelope(QIDS[0]))
+    second_start = first.opened(prompt_envelope(QIDS[1]))
     first.store.set_state(QIDS[1], "delivered", owner=second_start.child)
     note = SendText(QIDS[2], "ℹ note", "late_note", note_id="late:x")
     first.store.owe_note(note)
@@ -348,7 +289,8 @@ def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None
     told = [rig.delivery.expect(SendText) for _ in range(2)]
     assert told[0] == note
     assert (told[1].qid, told[1].purpose, told[1].reply_to) == (QIDS[0], "question", starts[0].slot)
-    rig.delivery.quiet(0.05)
+    rig.depth()  # the restore (before the first message) is over
+    rig.delivery.assert_nothing()
     # the rows now belong to the new children
     assert rig.store.open_spec(QIDS[1], starts[1].child) is not None
 
@@ -356,7 +298,7 @@ def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None
 # -- late files: each judged once, within a bounded memory (C15, issue 9.7) ----------
 
 
-def _late_notes(rig: Rig, count: int) -> list[SendText]:
+def _late_notes(rig: RouterRig, count: int) -> list[SendText]:
     notes: list[SendText] = []
     while len(notes) < count:
         note = rig.delivery.expect(SendText)
@@ -365,7 +307,7 @@ def _late_notes(rig: Rig, count: int) -> list[SendText]:
     return notes
 
 
-def _late_records(rig: Rig, count: int) -> list[Any]:
+def _late_records(rig: RouterRig, count: int) -> list[Any]:
     records: list[Any] = []
     while len(records) < count:
         record = rig.logger.expect(LogEvent).record
@@ -378,7 +320,7 @@ def test_each_late_file_gets_its_own_note_and_log_line(make: Any) -> None:
     # C15, C20: two closed questions, one late file each: two notes, two lines naming them
     rig = make()
     for qid, state in ((QIDS[0], "cancelled"), (QIDS[1], "timeout")):
-        start = rig.admit(qid)
+        start = rig.opened(prompt_envelope(qid))
         rig.ref.tell(QuestionClosed(qid, state, start.child))  # type: ignore[arg-type]
     for qid in QIDS[:2]:
         rig.ref.tell(AnswerFileSeen(f"{qid}.answer.json", answer_file(qid), SIG))
@@ -400,7 +342,7 @@ def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
     # it before the Watcher removes it); bounded: only the most recent ones are kept
     monkeypatch.setattr("coms_hermes_bridge.actors.router._JUDGED_MEMORY", 2)
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
     name = f"{QIDS[0]}.answer.json"
     versions = [FileSignature(7, 80, n) for n in (1, 2, 3)]
@@ -409,8 +351,8 @@ def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
     assert len(_late_notes(rig, 3)) == 3
     for sig in versions[1:]:  # the two most recent: remembered
         rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
-    depth(rig.ref)  # the router has read them
-    rig.delivery.quiet(0.1)
+    rig.depth()  # the router has read them
+    rig.delivery.assert_nothing()
     assert len(rig.router._judged) == 2
 
 
@@ -418,7 +360,8 @@ def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
 
 
 def _spec(qid: str) -> QuestionSpec:
-    return QuestionSpec(qid, prompt(qid), parse_prompt(prompt(qid)), 1000.0, time.time() + 60)
+    envelope = prompt_envelope(qid)
+    return QuestionSpec(qid, envelope, parse_prompt(envelope), 1000.0, time.time() + 60)
 
 
 @pytest.mark.parametrize("how", ["open", "closed", "undelivered"])
@@ -437,7 +380,8 @@ def test_a_file_a_sibling_knows_is_left_for_it(make: Any, tmp_path: Path, how: s
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
     assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
         name, SIG, OwnedElsewhere(QIDS[1], "b"))
-    rig.logger.quiet(0.05)
+    rig.depth()  # that turn is over
+    rig.logger.assert_nothing()
 
 
 def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Any, tmp_path: Path) -> None:
@@ -456,7 +400,7 @@ def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Any, tmp_path
 def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) -> None:
     # X11: hermes failed, yet the human answered: told, once per file version, note owed
     rig = make()
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
     rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
     name = f"{QIDS[0]}.answer.json"
@@ -472,23 +416,24 @@ def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) 
         note = rig.delivery.expect(SendText)
     assert note.text == undelivered_note(QIDS[0]) and note.note_id is not None
     assert rig.store.owed_notes() == [note]
-    rig.delivery.quiet(0.1)
-    rig.logger.quiet(0)
-    rig.watcher.quiet(0)
+    rig.depth()  # the rescan's sighting handled too
+    rig.delivery.assert_nothing()
+    rig.logger.assert_nothing()
+    rig.watcher.assert_nothing()
 
 
 def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Any) -> None:  # X10
     rig = make(max_open_per_asker=2)
-    rig.admit(QIDS[0])
-    second = rig.admit(QIDS[1])
-    assert admit(rig.ref, prompt(QIDS[2])) == "builder has 2 open questions; try again later"
+    rig.opened(prompt_envelope(QIDS[0]))
+    second = rig.opened(prompt_envelope(QIDS[1]))
+    assert rig.admit(prompt_envelope(QIDS[2])) == "builder has 2 open questions; try again later"
     assert [spec.qid for spec in rig.store.load()[0]] == QIDS[:2]  # nothing stored
-    other = prompt(QIDS[3]).model_copy(update={"sender_name": "reviewer"})
-    assert admit(rig.ref, other) is None
+    other = prompt_envelope(QIDS[3], sender_name="reviewer")
+    assert rig.admit(other) is None
     assert rig.questions.expect(StartQuestion).spec.qid == QIDS[3]
-    assert admit(rig.ref, prompt(QIDS[1])) is None  # its own resend: acked (X2)
+    assert rig.admit(prompt_envelope(QIDS[1])) is None  # its own resend: acked (X2)
     rig.ref.tell(QuestionClosed(QIDS[1], "answered", second.child))
-    assert admit(rig.ref, prompt(QIDS[4])) is None  # room again once one closed
+    assert rig.admit(prompt_envelope(QIDS[4])) is None  # room again once one closed
     assert rig.questions.expect(StartQuestion).spec.qid == QIDS[4]
 
 
@@ -496,20 +441,20 @@ def test_an_answer_being_handled_when_all_questions_restart_is_offered_again(mak
     # the QuestionSupervisor (or the Router) crashed while a question handled an answer:
     # its file is asked for again at once, for the question started anew from its row
     rig = make()
-    start = rig.admit(QIDS[0])
-    rig.admit(QIDS[1])
+    start = rig.opened(prompt_envelope(QIDS[0]))
+    rig.opened(prompt_envelope(QIDS[1]))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    depth(rig.ref)
+    rig.depth()
     assert isinstance(start.slot.held[0], AnswerArrived)
     rig.ref.tell(RestoreQuestions())
     assert rig.watcher.expect(OfferAgain) == OfferAgain(name)  # only the one being handled
     again = rig.questions.expect(StartQuestion)
     assert again.spec.qid == QIDS[0] and again.child != start.child
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    depth(rig.ref)
+    rig.depth()
     assert isinstance(again.slot.held[0], AnswerArrived)
-    rig.watcher.quiet(0.05)
+    rig.watcher.assert_nothing()
 
 
 def test_a_restarted_router_has_every_open_questions_file_looked_at_again(make: Any) -> None:
@@ -517,21 +462,22 @@ def test_a_restarted_router_has_every_open_questions_file_looked_at_again(make: 
     # handling, so each open qid's file is offered again at once (the first start's deep
     # rescan covers that case on its own)
     first = make()
-    first.admit(QIDS[0])
-    first.admit(QIDS[1])
-    first.watcher.quiet(0.05)
+    first.opened(prompt_envelope(QIDS[0]))
+    first.opened(prompt_envelope(QIDS[1]))
+    first.watcher.assert_nothing()  # admission's reply comes after its turn's tells
     again = make(resume_owed=False)  # the same state file, as a restarted child
     offered = {again.watcher.expect(OfferAgain).name for _ in range(2)}
     assert offered == {f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"}
     fresh = make(path="state-other.sqlite3")
-    fresh.watcher.quiet(0.05)
+    fresh.depth()  # its start (the restore) is over
+    fresh.watcher.assert_nothing()
 
 
 def test_siblings_are_not_read_when_our_own_memory_decides(make: Any) -> None:  # X11, X6
     # reading other bridges' state files costs I/O on the actors' thread: only when needed
     asked: list[str] = []
     rig = make(sibling=lambda qid: asked.append(qid) or "b")
-    start = rig.admit(QIDS[0])
+    start = rig.opened(prompt_envelope(QIDS[0]))
     rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
     rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
     rig.ref.tell(AnswerFileSeen(f"{QIDS[0]}.answer.json", answer_file(QIDS[0]), SIG))

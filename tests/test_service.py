@@ -207,7 +207,7 @@ def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
         for line in bridge.stderr_lines
         if line.startswith("coms-hermes-bridge: info: Current state of ")
     ]
-    assert "actors-0" in dumped, dumped  # the thread the actors' turns run on
+    assert "edge" in dumped, dumped  # the thread the actors' turns and all I/O run on
     assert any(name.startswith("RootSupervisor") for name in dumped), dumped  # an actor's own
     assert "SIGUSR1: stacks of every thread follow" in " ".join(bridge.stderr_lines)
     assert bridge.ping()["type"] == "pong"

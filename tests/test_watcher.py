@@ -26,6 +26,7 @@ import pytest
 from fakes import FakeRef, wait_for
 
 from coms_hermes_bridge.actors import watcher as watcher_module
+from coms_hermes_bridge.actors.edge import shared_edge
 from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
@@ -69,6 +70,17 @@ class Clock:
 _RIGS: list[pykka.ActorRef[Any]] = []
 
 
+def edge_caught_up() -> None:
+    """Returns once the edge's loop has run every callback that was ready when this was
+    called: inotify's read of the events of every change made before, say. A call from
+    another thread may run ahead of the I/O that its own wake-up finds, so the sign is
+    given one loop iteration later, after that I/O's callbacks."""
+    loop = shared_edge().loop
+    done = threading.Event()
+    loop.call_soon_threadsafe(loop.call_soon, done.set)
+    assert done.wait(5), "the edge's loop stalled"
+
+
 @pytest.fixture(autouse=True)
 def stop_the_watchers() -> Iterator[None]:
     """Each test's watcher stops with it: the watchers share one dispatcher thread,
@@ -103,7 +115,11 @@ class Rig:
         _RIGS.append(self.ref)
 
     def sync(self) -> None:
-        """Wait until the watcher has handled everything told to it so far."""
+        """Wait until the watcher has handled everything told to it so far, and the
+        inotify events of every change made before (the test's, and its own meanwhile):
+        after it, an absence needs no waiting (`assert_nothing`)."""
+        self.ref.ask(FilesChanged(()))
+        edge_caught_up()  # their FilesChanged are told by now
         self.ref.ask(FilesChanged(()))
 
     def seen(self, content: bytes | None = None, timeout: float = 5.0) -> AnswerFileSeen:
@@ -171,7 +187,7 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     for _ in range(3):
         rig.ref.tell(Rescan())
     rig.sync()
-    rig.router.quiet(0.1)
+    rig.router.assert_nothing()
     assert len(reads) == read_once  # not re-read, so not re-parsed either
     clock.now += 30  # still there after the re-offer age: its question may have crashed
     rig.ref.tell(Rescan())
@@ -195,7 +211,7 @@ def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
     changed = FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
     rig.ref.tell(Rescan())
     rig.sync()
-    rig.router.quiet(0.1)  # handed on and not due: not even looked at
+    rig.router.assert_nothing()  # handed on and not due: not even looked at
     rig.ref.tell(Rescan(deep=True))
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, changed)
 
@@ -221,7 +237,7 @@ def test_an_inotify_overflow_brings_a_deep_rescan(
     st = os.stat(rig.dir / NAME)
     rig.ref.tell(Rescan())  # a plain beat does not look at it
     rig.sync()
-    rig.router.quiet(0.1)
+    rig.router.assert_nothing()
     overflow.set()
     (rig.dir / "unrelated").write_text("")  # an event, so that inotify is read (and overflows)
     assert rig.seen().signature == FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
@@ -235,12 +251,12 @@ def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:  # issue
     rig.seen(ANSWER)
     rig.ref.tell(Rescan())
     rig.sync()
-    rig.router.quiet(0.1)  # in flight: not again by itself
+    rig.router.assert_nothing()  # in flight: not again by itself
     rig.ref.tell(OfferAgain(NAME))  # its question restarted while handling it
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     rig.ref.tell(OfferAgain("01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"))  # gone: nothing
     rig.sync()
-    rig.router.quiet(0.1)
+    rig.router.assert_nothing()
 
 
 def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
@@ -250,8 +266,8 @@ def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
     (rig.dir / f"{'1' * 26}.answer.json").symlink_to(tmp_path / "elsewhere.json")
     rig.ref.tell(Rescan())
     rig.sync()
-    rig.router.quiet(0.2)
-    rig.logger.quiet(0.0)
+    rig.router.assert_nothing()
+    rig.logger.assert_nothing()
 
 
 def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
@@ -289,9 +305,9 @@ def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     rejected = {rig.logged().detail["file"] for _ in range(4)}
     assert rejected == {fifo, sock, link, closed_fifo}
     rig.sync()
-    rig.logger.quiet(0.1)
+    rig.logger.assert_nothing()
     assert sorted(os.listdir(rig.dir)) == sorted([closed_file, closed_dir])  # left: tried later
-    rig.router.quiet(0.0)  # nothing here was ever handed on as an answer
+    rig.router.assert_nothing()  # nothing here was ever handed on as an answer
 
 
 # -- rejection (C9, C10) --------------------------------------------------------
@@ -329,7 +345,7 @@ def test_a_bad_name_is_rejected_by_the_watcher_after_the_grace(
     clock.now += 0.9
     rig.ref.tell(Rescan())
     rig.sync()
-    rig.logger.quiet(0.1)
+    rig.logger.assert_nothing()
     assert (rig.dir / name).exists()  # maybe a temporary name, about to be renamed
     clock.now += 0.2
     rig.ref.tell(Rescan())
@@ -337,7 +353,7 @@ def test_a_bad_name_is_rejected_by_the_watcher_after_the_grace(
     assert (record.qid, record.event) == (NO_QID, "answer_rejected")
     assert record.detail == {"reason": reason, "file": name}
     assert not (rig.dir / name).exists()
-    rig.router.quiet(0.0)  # a bad name never reaches the router
+    rig.router.assert_nothing()  # a bad name never reaches the router
 
 
 def test_a_temporary_name_renamed_in_time_is_never_rejected(tmp_path: Path) -> None:  # C10, W21
@@ -355,7 +371,7 @@ def test_a_temporary_name_renamed_in_time_is_never_rejected(tmp_path: Path) -> N
     rig.seen(ANSWER)
     rig.sync()
     assert all(e.record.event != "answer_rejected" for e in rig.logger.seen)
-    rig.logger.quiet(0.0)
+    rig.logger.assert_nothing()
 
 
 def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # C10
@@ -369,7 +385,7 @@ def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # 
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     rig.sync()
     assert (rig.dir / NAME).exists()
-    rig.logger.quiet(0.1)
+    rig.logger.assert_nothing()
     clock.now += 0.02
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     record = rig.logged()
@@ -405,8 +421,8 @@ def test_a_verdict_on_an_older_version_re_examines_the_file(tmp_path: Path) -> N
     assert rig.seen(ANSWER).signature == new
     rig.sync()
     assert (rig.dir / NAME).read_bytes() == ANSWER
-    rig.logger.quiet(0.1)
-    rig.delivery.quiet(0.0)
+    rig.logger.assert_nothing()
+    rig.delivery.assert_nothing()
 
 
 def test_a_verdict_on_a_vanished_file_does_nothing(tmp_path: Path) -> None:
@@ -418,8 +434,8 @@ def test_a_verdict_on_a_vanished_file_does_nothing(tmp_path: Path) -> None:
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
     rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     rig.sync()
-    rig.logger.quiet(0.1)
-    rig.delivery.quiet(0.0)
+    rig.logger.assert_nothing()
+    rig.delivery.assert_nothing()
 
 
 # -- removal after an accepted answer (C2) --------------------------------------
@@ -438,7 +454,7 @@ def test_remove_answer_file_removes_only_the_version_that_was_read(tmp_path: Pat
     rig.ref.ask(RemoveAnswerFile(NAME, second))
     assert not (rig.dir / NAME).exists()
     rig.ref.ask(RemoveAnswerFile(NAME, second))  # gone already: nothing to do
-    rig.logger.quiet(0.0)
+    rig.logger.assert_nothing()
 
 
 # -- the directory: private, and it heals (issue 9.3, 9.4) -----------------------
@@ -482,7 +498,7 @@ def test_a_deleted_directory_is_made_again_and_watched_without_a_restart(
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)  # only inotify can bring it: no rescan beat
     assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
-    rig.supervisor.quiet(0.0)  # never failed, so never restarted
+    rig.supervisor.assert_nothing()  # never failed, so never restarted
 
 
 def test_a_file_written_while_the_watch_is_remade_is_found(tmp_path: Path) -> None:  # issue 9.3
@@ -495,7 +511,7 @@ def test_a_file_written_while_the_watch_is_remade_is_found(tmp_path: Path) -> No
     signature = write(rig.dir / NAME, ANSWER)
     assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
     wait_for(lambda: mode(rig.dir) == 0o700, what="the directory tightened")
-    rig.supervisor.quiet(0.0)
+    rig.supervisor.assert_nothing()
 
 
 def test_a_directory_moved_away_is_replaced_and_the_old_one_forgotten(tmp_path: Path) -> None:  # 9.3
@@ -545,7 +561,7 @@ def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
     wait_for(lambda: "watching" in capsys.readouterr().err, what="the recovery line")
     write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.supervisor.quiet(0.0)
+    rig.supervisor.assert_nothing()
 
 
 def test_a_directory_that_cannot_be_made_at_start_fails_the_start(tmp_path: Path) -> None:
@@ -614,7 +630,8 @@ def test_a_foreign_file_is_rejected_at_once(tmp_path: Path) -> None:  # X6, C9
     record = rig.logged()
     assert (record.event, record.detail) == ("answer_rejected", {"reason": "foreign_qid", "file": NAME})
     assert not (rig.dir / NAME).exists()
-    rig.delivery.quiet(0.1)  # X7 is for open questions only
+    rig.sync()  # the turn that logged it is over
+    rig.delivery.assert_nothing()  # X7 is for open questions only
 
 
 def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path) -> None:  # X6
@@ -629,8 +646,8 @@ def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path)
     rig.ref.tell(Rescan())
     rig.sync()
     assert (rig.dir / NAME).exists()  # however long: its owner may be down
-    rig.router.quiet(0.1)  # held, so not handed on again meanwhile
-    rig.logger.quiet(0.0)
+    rig.router.assert_nothing()  # held, so not handed on again meanwhile
+    rig.logger.assert_nothing()
     clock.now += 0.1
     rig.ref.tell(Rescan())  # due: judged afresh (the sibling may have forgotten it by now)
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
@@ -640,7 +657,8 @@ def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path)
     rig.ref.tell(Rescan())
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     assert (rig.dir / NAME).exists()
-    rig.logger.quiet(0.1)
+    rig.sync()
+    rig.logger.assert_nothing()
 
 
 def test_a_new_version_of_a_siblings_file_is_looked_at_at_once(tmp_path: Path) -> None:  # X6
@@ -667,7 +685,7 @@ def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -
         rig.sync()
     assert not (a.dir / NAME).exists()
     assert a.logged().detail == {"reason": "foreign_qid", "file": NAME}
-    b.logger.quiet(0.1)
+    b.logger.assert_nothing()
 
 
 def test_a_siblings_file_its_owner_takes_is_forgotten(tmp_path: Path) -> None:  # X6
@@ -681,8 +699,8 @@ def test_a_siblings_file_its_owner_takes_is_forgotten(tmp_path: Path) -> None:  
     clock.now += DEFAULT_REOFFER_S + 1
     rig.ref.tell(Rescan())
     rig.sync()
-    rig.logger.quiet(0.1)
-    rig.router.quiet(0.0)
+    rig.logger.assert_nothing()
+    rig.router.assert_nothing()
 
 
 # -- telling the human (X7) -------------------------------------------------------
@@ -705,7 +723,8 @@ def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
         if step != 59.9:
             assert rig.delivery.next() == note
         else:
-            rig.delivery.quiet(0.1)  # the second refusal within the minute: no second note
+            rig.sync()  # the turn that logged it is over
+            rig.delivery.assert_nothing()  # the second refusal within the minute: no second note
 
 
 def test_invalid_json_is_noted_only_after_its_grace(tmp_path: Path) -> None:  # X7, C10
@@ -716,7 +735,7 @@ def test_invalid_json_is_noted_only_after_its_grace(tmp_path: Path) -> None:  # 
     rig.seen(b"{")
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     rig.sync()
-    rig.delivery.quiet(0.1)
+    rig.delivery.assert_nothing()
     clock.now += 1
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     assert rig.delivery.next() == SendText(
