@@ -3,8 +3,8 @@
 `Slot` is a child's stable address: collaborators hold the slot, never the
 actor ref, so a restarted child is reachable at once and nothing told to it
 while it was down is lost. `Supervised` is the base of every supervised actor
-(`Child` on a thread of its own, `PooledChild` and `PooledService` on the
-shared dispatcher): when it dies of an exception it hands what was still in
+(`PooledChild` and `PooledService`, whose turns run on the dispatcher):
+when it dies of an exception it hands what was still in
 its mailbox (and whatever work it had taken out of it) to its supervisor,
 which restarts it and replays those messages in order.
 """
@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import sys
 import threading
 import weakref
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pykka
 
 from ..messages.commands import Address, ChildFailed
 from .dispatch import PooledActor
 
-if TYPE_CHECKING:
-    from pykka._actor import ActorInbox
-
 # Which slot feeds which mailbox, so that a dying child can close its own slot
-# (see Child._hand_over). Keyed by the inbox, a public attribute of every ref.
+# (see Supervised._hand_over). Keyed by the inbox, a public attribute of every ref.
 _SLOT_OF_INBOX: weakref.WeakKeyDictionary[Any, Slot] = weakref.WeakKeyDictionary()
 _SLOT_OF_INBOX_LOCK = threading.Lock()
 
@@ -226,7 +222,8 @@ class Supervised(pykka.Actor):
     """A supervised actor: on a crash it tells its supervisor and hands over its work.
 
     The runtime (a thread of its own, or turns on a shared pool) comes from the
-    concrete class: `Child` or `PooledChild`.
+    concrete class: `PooledChild` for the daemon's actors (a test may give one a
+    thread of its own).
     """
 
     def __init__(self, name: str, supervisor: Address) -> None:
@@ -303,23 +300,6 @@ class Supervised(pykka.Actor):
         self.supervisor.tell(
             ChildFailed(self.child_name, error, tuple(unread), is_resource_shortage(exc))
         )
-
-
-class Child(Supervised, pykka.ThreadingActor):
-    """A supervised actor on a thread of its own: the root's children whose turns may
-    wait (Delivery, which hands hermes to its worker but joins it at a stop)."""
-
-    # The daemon must be able to exit even if an actor thread is wedged.
-    use_daemon_thread = True
-
-    @staticmethod
-    def _create_actor_inbox() -> ActorInbox:
-        # pykka's own inbox is a queue.Queue, whose put and get run a Condition
-        # written in Python: with thousands of answers at once, a sixth of the
-        # daemon's time went there. SimpleQueue does the same in C (unbounded,
-        # FIFO, put never blocks), and is all the ActorInbox protocol asks
-        # (put, get, empty); pykka's hook for it is pinned with the dispatcher's.
-        return queue.SimpleQueue()
 
 
 class PooledChild(Supervised, PooledActor):

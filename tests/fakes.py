@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pykka
 
-from coms_hermes_bridge.actors.base import Child
+from coms_hermes_bridge.actors.base import Supervised
 from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
@@ -233,6 +233,13 @@ class Hold:
     """Makes a Recorder wait, so that what is told meanwhile stays unread."""
 
     release: threading.Event = field(compare=False)
+
+
+class Child(Supervised, pykka.ThreadingActor):
+    """A supervised actor on a thread of its own: a fake child whose turns may block
+    (Hold) without holding up the daemon's actors on the edge's thread."""
+
+    use_daemon_thread = True
 
 
 class Recorder(Child):
