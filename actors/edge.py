@@ -28,6 +28,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -100,11 +101,18 @@ class Edge:
         # (a thousand answers' responses) costs one write to the loop's pipe, not one each.
         self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self._waking = False
+        _EDGES.add(self)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         return loop if loop is not None else self._start()
+
+    def _forked(self) -> None:
+        """In a forked child (a test runner's worker): the loop's thread stayed behind."""
+        self._lock = threading.Lock()
+        self._loop = self._thread = None
+        self._calls, self._waking = deque(), False
 
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -344,6 +352,18 @@ def _drain(loop: asyncio.AbstractEventLoop, fd: int, tail: bytearray, reads: int
 
 _SHARED: Edge | None = None
 _SHARED_LOCK = threading.Lock()
+_EDGES: weakref.WeakSet[Edge] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    global _SHARED_LOCK, _SPAWNER
+    _SHARED_LOCK = threading.Lock()
+    _SPAWNER = None
+    for edge in list(_EDGES):
+        edge._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def shared_edge() -> Edge:

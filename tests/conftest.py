@@ -13,11 +13,12 @@ import pykka
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coms_hermes_bridge.actors import dispatch, edge
+from coms_hermes_bridge.actors import dispatch, responses
 
 
 def _forget_shared_services() -> None:
-    """A forked test process starts without the parent's shared pool and edge threads.
+    """A forked test process starts without the parent's shared services (each edge
+    forgets its loop by itself: actors/edge.py).
 
     Mutation testing (mutmut) runs each mutant in a fork of a process that has
     already run tests; the singletons it inherits would point at threads that
@@ -25,9 +26,8 @@ def _forget_shared_services() -> None:
     """
     dispatch._SHARED_LOCK = threading.Lock()
     dispatch._SHARED = None
-    edge._SHARED_LOCK = threading.Lock()
-    edge._SHARED = None
-    edge._SPAWNER = None
+    responses._SHARED_LOCK = threading.Lock()
+    responses._SHARED = None
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)

@@ -204,3 +204,18 @@ def test_a_timer_set_while_the_loop_is_busy_counts_from_when_it_was_set(edge: Ed
     edge.after(0.5, lambda: fired.append(time.time()))
     wait_for(lambda: fired, what="the timer fired")
     assert 0.9 <= fired[0] - began < 1.4  # as soon as the loop was free, not 0.5 s later
+
+
+def test_a_forked_child_runs_its_own_loop(edge: Edge) -> None:
+    # a test runner's worker (mutmut) forks a process whose edge already runs: the loop's
+    # thread does not come along, so the edge starts a loop of its own in the child
+    ran = threading.Event()
+    edge.after(0, ran.set)
+    assert ran.wait(2)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if a timer fires there
+        fired = threading.Event()
+        edge.after(0.01, fired.set)
+        os._exit(0 if fired.wait(2) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
