@@ -175,7 +175,7 @@ class Listener:
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
         self._clients: set[asyncio.Task[None]] = set()
-        self._listening = False
+        self._broken = False  # the listening socket could not be watched: restart the Peer
         self._stopped = False
         self._refused = Episode()  # connections refused while the cap was reached
         self._short = Episode()  # accept() out of descriptors
@@ -186,7 +186,9 @@ class Listener:
 
     @property
     def serving(self) -> bool:
-        return self._listening or self._stopped
+        """False once the listening socket could not be watched (the heartbeat then fails
+        the Peer, and its restart binds afresh); a pause for descriptors is still serving."""
+        return not self._broken
 
     def start(self) -> None:
         self.edge.call(self._listen, self._server)
@@ -215,9 +217,8 @@ class Listener:
             return
         try:
             self.edge.loop.add_reader(server.fileno(), self._accept, server)
-            self._listening = True
         except (ValueError, OSError) as exc:  # closed meanwhile
-            self._listening = False
+            self._broken = True
             report(f"cannot listen for coms connections: {exc}", "error")
 
     def _unlisten(self, server: socket.socket) -> None:
@@ -233,7 +234,6 @@ class Listener:
 
     def _shut(self, done: concurrent.futures.Future[None]) -> None:
         self._stopped = True
-        self._listening = False
         self._unlisten(self._server)
         for task in list(self._clients):
             task.cancel()
@@ -274,7 +274,6 @@ class Listener:
         """Stop reading the listening socket for a while (its backlog waits meanwhile)."""
         loop = self.edge.loop
         loop.remove_reader(server.fileno())
-        self._listening = False
 
         def resume() -> None:
             if server is self._server and not self._stopped:

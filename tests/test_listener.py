@@ -202,6 +202,35 @@ def test_accept_out_of_descriptors_is_retried_not_fatal(
         served.stop()
 
 
+def test_a_pause_for_descriptors_is_still_serving(short_tmp: Path) -> None:
+    # the Peer's heartbeat fails the Peer when its listener is not serving: a pause in
+    # accepting (out of descriptors) must not read as that, or a shortage restarts it
+    path = short_tmp / "l.sock"
+    ShortOfDescriptors.calls = 0
+    server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.fails = 10**9  # short for as long as the test likes
+    server.bind(str(path))
+    server.listen(8)
+    served = Served(short_tmp, server=server)
+    try:
+        waiting = connect(path)  # sits in the backlog while accept() fails
+        wait_for(lambda: ShortOfDescriptors.calls >= 2, what="accept retried after a pause")
+        assert served.listener.serving
+        server.fails = 0
+        waiting.sendall(PING)
+        assert json.loads(read_reply(waiting))["type"] == "pong"
+        waiting.close()
+    finally:
+        served.stop()
+
+
+def read_reply(conn: socket.socket) -> bytes:
+    reply = b""
+    while chunk := conn.recv(4096):
+        reply += chunk
+    return reply
+
+
 # The response pool itself is tested over real sockets in tests/test_responses.py.
 
 
