@@ -18,6 +18,7 @@ import errno
 import json
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable
 
 from .base import report
@@ -98,22 +99,27 @@ def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
 
 
 class ResponsePool:
-    """Every response being sent, with its retries, as tasks on the edge.
+    """Every response being sent, with its retries, as callbacks on the edge's loop.
 
     Not tied to one actor's life: a restarted Peer must not drop a response
     mid-retry. `done(reason)` is called on the edge once per response: None
     when acked, else why it failed for good or after the last retry. It must
     be quick (it shares the loop with every send).
+
+    A send is a few callbacks on the loop's own selector (connect, write
+    when writable, read when readable, a deadline), not a task: at 10,000
+    answers a coroutine, a transport and a timeout context per send cost
+    twice the time of the exchange itself.
     """
 
     def __init__(self, capacity: int = RESPONSE_QUEUE, flights: int = FLIGHTS,
                  edge: Edge | None = None) -> None:
         self.capacity = capacity
+        self.flights = flights
         self.edge = edge or shared_edge()
         self._room = threading.BoundedSemaphore(capacity) if capacity > 0 else None
-        self._flights = flights
-        self._flying: asyncio.Semaphore | None = None  # made on the loop, on first use
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._flying: set[_Send] = set()  # holding a socket: at most `flights`
+        self._waiting: deque[_Send] = deque()  # for a socket, in order
         self._closed = False
 
     def submit(
@@ -129,116 +135,152 @@ class ResponsePool:
         or the pool is closed."""
         if self._closed or self._room is None or not self._room.acquire(blocking=False):
             return False
-        self.edge.call(self._start, qid, endpoint, line, timeout, pauses, done)
+        self.edge.call(self._take, _Send(self, qid, endpoint, line, timeout, pauses, done))
         return True
 
-    def _start(self, qid: str, endpoint: str, line: bytes, timeout: float,
-               pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
-        task = self.edge.loop.create_task(self._send(qid, endpoint, line, timeout, pauses, done))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _take(self, send: _Send) -> None:
+        """On the loop: the send gets a socket now, or waits for one."""
+        if self._closed:
+            return
+        if len(self._flying) < self.flights:
+            self._flying.add(send)
+            send.attempt()
+        else:
+            self._waiting.append(send)
 
-    async def _send(self, qid: str, endpoint: str, line: bytes, timeout: float,
-                    pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
+    def _landed(self, send: _Send, outcome: Outcome) -> None:
+        """On the loop: an attempt is over; its socket goes to the next send waiting."""
+        self._flying.discard(send)
+        while self._waiting and len(self._flying) < self.flights:
+            self._take(self._waiting.popleft())
+        reason, final = outcome
+        if not final and send.pauses:
+            pause, send.pauses = send.pauses[0], send.pauses[1:]
+            send.later = self.edge.loop.call_later(pause, self._take, send)
+            return
         assert self._room is not None
+        self._room.release()
         try:
-            reason, final = await self._attempt(endpoint, line, timeout)
-            for pause in pauses:
-                if final:
-                    break
-                await asyncio.sleep(pause)
-                reason, final = await self._attempt(endpoint, line, timeout)
-        except Exception as exc:  # a fault in one send is its failure, not the loop's
-            reason = _failure(exc)
-        finally:
-            self._room.release()
-        try:
-            done(reason)
+            send.done(reason)
         except Exception as exc:
-            report(f"response for {qid}: {exc!r}")
-
-    async def _attempt(self, endpoint: str, line: bytes, timeout: float) -> Outcome:
-        """One try, holding one of `flights` sockets; its deadline runs from its connect."""
-        if self._flying is None:
-            self._flying = asyncio.Semaphore(self._flights)
-        async with self._flying:
-            try:
-                async with asyncio.timeout(timeout):
-                    return await _exchange(endpoint, line)
-            except TimeoutError:
-                return "timed out", False
-            except OSError as exc:
-                return _failure(exc), exc.errno in _GONE
+            report(f"response for {send.qid}: {exc!r}")
 
     def close(self) -> None:
         """Drop every send in progress (for a pool that is not the process's own: tests,
         tools). `done` is not called for those: what was not sent stays owed."""
         self._closed = True
-        self.edge.call(self._cancel_all)
+        self.edge.call(self._drop_all)
 
-    def _cancel_all(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+    def _drop_all(self) -> None:
+        for send in list(self._flying):
+            send.drop()
+        self._flying.clear()
+        self._waiting.clear()
 
 
-class _Exchange(asyncio.Protocol):
-    """The line written once connected; the reply read up to its first newline."""
+class _Send:
+    """One response: its attempts, each a connect, a write and a read within a deadline."""
 
-    def __init__(self, line: bytes, reply: asyncio.Future[bytes]) -> None:
+    __slots__ = ("deadline", "done", "endpoint", "later", "line", "pauses", "pool", "qid",
+                 "reading", "reply", "sock", "timeout", "unsent", "writing")
+
+    def __init__(self, pool: ResponsePool, qid: str, endpoint: str, line: bytes,
+                 timeout: float, pauses: tuple[float, ...],
+                 done: Callable[[str | None], None]) -> None:
+        self.pool = pool
+        self.qid = qid
+        self.endpoint = endpoint
         self.line = line
-        self.reply = reply
-        self.received = bytearray()
-        self.transport: asyncio.BaseTransport | None = None
+        self.timeout = timeout
+        self.pauses = pauses
+        self.done = done
+        self.sock: socket.socket | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        self.later: asyncio.TimerHandle | None = None  # a connect retry, or the next attempt
+        self.unsent = memoryview(line)
+        self.reply = bytearray()
+        self.reading = self.writing = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(self.line)
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.pool.edge.loop
 
-    def data_received(self, data: bytes) -> None:
-        self.received += data
-        if b"\n" in data or len(self.received) > MAX_REPLY:
-            self.eof_received()
+    def attempt(self) -> None:
+        self.unsent = memoryview(self.line)
+        self.reply = bytearray()
+        self.deadline = self.loop.call_later(self.timeout, self.land, ("timed out", False))
+        self.connect()
 
-    def eof_received(self) -> bool:
-        if not self.reply.done():
-            self.reply.set_result(bytes(self.received))
-        if self.transport is not None:
-            self.transport.close()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.reply.done():
-            if exc is None:
-                self.reply.set_result(bytes(self.received))
-            else:
-                self.reply.set_exception(exc)
-
-
-async def _exchange(endpoint: str, line: bytes) -> Outcome:
-    """Connect (a full backlog is tried again every CONNECT_RETRY_S), write the line,
-    read the reply up to its first newline (at most MAX_REPLY bytes) and judge it."""
-    loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK |
-                         socket.SOCK_CLOEXEC)
-    try:
-        while True:
+    def connect(self) -> None:
+        """A full listen backlog (EAGAIN) is tried again every CONNECT_RETRY_S."""
+        self.later = None
+        try:
+            sock = self.sock = socket.socket(
+                socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
             try:
-                sock.connect(endpoint)
-                break
-            except BlockingIOError:  # AF_UNIX: the listen backlog is full (EAGAIN)
-                await asyncio.sleep(CONNECT_RETRY_S)
-            except ValueError as exc:  # a path too long for a socket address, say
-                raise OSError(errno.ENAMETOOLONG, str(exc)) from None
-    except BaseException:
-        sock.close()
-        raise
-    reply: asyncio.Future[bytes] = loop.create_future()
-    transport, _ = await loop.create_unix_connection(lambda: _Exchange(line, reply), sock=sock)
-    try:
-        return judge_reply(await reply)
-    finally:
-        transport.abort()  # at once, whatever is left: the exchange is over
+                sock.connect(self.endpoint)
+            except BlockingIOError:
+                sock.close()
+                self.sock = None
+                self.later = self.loop.call_later(CONNECT_RETRY_S, self.connect)
+                return
+            self.write()
+        except OSError as exc:
+            self.land((_failure(exc), exc.errno in _GONE))
+        except Exception as exc:  # a path no socket can have, say: this send's failure
+            self.land((_failure(exc), False))
+
+    def write(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            while self.unsent:
+                self.unsent = self.unsent[sock.send(self.unsent):]
+        except BlockingIOError:
+            if not self.writing:
+                self.writing = True
+                self.loop.add_writer(sock.fileno(), self.write)
+            return
+        except OSError as exc:
+            self.land((_failure(exc), False))
+            return
+        if self.writing:
+            self.writing = False
+            self.loop.remove_writer(sock.fileno())
+        self.reading = True
+        self.loop.add_reader(sock.fileno(), self.read)
+
+    def read(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            chunk = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.land((_failure(exc), False))
+            return
+        self.reply += chunk
+        if not chunk or b"\n" in chunk or len(self.reply) > MAX_REPLY:
+            self.land(judge_reply(bytes(self.reply)))
+
+    def land(self, outcome: Outcome) -> None:
+        """The attempt is over: let go of its socket and timers, then the pool decides."""
+        self.drop()
+        self.pool._landed(self, outcome)
+
+    def drop(self) -> None:
+        for handle in (self.deadline, self.later):
+            if handle is not None:
+                handle.cancel()
+        self.deadline = self.later = None
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            if self.reading or self.writing:
+                self.loop.remove_reader(sock.fileno())
+                self.loop.remove_writer(sock.fileno())
+                self.reading = self.writing = False
+            sock.close()
 
 
 _SHARED: ResponsePool | None = None

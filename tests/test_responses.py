@@ -295,18 +295,18 @@ def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Pat
 
 def test_a_send_that_faults_fails_alone(
     coms_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # a fault in one send (here: out of memory in its exchange) is that send's failure
+) -> None:  # a fault in one send (here: no memory for its socket) is that send's failure
     asker = FakeAsker(coms_dir / "a.sock", ack)
     pool, done = ResponsePool(), Done()
-    real = responses._exchange
     faults = [OSError(12, "Cannot allocate memory")]
+    real = socket.socket
 
-    async def exchange(endpoint: str, line: bytes) -> Any:
+    def make(*args: Any, **kwargs: Any) -> socket.socket:
         if faults:
             raise faults.pop()
-        return await real(endpoint, line)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(responses, "_exchange", exchange)
+    monkeypatch.setattr(responses.socket, "socket", make)
     pool.submit("a", asker.path, LINE, 5.0, (), done("a"))
     wait_for(lambda: "a" in done.outcomes, what="the first outcome")
     pool.submit("b", asker.path, LINE, 5.0, (), done("b"))
