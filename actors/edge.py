@@ -59,29 +59,37 @@ def report(message: str) -> None:
     say(message)
 
 
-def _guarded(action: Callable[[], None], what: str) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            action()
-        except Exception as exc:  # one bad callback must not reach the loop's handler
-            report(f"{what} failed: {exc!r}")
-
-    return run
-
-
 class Timer:
-    """One action set for later; `cancel()` from any thread makes sure it does not run."""
+    """One action set for later; `cancel()` from any thread makes sure it does not run.
 
-    __slots__ = ("_cancelled", "_edge", "_handle")
+    Plain slots and bound methods, no closures: every open question holds one or two,
+    so at 10,000 open questions each byte here counts ten thousand times."""
 
-    def __init__(self, edge: Edge) -> None:
+    __slots__ = ("_action", "_cancelled", "_due", "_edge", "_handle")
+
+    def __init__(self, edge: Edge, due: float, action: Callable[[], None]) -> None:
         self._edge = edge
+        self._due = due
+        self._action = action
         self._handle: asyncio.TimerHandle | None = None
         self._cancelled = False
 
     def cancel(self) -> None:
         self._cancelled = True  # checked when it fires, should the cancel below come late
         self._edge.call(self._drop)
+
+    def _arm(self) -> None:
+        if not self._cancelled:
+            self._handle = self._edge.loop.call_at(self._due, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self._cancelled:
+            return
+        try:
+            self._action()
+        except Exception as exc:  # one bad action must not reach the loop's handler
+            report(f"{self._edge.name}: a timer action failed: {exc!r}")
 
     def _drop(self) -> None:
         if self._handle is not None:
@@ -162,23 +170,10 @@ class Edge:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def after(self, delay: float, action: Callable[[], None]) -> Timer:
-        """Run `action` on the loop `delay` seconds from now (it must be quick: a `tell`)."""
-        timer = Timer(self)
-        guarded = _guarded(action, f"{self.name}: a timer action")
-
-        def fire() -> None:
-            timer._handle = None
-            if not timer._cancelled:
-                guarded()
-
-        loop = self.loop
-        due = loop.time() + delay  # from now, however long the loop takes to arm it
-
-        def arm() -> None:
-            if not timer._cancelled:
-                timer._handle = loop.call_at(due, fire)
-
-        self.call(arm)
+        """Run `action` on the loop `delay` seconds from now (it must be quick: a `tell`).
+        The delay counts from this call, however long the loop takes to arm it."""
+        timer = Timer(self, self.loop.time() + delay, action)
+        self.call(timer._arm)
         return timer
 
     def at(self, when: float, action: Callable[[], None]) -> Timer:

@@ -228,8 +228,12 @@ def test_timer_expiry(start: Any, delivered: bool) -> None:
 def test_answer_after_each_terminal_state_is_late(start: Any, closing: Any, state: str) -> None:
     # C15, C19: answered|cancelled|timeout + late_answer -> unchanged
     rig = start()
+    rig.sync()
+    hold = threading.Event()
+    shared_edge().call(hold.wait, 5)  # the actors' thread waits: both are queued at once
     rig.slot.tell(closing)
     rig.slot.tell(answer("2"))  # queued before the actor stops itself
+    hold.set()
     # told after its close, so the Router judges the file knowing the question is closed:
     # late (C15), by the one path that owes the note
     assert rig.router.next() == QuestionClosed(QID, state, "question:x:1")  # type: ignore[arg-type]
