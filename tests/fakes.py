@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -9,7 +10,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import pykka
 
 from coms_hermes_bridge.actors.base import Supervised
+from coms_hermes_bridge.actors.edge import shared_edge
 from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
@@ -293,3 +295,15 @@ def thread_count() -> int:
             if line.startswith("Threads:"):
                 return int(line.split()[1])
     raise AssertionError("no Threads line in /proc/self/status")
+
+
+@contextlib.contextmanager
+def actors_held() -> Iterator[None]:
+    """The actors' thread (the shared edge's loop) waits while the block runs: what the
+    block tells is all in the mailboxes before any of it is handled."""
+    hold = threading.Event()
+    shared_edge().call(hold.wait, 10)
+    try:
+        yield
+    finally:
+        hold.set()

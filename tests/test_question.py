@@ -37,7 +37,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.model import AnswerFile, State
-from tests.fakes import FakeClock, FakeRef, prompt_envelope, thread_count, wait_for
+from tests.fakes import FakeClock, FakeRef, actors_held, prompt_envelope, thread_count, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -229,11 +229,9 @@ def test_answer_after_each_terminal_state_is_late(start: Any, closing: Any, stat
     # C15, C19: answered|cancelled|timeout + late_answer -> unchanged
     rig = start()
     rig.sync()
-    hold = threading.Event()
-    shared_edge().call(hold.wait, 5)  # the actors' thread waits: both are queued at once
-    rig.slot.tell(closing)
-    rig.slot.tell(answer("2"))  # queued before the actor stops itself
-    hold.set()
+    with actors_held():  # both queued at once
+        rig.slot.tell(closing)
+        rig.slot.tell(answer("2"))  # queued before the actor stops itself
     # told after its close, so the Router judges the file knowing the question is closed:
     # late (C15), by the one path that owes the note
     assert rig.router.next() == QuestionClosed(QID, state, "question:x:1")  # type: ignore[arg-type]
@@ -261,8 +259,10 @@ def test_restart_with_passed_deadline_times_out_at_once(start: Any) -> None:
 def test_unknown_message_crashes_loudly_to_the_supervisor(start: Any) -> None:
     # DESIGN: an unknown message is a bug that fails loudly
     rig = start()
-    rig.slot.tell("what is this")
-    rig.slot.tell(Delivered(QID))
+    rig.sync()
+    with actors_held():  # both queued before the first is handled
+        rig.slot.tell("what is this")
+        rig.slot.tell(Delivered(QID))
     failed = rig.supervisor.expect(ChildFailed)
     assert failed.child == "question:x:1" and "str" in failed.error
     assert failed.unread == (Delivered(QID),)
