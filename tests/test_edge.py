@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -219,3 +221,58 @@ def test_a_forked_child_runs_its_own_loop(edge: Edge) -> None:
         os._exit(0 if fired.wait(2) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_what_asyncio_cannot_handle_is_one_line_on_stderr(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def fault() -> None:
+        edge.loop.call_exception_handler({"message": "lost task", "exception": ValueError("v")})
+        edge.loop.call_exception_handler({"message": "no exception"})
+
+    edge.call(fault)
+    passed(edge, time.time())
+    err = capfd.readouterr().err.splitlines()
+    assert err == ["coms-hermes-bridge: edge: lost task: ValueError('v')",
+                   "coms-hermes-bridge: edge: no exception"]
+
+
+def test_close_ends_the_loop_and_its_thread() -> None:
+    own = Edge("test-close")
+    ran = threading.Event()
+    own.call(ran.set)
+    assert ran.wait(2)
+    thread = own._thread
+    loop = own._loop
+    assert thread is not None and loop is not None
+    own.close()
+    assert not thread.is_alive() and loop.is_closed()
+    own.close()  # twice is harmless
+    again = threading.Event()
+    own.call(again.set)  # used again: a loop of its own, afresh
+    assert again.wait(2)
+    own.close()
+
+
+def test_a_process_given_up_while_it_starts_is_killed(
+    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = edge_module._popen
+
+    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
+        proc = real(argv)
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(edge_module, "_popen", popen)
+    busy = threading.Event()
+    edge_module._spawner().submit(busy.wait, 10)  # the spawner is busy: the start waits
+    running = edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30))
+    wait_for(lambda: edge_module._spawner()._work_queue.qsize() >= 1, what="the start queued")
+    running.cancel()
+    busy.set()
+    wait_for(lambda: started and started[0].returncode is not None, what="killed once started")
+    assert started[0].returncode == -signal.SIGKILL

@@ -208,3 +208,38 @@ def test_a_restarted_supervisor_asks_the_router_to_restore(tmp_path: Path) -> No
     assert router.expect(RestoreQuestions) == RestoreQuestions()
     ref.stop()
     store.shutdown()
+
+
+def test_the_error_a_poison_questions_asker_reads_is_kept_to_500_characters() -> None:
+    from coms_hermes_bridge.actors.question_supervisor import failed_error
+
+    prefix = "bridge failed on this question: "
+    assert failed_error("e" * 500) == prefix + "e" * 500  # at the limit: whole
+    assert failed_error("e" * 501) == prefix + "e" * 499 + "…"  # past it: 500 in all
+
+
+def test_each_question_has_an_intensity_of_its_own(rig: Rig) -> None:
+    # issue 13.2: another question's crashes do not count toward this one's bound
+    other_qid = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
+    other_child = f"question:{other_qid}:run.1"
+    other_prompt = PROMPT.model_copy(update={"msg_id": other_qid})
+    spec = QuestionSpec(other_qid, other_prompt, parse_prompt(other_prompt), 60_000,
+                        time.time() + 60)
+    rig.store.put_open(spec, owner=other_child)
+    other = Slot(other_child)
+    rig.ref.tell(StartQuestion(spec, other_child, other))
+    wait_for(lambda: other.ref, what="the other question started")
+    for slot in (rig.slot, other, rig.slot, other, rig.slot, other):  # 3 crashes each
+        before = slot.ref
+        slot.tell(Boom())
+        wait_for(lambda slot=slot, before=before: slot.ref not in (None, before),
+                 what="restarted")
+    assert rig.peer.seen == []  # neither is poison: 3 crashes each, within each bound
+    assert rig.ref.is_alive()
+
+
+def test_a_stopping_supervisor_stops_its_questions(rig: Rig) -> None:
+    question = rig.slot.ref
+    assert question is not None
+    rig.ref.stop(timeout=5)
+    wait_for(lambda: not question.is_alive(), what="the question stopped with it")

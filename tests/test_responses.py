@@ -352,3 +352,22 @@ def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Pat
     wait_for(lambda: "q" in done.outcomes, what="the failure")
     assert done.outcomes == {"q": "AF_UNIX path too long"}
     assert send_envelope(endpoint, LINE, 5.0) == ("AF_UNIX path too long", False)
+
+
+@pytest.mark.parametrize(("reply", "outcome"), [
+    (b'{"type":"ack","msg_id":"q"}\n{"type":"nack"}\n', (None, True)),  # the first line decides
+    (b'{"type":"nack","error":"busy"}\n', ("nack: busy", True)),
+    (b"[1, 2]\n", ("unexpected reply: [1, 2]", True)),  # JSON, not an object
+    (b'"nack"\n', ('unexpected reply: "nack"', True)),
+    (b"\xff\xfe{}\n", ("unexpected reply: \ufffd\ufffd{}", True)),  # not UTF-8: still judged
+    (b"x" * 300 + b"\n", ("unexpected reply: " + "x" * 200, True)),  # quoted, cut to 200
+    (b"", ("connection closed without a reply", False)),
+    (b"  \n", ("connection closed without a reply", False)),
+])
+def test_judge_reply(reply: bytes, outcome: tuple[str | None, bool]) -> None:  # W15
+    assert responses.judge_reply(reply) == outcome
+
+
+def test_a_failure_without_words_is_named_by_its_kind() -> None:
+    assert responses._failure(TimeoutError()) == "TimeoutError"
+    assert responses._failure(OSError(2, "No such file")) == "[Errno 2] No such file"
