@@ -107,7 +107,7 @@ class Edge:
         self._thread: threading.Thread | None = None
         # Calls from other threads, run in one wake-up of the loop: a burst of them
         # (a thousand answers' responses) costs one write to the loop's pipe, not one each.
-        self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._calls: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
         self._waking = False
         _EDGES.add(self)
 
@@ -142,7 +142,7 @@ class Edge:
         asyncio.set_event_loop(loop)
         loop.run_forever()
 
-    def call(self, fn: Callable[..., None], *args: Any) -> None:
+    def call(self, fn: Callable[..., object], *args: Any) -> None:
         """Run `fn(*args)` on the loop, soon, in the order the calls were made."""
         loop = self.loop
         if self.on_loop():
