@@ -135,13 +135,15 @@ def wait_for(
 
 
 def read_ndjson(path: Path) -> list[Any]:
-    """Every record of an ndjson file (none if it is not there yet). Lines end at "\n"
-    only: str.splitlines() would also cut at U+2028 inside a string, which JSON keeps raw."""
+    """Every whole record of an ndjson file (none if it is not there yet). Lines end at
+    "\n" only: str.splitlines() would also cut at U+2028 inside a string, which JSON
+    keeps raw. A last line without its "\n" is being written right now: not read yet."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    return [json.loads(line) for line in text.split("\n") if line.strip()]
+    whole = data[: data.rfind(b"\n") + 1].decode("utf-8")
+    return [json.loads(line) for line in whole.split("\n") if line.strip()]
 
 
 def read_line(conn: socket.socket) -> bytes:
