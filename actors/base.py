@@ -179,15 +179,18 @@ class Episode:
     """A fault that may recur many times in a row: said when it begins, and when it ends
     with how often it happened, so that a fault on every beat is two lines, not a flood."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "cause")
 
     def __init__(self) -> None:
         self.count = 0
+        self.cause: object = None
 
-    def happened(self) -> bool:
-        """Count one more occurrence; True for the first of the episode (say it)."""
+    def happened(self, cause: object = None) -> bool:
+        """Count one more occurrence; True for the first of the episode, or when its
+        cause changed (a new reason is news to the operator: say it too)."""
         self.count += 1
-        return self.count == 1
+        first, self.cause = self.count == 1 or cause != self.cause, cause
+        return first
 
     def over(self) -> int:
         """End the episode: how many times it happened (0 when none was going on)."""

@@ -269,7 +269,7 @@ class WatcherActor(PooledService):
         try:
             self._make_and_watch()
         except OSError as exc:
-            if self._heal_failing.happened():
+            if self._heal_failing.happened(cause=(type(exc), exc.errno)):
                 report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
                        f"retrying every {self.poll_ms:g}ms")
             return False

@@ -543,3 +543,7 @@ def test_an_episode_is_said_when_it_begins_and_counted_when_it_ends() -> None:
     assert episode.over() == 3
     assert episode.over() == 0
     assert episode.happened() is True  # a new episode is said again
+    assert [episode.happened(c) for c in ("ENOENT", "ENOENT", "ENOTDIR", "ENOTDIR")] == [
+        True, False, True, False
+    ]  # a new cause mid-episode is news: said once too
+    assert episode.over() == 5

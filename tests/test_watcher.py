@@ -544,8 +544,8 @@ def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
         except (FileExistsError, IsADirectoryError):
             continue
     rig.dir.chmod(0o644)
-    # The race above may cost one short episode of its own (a directory removed
-    # under add_watch) before the file is in the way: wait for the file's episode.
+    # The race above may begin the episode with another cause (a directory removed
+    # under add_watch) before the file is in the way; the new cause is said too.
     said: list[str] = []
 
     def reported() -> bool:
