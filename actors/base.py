@@ -179,7 +179,7 @@ class Episode:
     """A fault that may recur many times in a row: said when it begins, and when it ends
     with how often it happened, so that a fault on every beat is two lines, not a flood."""
 
-    __slots__ = ("count", "cause")
+    __slots__ = ("cause", "count")
 
     def __init__(self) -> None:
         self.count = 0
