@@ -67,17 +67,6 @@ class FakeRef:
         self.seen.append(message)
         return message
 
-    def quiet(self, within: float = 0.2) -> None:
-        """Assert nothing more is told within `within` seconds.
-
-        A sleep: only for an absence that needs time to pass (a timer that must not
-        fire). After a sync, use `assert_nothing`."""
-        try:
-            message = self.inbox.get(timeout=within)
-        except queue.Empty:
-            return
-        raise AssertionError(f"{self.name}: unexpected {message!r}")
-
     def assert_nothing(self) -> None:
         """Assert nothing more has been told, now, without waiting.
 
@@ -118,6 +107,26 @@ def prompt_envelope(
         "sender_cwd": "/work",
         **fields,
     })
+
+
+def handled(ref: pykka.ActorRef[Any]) -> None:
+    """Returns once the actor has handled everything told to it so far (a proxy's read
+    is a message too, read in turn), and so told all it would tell for it: after it,
+    an absence needs no waiting (`FakeRef.assert_nothing`). Raises ActorDeadError for
+    an actor that has stopped."""
+    ref.proxy().actor_urn.get(timeout=5)
+
+
+def edge_caught_up() -> None:
+    """Returns once the edge's loop has run every callback that was ready when this was
+    called: inotify's read of the events of every change made before, say, or what a
+    connection's task does after its reply. A call from another thread may run ahead
+    of the I/O that its own wake-up finds, so the sign is given one loop iteration
+    later, after that I/O's callbacks."""
+    loop = shared_edge().loop
+    done = threading.Event()
+    loop.call_soon_threadsafe(loop.call_soon, done.set)
+    assert done.wait(5), "the edge's loop stalled"
 
 
 def wait_for(

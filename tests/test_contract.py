@@ -6,7 +6,6 @@ import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from fakes import prompt_envelope
 
 from coms_hermes_bridge.messages.contract import (
     DEFAULT_TIMEOUT_MS,
@@ -42,6 +41,7 @@ from coms_hermes_bridge.messages.model import (
     QuestionOption,
     SelectionAnswer,
 )
+from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 OTHER = "01ARZ3NDEKTSV4RRFFQ69G5FAW"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes import prompt_envelope
 
 from coms_hermes_bridge.messages.contract import (
     Answering,
@@ -35,6 +34,7 @@ from coms_hermes_bridge.messages.contract import (
     utf16_len,
 )
 from coms_hermes_bridge.messages.model import ParsedPrompt, QuestionOption
+from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NAME = f"{QID}.answer.json"

@@ -12,12 +12,12 @@ from typing import Any
 
 import pykka
 import pytest
-from fakes import FakeRef, wait_for
 from hermes_fake import FakeHermes
 
 from coms_hermes_bridge.actors.delivery import OUTPUT_TAIL, DeliveryActor
 from coms_hermes_bridge.messages.commands import Delivered, DeliveryFailed, LogEvent, SendText
 from coms_hermes_bridge.messages.contract import cancel_note
+from tests.fakes import FakeRef, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

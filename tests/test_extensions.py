@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 import pytest
 from dateutil import parser as dateutil_parser
-from fakes import prompt_envelope
 
 from coms_hermes_bridge.messages.contract import (
     MAX_REPLY_TIMEOUT_MS,
@@ -41,6 +40,7 @@ from coms_hermes_bridge.messages.model import (
     parse_timestamp,
 )
 from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
+from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 OTHER = "01ARZ3NDEKTSV4RRFFQ69G5FAW"

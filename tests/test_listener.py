@@ -26,7 +26,7 @@ from coms_hermes_bridge.actors.peer import (
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
 from coms_hermes_bridge.messages.commands import ChildFailed, NewQuestion, SendResponse
 from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
-from tests.fakes import FakeRef, wait_for
+from tests.fakes import FakeRef, handled, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 PING = b'{"type":"ping","msg_id":"p"}\n'
@@ -263,8 +263,8 @@ def test_a_full_response_pool_is_a_logged_refusal_and_stays_owed(
 def test_heartbeat_heals_deleted_registry_and_sockets_dirs(identity: PeerIdentity) -> None:
     # 9.3: back within one beat, and the endpoint answers again
     supervisor = FakeRef("supervisor")
-    PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
-                    depth=lambda reply: reply(0), heartbeat_s=0.2)
+    ref = PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
+                          depth=lambda reply: reply(0), heartbeat_s=0.2)
     wait_for(identity.entry_path.exists, what="entry")
     shutil.rmtree(identity.agents_dir)
     shutil.rmtree(identity.endpoint.parent)
@@ -276,22 +276,24 @@ def test_heartbeat_heals_deleted_registry_and_sockets_dirs(identity: PeerIdentit
     assert json.loads(exchange(identity.endpoint, PING))["type"] == "pong"
     entry = read_entry(identity.entry_path)
     assert entry is not None and entry.endpoint == str(identity.endpoint)
-    supervisor.quiet(0.3)
+    handled(ref)  # alive, and had it crashed its ChildFailed would be told by now
+    supervisor.assert_nothing()
 
 
 def test_a_failing_heartbeat_write_is_reported_not_a_crash(
     identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
 ) -> None:  # 9.3: no restart loop; the next beat tries again
     supervisor = FakeRef("supervisor")
-    PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
-                    depth=lambda reply: reply(0), heartbeat_s=0.1)
+    ref = PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef(),
+                          depth=lambda reply: reply(0), heartbeat_s=0.1)
     wait_for(identity.entry_path.exists, what="entry")
     shutil.rmtree(identity.agents_dir)
     identity.agents_dir.write_text("in the way")  # the directory cannot be made
     time.sleep(0.5)  # several beats fail meanwhile
     err = capsys.readouterr().err
     assert err.count("cannot write the registry entry") == 1
-    supervisor.quiet(0.1)
+    handled(ref)  # alive, and had it crashed its ChildFailed would be told by now
+    supervisor.assert_nothing()
     identity.agents_dir.unlink()
     wait_for(identity.entry_path.exists, timeout=2, what="entry back")
     wait_for(lambda: "written again" in capsys.readouterr().err, what="recovery line")

@@ -11,12 +11,12 @@ from typing import Any
 
 import pykka
 import pytest
-from fakes import FakeRef, wait_for
 
 from coms_hermes_bridge.actors import logger as logger_module
 from coms_hermes_bridge.actors.logger import LoggerActor
 from coms_hermes_bridge.messages.commands import LogEvent
 from coms_hermes_bridge.messages.contract import log_record
+from tests.fakes import FakeRef, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)

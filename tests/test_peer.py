@@ -44,7 +44,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
-from tests.fakes import FakeRef, read_line, wait_for
+from tests.fakes import FakeRef, edge_caught_up, handled, read_line, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -244,7 +244,8 @@ def test_nothing_is_handed_on_for_a_ping(identity: PeerIdentity) -> None:  # W17
     start(identity, questions=questions)
     wait_for(identity.entry_path.exists)
     assert ping(identity.endpoint)["agent_card"]["queue_depth"] == 2
-    questions.quiet()
+    edge_caught_up()  # the connection's task is over, what it does after the reply too
+    questions.assert_nothing()
 
 
 # -- registry entry (W5-W8) ---------------------------------------------------
@@ -420,7 +421,8 @@ def test_response_to_a_dead_asker_is_reported_not_fatal(
 
     wait_for(reported, what="stderr report")
     assert ping(identity.endpoint)["type"] == "pong"
-    supervisor.quiet()
+    handled(ref)  # alive, and had it crashed its ChildFailed would be told by now
+    supervisor.assert_nothing()
 
 
 def test_response_nacked_by_the_asker_is_reported(

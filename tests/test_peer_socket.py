@@ -21,7 +21,7 @@ from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoi
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
 from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion
 from coms_hermes_bridge.messages.wire import PromptEnvelope
-from tests.fakes import FakeRef, wait_for
+from tests.fakes import FakeRef, edge_caught_up, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
@@ -178,7 +178,8 @@ def test_unknown_type_is_nacked_naming_what_we_take(
 def test_prompt_missing_hops_is_nacked(peer: Running) -> None:  # W14
     body = {k: v for k, v in PROMPT.items() if k != "hops"}
     assert exchange(peer.endpoint, line(body)) == nack(QID, "invalid prompt envelope")
-    peer.questions.quiet()
+    edge_caught_up()  # the connection's task is over, what it does after the reply too
+    peer.questions.assert_nothing()
 
 
 @pytest.mark.parametrize(
@@ -196,7 +197,8 @@ def test_prompt_with_wrong_field_types_is_nacked(
 def test_cancel_with_empty_ref_msg_id_is_nacked(peer: Running) -> None:  # W16
     body = {**CANCEL, "ref_msg_id": ""}
     assert exchange(peer.endpoint, line(body)) == nack(CANCEL["msg_id"], "invalid cancel envelope")
-    peer.questions.quiet()
+    edge_caught_up()  # the connection's task is over, what it does after the reply too
+    peer.questions.assert_nothing()
 
 
 def test_oversize_line_without_newline_is_refused(peer: Running) -> None:  # W13

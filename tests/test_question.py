@@ -37,7 +37,15 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.model import AnswerFile, State
-from tests.fakes import FakeClock, FakeRef, actors_held, prompt_envelope, thread_count, wait_for
+from tests.fakes import (
+    FakeClock,
+    FakeRef,
+    actors_held,
+    handled,
+    prompt_envelope,
+    thread_count,
+    wait_for,
+)
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -61,7 +69,7 @@ class Rig:
     def sync(self) -> None:
         """Returns once the question has handled everything told to it so far (a proxy's
         read is a message too, read in turn), and so told all it would tell for it."""
-        self.ref.proxy().state.get(timeout=5)
+        handled(self.ref)
 
     def stopped(self) -> None:
         """Returns once the question has stopped: its last turn is over, and it tells

@@ -12,7 +12,6 @@ from typing import Any
 
 import pykka
 import pytest
-from fakes import Boom, FakeClock, FakeRef, FakeSchedule, Hold, Recorder, Short, wait_for
 
 from coms_hermes_bridge.actors.base import Slot
 from coms_hermes_bridge.actors.question_supervisor import QuestionSupervisor
@@ -30,6 +29,17 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope
+from tests.fakes import (
+    Boom,
+    FakeClock,
+    FakeRef,
+    FakeSchedule,
+    Hold,
+    Recorder,
+    Short,
+    handled,
+    wait_for,
+)
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 CHILD = f"question:{QID}:run.1"
@@ -57,6 +67,11 @@ class Rig:
     clock: FakeClock
     schedule: FakeSchedule
     specs: list[QuestionSpec]
+
+    def sync(self) -> None:
+        """Returns once the supervisor has handled everything told to it so far (a
+        proxy's read is a message too), and so told all it would tell for it."""
+        handled(self.ref)
 
     def restarted(self, before: Any) -> None:
         wait_for(lambda: self.slot.ref not in (None, before), what="question restarted")
@@ -145,7 +160,8 @@ def test_restarts_spread_over_time_are_not_poison(rig: Rig) -> None:
     before = rig.slot.ref
     rig.slot.tell(Boom())
     rig.restarted(before)
-    rig.peer.quiet(0.05)
+    rig.sync()
+    rig.peer.assert_nothing()
 
 
 def test_a_shortage_is_retried_with_backoff_not_counted(rig: Rig) -> None:
@@ -168,7 +184,8 @@ def test_a_shortage_is_retried_with_backoff_not_counted(rig: Rig) -> None:
             assert [rig.seen.next(), rig.seen.next()] == [(1, "u1"), (1, "u2")]
         assert rig.seen.next() == (attempt + 1, f"while down {attempt}")
     assert rig.schedule.delays == [0.1, 0.2, 0.4, 0.8, 1.6]
-    rig.peer.quiet(0.05)
+    rig.sync()
+    rig.peer.assert_nothing()
 
 
 def test_a_closed_question_is_forgotten_and_never_restarted(rig: Rig) -> None:
@@ -177,8 +194,10 @@ def test_a_closed_question_is_forgotten_and_never_restarted(rig: Rig) -> None:
     before = rig.slot.ref
     rig.slot.tell(Boom())
     wait_for(lambda: before is not None and not before.is_alive(), what="crashed")
-    rig.router.quiet(0.1)
-    rig.peer.quiet(0)
+    rig.sync()  # its ChildFailed, told before it was dead, is handled
+    rig.router.assert_nothing()
+    rig.peer.assert_nothing()
+    assert rig.slot.ref is None
 
 
 def test_a_question_whose_row_is_gone_is_reported_closed(rig: Rig) -> None:
@@ -187,7 +206,9 @@ def test_a_question_whose_row_is_gone_is_reported_closed(rig: Rig) -> None:
     rig.store.put_open(spec, owner="question:someone-else")
     rig.slot.tell(Boom())
     assert rig.router.expect(QuestionClosed) == QuestionClosed(QID, None, CHILD)
-    rig.seen.quiet(0.05)
+    rig.sync()
+    assert rig.slot.ref is None  # not started again
+    rig.seen.assert_nothing()
 
 
 def test_reset_stops_every_question(rig: Rig) -> None:

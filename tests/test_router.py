@@ -10,7 +10,6 @@ from typing import Any
 
 import pykka
 import pytest
-from fakes import RouterRig, prompt_envelope
 
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
@@ -47,6 +46,7 @@ from coms_hermes_bridge.messages.contract import (
     undelivered_note,
 )
 from coms_hermes_bridge.messages.wire import CancelEnvelope
+from tests.fakes import RouterRig, prompt_envelope
 
 QIDS = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}" for c in "0123456789"]
 SIG = FileSignature(7, 80, 1)

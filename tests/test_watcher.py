@@ -23,10 +23,8 @@ from typing import Any
 import inotify_simple
 import pykka
 import pytest
-from fakes import FakeRef, wait_for
 
 from coms_hermes_bridge.actors import watcher as watcher_module
-from coms_hermes_bridge.actors.edge import shared_edge
 from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
@@ -47,6 +45,7 @@ from coms_hermes_bridge.messages.contract import (
     unreadable_note,
 )
 from coms_hermes_bridge.messages.model import LogRecord, RejectReason
+from tests.fakes import FakeRef, edge_caught_up, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 NAME = f"{QID}.answer.json"
@@ -68,17 +67,6 @@ class Clock:
 
 
 _RIGS: list[pykka.ActorRef[Any]] = []
-
-
-def edge_caught_up() -> None:
-    """Returns once the edge's loop has run every callback that was ready when this was
-    called: inotify's read of the events of every change made before, say. A call from
-    another thread may run ahead of the I/O that its own wake-up finds, so the sign is
-    given one loop iteration later, after that I/O's callbacks."""
-    loop = shared_edge().loop
-    done = threading.Event()
-    loop.call_soon_threadsafe(loop.call_soon, done.set)
-    assert done.wait(5), "the edge's loop stalled"
 
 
 @pytest.fixture(autouse=True)
