@@ -39,7 +39,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,72 +54,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.bridge_process import new_qid, request
-from tests.fakes import read_line
+from tests.fakes import Asker
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = f"{shlex.quote(sys.executable)} -m coms_hermes_bridge"
 PHASE_LIMIT_S = 900.0
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class Asker:
-    """Receives the responses and records arrival times by qid.
-
-    `threaded=False`: one accept loop answering each connection in turn, with
-    a deep backlog (4096): the fastest an asker can be. `threaded=True`: a
-    thread per accepted connection and a listen backlog of 256, as a peer
-    written that way would be: its backlog fills when many responses come at
-    once, and the sender must wait for room.
-    """
-
-    def __init__(self, directory: Path, threaded: bool = False) -> None:
-        self.endpoint = str(directory / "asker.sock")
-        self.arrivals: dict[str, float] = {}
-        self.errors: dict[str, Any] = {}
-        self.threaded = threaded
-        self._lock = threading.Lock()
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(self.endpoint)
-        self._server.listen(256 if threaded else 4096)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            if self.threaded:
-                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-            else:
-                self._answer(conn)
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                buf = read_line(conn)
-                env = json.loads(buf.split(b"\n", 1)[0])
-                reply = {"type": "ack", "msg_id": env.get("msg_id")}
-                conn.sendall(json.dumps(reply).encode() + b"\n")
-            except (OSError, ValueError):
-                return
-        with self._lock:
-            qid = str(env.get("msg_id", ""))
-            self.arrivals.setdefault(qid, time.perf_counter())
-            if env.get("error") is not None:
-                self.errors[qid] = env["error"]
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.arrivals)
-
-    def close(self) -> None:
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._server.close()
 
 
 class LogTail:
@@ -208,26 +147,11 @@ def pct(samples: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
-def prompt(asker: Asker, qid: str, i: int) -> dict[str, Any]:
-    return {
-        "type": "prompt",
-        "msg_id": qid,
-        "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-        "sender_endpoint": asker.endpoint,
-        "hops": 0,
-        "timestamp": "2026-11-30T12:00:00.000Z",
-        "prompt": f"Benchmark question {i}?",
-        "sender_name": "bench",
-        "sender_cwd": "/work/app",
-        "conversation_id": None,
-        "response_schema": None,
-    }
-
-
 def ask(endpoint: str, asker: Asker, qid: str, i: int) -> float:
     """One prompt, one ack; the ms it took."""
+    envelope = asker.prompt_envelope(f"Benchmark question {i}?", qid, sender_name="bench")
     started = time.perf_counter()
-    reply = request(endpoint, prompt(asker, qid, i), timeout=60.0)
+    reply = request(endpoint, envelope, timeout=60.0)
     took = (time.perf_counter() - started) * 1000
     if reply != {"type": "ack", "msg_id": qid}:
         raise RuntimeError(f"prompt {qid} not acked: {reply!r}")
@@ -241,7 +165,9 @@ def run_once(command: str, n: int, clients: int, seq: int, threaded: bool) -> di
     for d in (home, coms, bindir):
         d.mkdir()
     os.symlink(shutil.which("true") or "/bin/true", bindir / "hermes")  # the fast fake hermes
-    asker = Asker(base, threaded)
+    # threads: a thread per connection and a backlog of 256, as a peer written that way
+    # has: its backlog fills when many responses come at once. fast: one loop, deep backlog.
+    asker = Asker(base / "asker.sock", threaded=threaded, backlog=256 if threaded else 4096)
     env = {k: v for k, v in os.environ.items() if k != "PI_COMS_TIMEOUT_MS"}
     env.update(HOME=str(home), PI_COMS_DIR=str(coms), PYTHONPATH=str(ROOT),
                PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
@@ -15,14 +14,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ulid import ULID
 
-from tests.fakes import read_line, read_ndjson, wait_for
+from tests.fakes import Asker, read_line, read_ndjson, wait_for
 from tests.hermes_fake import FakeHermes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,84 +41,6 @@ def request(endpoint: str | Path, message: dict[str, Any] | bytes, timeout: floa
     return json.loads(buf.split(b"\n", 1)[0]) if buf.strip() else None
 
 
-class Asker:
-    """A coms peer that asks questions and records the responses it is sent (W15)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.endpoint = str(directory / f"asker-{os.getpid()}-{id(self)}.sock")
-        self.responses: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.arrivals: dict[str, float] = {}
-        self.line_sizes: dict[str, int] = {}  # bytes of each response line, newline included
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(self.endpoint)
-        self._server.listen(64)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            with conn:
-                buf = read_line(conn)
-                if not buf.strip():
-                    continue
-                env = json.loads(buf.split(b"\n", 1)[0])
-                self.arrivals[env.get("msg_id", "")] = time.perf_counter()
-                self.line_sizes[env.get("msg_id", "")] = len(buf.split(b"\n", 1)[0]) + 1
-                conn.sendall(json.dumps({"type": "ack", "msg_id": env.get("msg_id")}).encode() + b"\n")
-                self.responses.put(env)
-
-    def prompt_envelope(self, text: str, qid: str | None = None, **fields: Any) -> dict[str, Any]:
-        return {
-            "type": "prompt",
-            "msg_id": qid or new_qid(),
-            "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-            "sender_endpoint": self.endpoint,
-            "hops": 0,
-            "timestamp": "2026-11-30T12:00:00.000Z",
-            "prompt": text,
-            "sender_name": "builder",
-            "sender_cwd": "/work/app",
-            "conversation_id": None,
-            "response_schema": None,
-            **fields,
-        }
-
-    def response(self, timeout: float = 10.0) -> dict[str, Any]:
-        try:
-            return self.responses.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no response within {timeout}s") from None
-
-    def response_for(self, msg_id: str, timeout: float = 10.0) -> dict[str, Any]:
-        """The response to `msg_id`, passing over (and dropping) any other on the way."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                env = self.responses.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                raise AssertionError(f"no response to {msg_id} within {timeout}s") from None
-            if env.get("msg_id") == msg_id:
-                return env
-
-    def no_response(self, within: float = 0.5) -> None:
-        try:
-            env = self.responses.get(timeout=within)
-        except queue.Empty:
-            return
-        raise AssertionError(f"unexpected response {env}")
-
-    def close(self) -> None:
-        """Go away as a dead asker does: nothing listens at the endpoint any more."""
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
-        self._server.close()
-        self._thread.join(timeout=2)
-
-
 class Bridge:
     """One daemon process and its world (HOME, PI_COMS_DIR, fake hermes, asker)."""
 
@@ -131,7 +51,7 @@ class Bridge:
         self.coms = self.base / "c"
         self.home.mkdir(exist_ok=True)
         self.hermes = FakeHermes(self.base / "bin")
-        self.asker = Asker(self.base)
+        self.asker = Asker.beside(self.base)
         self.bridge_dir = self.home / ".pi" / "coms" / "hermes-bridge"
         self.questions = self.bridge_dir / "questions"
         self.log = self.bridge_dir / "log.ndjson"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import itertools
 import json
+import os
 import queue
 import socket
 import threading
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pykka
+from ulid import ULID
 
 from coms_hermes_bridge.actors.base import Supervised
 from coms_hermes_bridge.actors.edge import shared_edge
@@ -164,6 +167,171 @@ def read_line(conn: socket.socket) -> bytes:
             break
         buf += chunk
     return buf
+
+
+# -- the asker ------------------------------------------------------------------------
+
+
+def ack(line: bytes) -> bytes:
+    """An asker's ack of a response line, with its msg_id (W15)."""
+    try:
+        msg_id = json.loads(line.split(b"\n", 1)[0]).get("msg_id")
+    except (ValueError, AttributeError):
+        msg_id = None
+    return json.dumps({"type": "ack", "msg_id": msg_id}).encode() + b"\n"
+
+
+class Asker:
+    """A coms peer waiting for its responses (W15), for every test layer and the benchmark.
+
+    It reads one line per connection, records it, and answers `reply(line)`
+    (None: silent, until the sender gives up and closes). `threaded`: a thread
+    per connection, as most peers are written; otherwise one loop answers each
+    connection in turn, the fastest an asker can be. `backlog` is its listen
+    backlog: a full one makes the sender wait for room.
+    """
+
+    def __init__(
+        self,
+        endpoint: Path | str,
+        reply: Callable[[bytes], bytes | None] = ack,
+        *,
+        threaded: bool = True,
+        backlog: int = 64,
+        gate: threading.Event | None = None,
+        split: bool = False,
+        linger: bool = False,
+    ) -> None:
+        self.endpoint = str(endpoint)
+        self.reply = reply
+        self.threaded = threaded
+        self.gate = gate  # each answer waits for it
+        self.split = split  # the answer in two writes, a moment apart
+        self.linger = linger  # keep the connection open after answering
+        self.lines: list[bytes] = []  # each response line as read, newline included
+        self.got = threading.Event()  # set at the first line
+        self.responses: queue.Queue[dict[str, Any]] = queue.Queue()  # parsed, in order
+        self.arrivals: dict[str, float] = {}  # msg_id -> perf_counter() at its first line
+        self.errors: dict[str, Any] = {}  # msg_id -> the response's error, when it has one
+        self.line_sizes: dict[str, int] = {}  # msg_id -> bytes of its line, newline included
+        self.connections = self.open_now = self.most_open = 0
+        self._lock = threading.Lock()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.endpoint)
+        self._server.listen(backlog)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def beside(cls, directory: Path, **options: Any) -> Asker:
+        """An asker with a socket of its own in `directory`."""
+        return cls(directory / f"asker-{os.getpid()}-{next(_ASKERS)}.sock", **options)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            if self.threaded:
+                threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+            else:
+                self._one(conn)
+
+    def _one(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+            self.open_now += 1
+            self.most_open = max(self.most_open, self.open_now)
+        try:
+            conn.settimeout(30)  # a stuck sender is dropped, not waited for forever
+            line = read_line(conn)
+            if not line.strip():
+                return  # the sender went away before it wrote anything
+            self._record(line)
+            if self.gate is not None:
+                self.gate.wait(10)
+            answer = self.reply(line)
+            if answer is None:
+                conn.recv(1)  # silent: until the sender gives up and closes
+            elif self.split:
+                conn.sendall(answer[:5])
+                time.sleep(0.05)
+                conn.sendall(answer[5:])
+            else:
+                conn.sendall(answer)
+            if answer is not None and self.linger:
+                conn.recv(1)  # until the sender closes
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self.open_now -= 1
+            conn.close()
+
+    def _record(self, line: bytes) -> None:
+        try:
+            envelope = json.loads(line.split(b"\n", 1)[0])
+        except ValueError:
+            envelope = None
+        with self._lock:
+            self.lines.append(line)
+            if isinstance(envelope, dict):
+                msg_id = str(envelope.get("msg_id", ""))
+                self.arrivals.setdefault(msg_id, time.perf_counter())
+                self.line_sizes[msg_id] = len(line.split(b"\n", 1)[0]) + 1
+                if envelope.get("error") is not None:
+                    self.errors[msg_id] = envelope["error"]
+        self.got.set()
+        if isinstance(envelope, dict):
+            self.responses.put(envelope)
+
+    def prompt_envelope(self, text: str, qid: str | None = None, **fields: Any) -> dict[str, Any]:
+        """A prompt from this asker as the wire's dict: `prompt_envelope`'s, answered here."""
+        fields = {"sender_cwd": "/work/app", "conversation_id": None, "response_schema": None,
+                  **fields}
+        envelope = prompt_envelope(qid or str(ULID()), text=text, sender_endpoint=self.endpoint,
+                                   **fields)
+        return {"type": "prompt", **envelope.model_dump(mode="json", exclude_unset=True)}
+
+    def count(self) -> int:
+        """How many responses (by msg_id) have come."""
+        with self._lock:
+            return len(self.arrivals)
+
+    def response(self, timeout: float = 10.0) -> dict[str, Any]:
+        try:
+            return self.responses.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no response within {timeout}s") from None
+
+    def response_for(self, msg_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The response to `msg_id`, passing over (and dropping) any other on the way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                env = self.responses.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise AssertionError(f"no response to {msg_id} within {timeout}s") from None
+            if env.get("msg_id") == msg_id:
+                return env
+
+    def no_response(self, within: float = 0.5) -> None:
+        try:
+            env = self.responses.get(timeout=within)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected response {env}")
+
+    def close(self) -> None:
+        """Go away as a dead asker does: nothing listens at the endpoint any more."""
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # close() alone does not wake accept()
+        self._server.close()
+        self._thread.join(timeout=2)
+
+
+_ASKERS = itertools.count()
 
 
 # -- the Router's rig -------------------------------------------------------------------

@@ -104,7 +104,7 @@ def main(root: str) -> None:
         first = wait(lambda: (s := state())["ActiveState"] == "active" and s, "active")
         seen["started"] = first
         body = wait(lambda: published(first["MainPID"]), "the registry entry")
-        asker = Asker(HOME / ".pi")  # PrivateTmp hides /tmp: the asker listens under ~/.pi
+        asker = Asker.beside(HOME / ".pi")  # PrivateTmp hides /tmp: the asker listens under ~/.pi
         envelope = asker.prompt_envelope("From the unit?")
         seen["ack"] = request(body["endpoint"], envelope)
         wait(lambda: hermes.calls(), "hermes run by the service")

@@ -28,7 +28,7 @@ def bridge() -> Iterator[Bridge]:
 @pytest.fixture
 def other(bridge: Bridge) -> Iterator[Asker]:
     """A second agent in the pool, with its own endpoint."""
-    b = Asker(bridge.base)
+    b = Asker.beside(bridge.base)
     yield b
     b.close()
 

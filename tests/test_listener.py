@@ -26,7 +26,7 @@ from coms_hermes_bridge.actors.peer import (
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
 from coms_hermes_bridge.messages.commands import ChildFailed, NewQuestion, SendResponse
 from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
-from tests.fakes import FakeRef, handled, wait_for
+from tests.fakes import FakeRef, handled, prompt_envelope, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 PING = b'{"type":"ping","msg_id":"p"}\n'
@@ -35,13 +35,6 @@ PING = b'{"type":"ping","msg_id":"p"}\n'
 def card(depth: int | None) -> AgentCard:
     return AgentCard(name="user-remote", purpose="p", model="m", color="c",
                      context_used_pct=0, queue_depth=depth or 0)
-
-
-def prompt(msg_id: str = QID, endpoint: str = "/tmp/nowhere.sock") -> bytes:
-    body = {"type": "prompt", "msg_id": msg_id, "sender_session": "s",
-            "sender_endpoint": endpoint, "hops": 0, "timestamp": "2026-11-30T12:00:00.000Z",
-            "prompt": "Ship it?", "sender_name": "builder", "sender_cwd": "/w"}
-    return (json.dumps(body) + "\n").encode()
 
 
 def exchange(path: Path, data: bytes, timeout: float = 5.0) -> bytes:
@@ -149,7 +142,7 @@ def test_waiting_clients_and_admissions_take_no_threads(short_tmp: Path) -> None
 
         def ask(n: int) -> None:
             msg_id = f"01ARZ3NDEKTSV4RRFFQ69G{n:04d}"
-            replies[msg_id] = exchange(served.path, prompt(msg_id))
+            replies[msg_id] = exchange(served.path, prompt_envelope(msg_id).to_line())
 
         askers = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
         for thread in askers:
@@ -251,7 +244,7 @@ def test_a_full_response_pool_is_a_logged_refusal_and_stays_owed(
         depth=lambda reply: reply(0), settle=lambda qid, owner: settled.append(qid),
         responses=pool,
     )
-    envelope = PromptEnvelope.model_validate(json.loads(prompt()))
+    envelope = prompt_envelope(QID)
     ref.ask(SendResponse(envelope, {"kind": "freeform", "text": "yes"}, None, "q"), timeout=5)
     err = capsys.readouterr().err
     assert (f"response for {QID} not sent now: 0 responses are already being sent (the "
@@ -304,7 +297,7 @@ def test_new_question_reaches_the_questions_address(short_tmp: Path) -> None:  #
     served = Served(short_tmp)
     try:
         replies: list[bytes] = []
-        sender = threading.Thread(target=lambda: replies.append(exchange(served.path, prompt())))
+        sender = threading.Thread(target=lambda: replies.append(exchange(served.path, prompt_envelope(QID).to_line())))
         sender.start()
         handed = served.questions.expect(NewQuestion)
         assert handed.envelope.msg_id == QID

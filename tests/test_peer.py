@@ -44,7 +44,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
-from tests.fakes import FakeRef, edge_caught_up, handled, read_line, wait_for
+from tests.fakes import Asker, FakeRef, edge_caught_up, handled, prompt_envelope, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -91,50 +91,6 @@ def ping(endpoint: Path) -> dict[str, Any]:
     return reply
 
 
-def prompt_to(endpoint: str) -> PromptEnvelope:
-    return PromptEnvelope(
-        msg_id=QID,
-        sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-        sender_endpoint=endpoint,
-        hops=0,
-        timestamp="2026-11-30T12:00:00.000Z",
-        prompt="Ship it?",
-        sender_name="builder",
-        sender_cwd="/work/app",
-    )
-
-
-class FakeAsker:
-    """A peer waiting for its response: records each line and answers with `reply`."""
-
-    def __init__(self, path: Path, reply: bytes | None) -> None:
-        self.path = path
-        self.lines: list[bytes] = []
-        self.got = threading.Event()
-        self._reply = reply
-        self._closing = threading.Event()
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(path))
-        self._server.listen(4)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        conn, _ = self._server.accept()
-        with conn:
-            conn.settimeout(5)
-            self.lines.append(read_line(conn))
-            self.got.set()
-            if self._reply is not None:
-                conn.sendall(self._reply)
-            else:
-                self._closing.wait(5)  # say nothing and hang up only when told
-
-    def close(self) -> None:
-        self._closing.set()
-        self._server.close()
-
-
 # -- what the peer hands on (W14, W16) -----------------------------------------
 
 
@@ -142,14 +98,14 @@ def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -
     questions = FakeRef("questions")
     start(identity, questions=questions)
     wait_for(identity.entry_path.exists)
-    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
     replies: list[bytes] = []
     sender = threading.Thread(
         target=lambda: replies.append(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
     )
     sender.start()
     handed = questions.expect(NewQuestion)
-    assert handed.envelope == prompt_to("/tmp/asker.sock")
+    assert handed.envelope == prompt_envelope(sender_endpoint="/tmp/asker.sock")
     assert replies == []  # not acked before the Router's word
     handed.reply(None)
     sender.join(5)
@@ -160,7 +116,7 @@ def test_a_refused_prompt_is_nacked_with_the_routers_words(identity: PeerIdentit
     # W14, X2: the nack's error is the Router's reply, word for word
     start(identity, admit=lambda prompt, reply: reply("bridge has 3 open questions; try later"))
     wait_for(identity.entry_path.exists)
-    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
     reply = json.loads(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
     assert reply == {"type": "nack", "msg_id": QID,
                      "error": "bridge has 3 open questions; try later"}
@@ -181,7 +137,7 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
 
     start(identity, admit=admit)
     wait_for(identity.entry_path.exists)
-    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
     replies: list[bytes] = []
     sender = threading.Thread(
         target=lambda: replies.append(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
@@ -203,7 +159,7 @@ def test_prompt_that_cannot_be_admitted_is_nacked_in_our_words(
 
     start(identity, admit=admit)
     wait_for(identity.entry_path.exists)
-    body = prompt_to("/tmp/asker.sock").model_dump(mode="json")
+    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
     reply = json.loads(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
     assert reply == {
         "type": "nack",
@@ -367,10 +323,10 @@ def test_release_leaves_an_entry_claimed_by_another_run(identity: PeerIdentity) 
 
 
 def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
-    asker = FakeAsker(identity.coms_dir / "asker.sock", b'{"type":"ack","msg_id":"' + QID.encode() + b'"}\n')
+    asker = Asker(identity.coms_dir / "asker.sock")
     try:
         ref = start(identity)
-        ref.tell(SendResponse(prompt_to(str(asker.path)), {"selections": ["Yes"]}))
+        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), {"selections": ["Yes"]}))
         assert asker.got.wait(5)
         raw = asker.lines[0]
         assert raw.endswith(b"\n") and raw.count(b"\n") == 1
@@ -390,10 +346,10 @@ def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
 
 
 def test_send_response_carries_an_error(identity: PeerIdentity) -> None:  # W15
-    asker = FakeAsker(identity.coms_dir / "asker.sock", b'{"type":"ack","msg_id":""}\n')
+    asker = Asker(identity.coms_dir / "asker.sock", lambda _: b'{"type":"ack","msg_id":""}\n')
     try:
         ref = start(identity)
-        ref.tell(SendResponse(prompt_to(str(asker.path)), None, "no remote answer within 5ms"))
+        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), None, "no remote answer within 5ms"))
         assert asker.got.wait(5)
         body = json.loads(asker.lines[0])
         assert (body["response"], body["error"]) == (None, "no remote answer within 5ms")
@@ -408,7 +364,7 @@ def test_response_to_a_dead_asker_is_reported_not_fatal(
     logger = FakeRef("logger")
     ref = start(identity, supervisor=supervisor, logger=logger)
     wait_for(identity.entry_path.exists)
-    ref.tell(SendResponse(prompt_to(str(identity.coms_dir / "gone.sock")), "yes"))
+    ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes"))
     # issue 6: the asker being gone is logged too, and the question stays closed
     record = logger.expect(LogEvent).record
     assert record.qid == QID and record.event == "response_failed"
@@ -428,10 +384,10 @@ def test_response_to_a_dead_asker_is_reported_not_fatal(
 def test_response_nacked_by_the_asker_is_reported(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W15
-    asker = FakeAsker(identity.coms_dir / "asker.sock", b'{"type":"nack","msg_id":"","error":"who?"}\n')
+    asker = Asker(identity.coms_dir / "asker.sock", lambda _: b'{"type":"nack","msg_id":"","error":"who?"}\n')
     try:
         ref = start(identity)
-        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes"))
+        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), "yes"))
         seen: list[str] = []
 
         def reported() -> bool:
@@ -448,7 +404,7 @@ def test_response_to_a_silent_asker_times_out(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W15
     # a timeout may pass: retried, then given up, reported and settled once
-    asker = FakeAsker(identity.coms_dir / "asker.sock", None)
+    asker = Asker(identity.coms_dir / "asker.sock", lambda _: None)
     settled: list[tuple[str, str | None]] = []
     try:
         ref = start(
@@ -458,7 +414,7 @@ def test_response_to_a_silent_asker_times_out(
             settle=lambda qid, owner: settled.append((qid, owner)),
         )
         started = time.monotonic()
-        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes", owner="question:q:1"))
+        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), "yes", owner="question:q:1"))
         seen: list[str] = []
 
         def reported() -> bool:
@@ -479,15 +435,15 @@ def test_settled_once_acked_or_refused(identity: PeerIdentity) -> None:  # W15
     ref = start(identity, settle=lambda qid, owner: settled.append((qid, owner)),
                 retry_pauses_s=(30.0,))
     wait_for(identity.entry_path.exists)
-    asker = FakeAsker(identity.coms_dir / "asker.sock", f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode())
+    asker = Asker(identity.coms_dir / "asker.sock")
     try:
-        ref.tell(SendResponse(prompt_to(str(asker.path)), "yes", owner="question:q:1"))
+        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), "yes", owner="question:q:1"))
         wait_for(lambda: settled, what="settled after the ack")
         assert settled == [(QID, "question:q:1")]
     finally:
         asker.close()
     # refused: final at once, no retry after the 30 s pause
-    ref.tell(SendResponse(prompt_to(str(identity.coms_dir / "gone.sock")), "yes", owner="q2"))
+    ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes", owner="q2"))
     wait_for(lambda: len(settled) == 2, timeout=3, what="settled after a refusal")
     assert settled[1] == (QID, "q2")
 

@@ -28,7 +28,6 @@ from coms_hermes_bridge.messages.commands import (
     StartQuestion,
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
-from coms_hermes_bridge.messages.wire import PromptEnvelope
 from tests.fakes import (
     Boom,
     FakeClock,
@@ -38,21 +37,13 @@ from tests.fakes import (
     Recorder,
     Short,
     handled,
+    prompt_envelope,
     wait_for,
 )
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 CHILD = f"question:{QID}:run.1"
-PROMPT = PromptEnvelope(
-    msg_id=QID,
-    sender_session="01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-    sender_endpoint="/tmp/asker.sock",
-    hops=0,
-    timestamp="2026-11-30T12:00:00.000Z",
-    prompt="Ship it?",
-    sender_name="builder",
-    sender_cwd="/work",
-)
+PROMPT = prompt_envelope(QID, text="Ship it?")
 
 
 @dataclass

@@ -9,8 +9,6 @@ while another could be served. The blocking `send_envelope` (used by the
 
 from __future__ import annotations
 
-import contextlib
-import json
 import socket
 import threading
 import time
@@ -22,7 +20,7 @@ import pytest
 
 from coms_hermes_bridge.actors import responses
 from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
-from tests.fakes import read_line, wait_for
+from tests.fakes import Asker, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
 
@@ -32,97 +30,21 @@ def closed_at_the_end(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every pool and asker a test makes is closed after it: no thread outlives it."""
     made: list[Any] = []
     real_pool_init = ResponsePool.__init__
-    real_asker_init = FakeAsker.__init__
+    real_asker_init = Asker.__init__
 
     def pool_init(self: ResponsePool, *args: Any, **kwargs: Any) -> None:
         real_pool_init(self, *args, **kwargs)
         made.append(self)
 
-    def asker_init(self: FakeAsker, *args: Any, **kwargs: Any) -> None:
+    def asker_init(self: Asker, *args: Any, **kwargs: Any) -> None:
         real_asker_init(self, *args, **kwargs)
         made.append(self)
 
     monkeypatch.setattr(ResponsePool, "__init__", pool_init)
-    monkeypatch.setattr(FakeAsker, "__init__", asker_init)
+    monkeypatch.setattr(Asker, "__init__", asker_init)
     yield
     for thing in reversed(made):
         thing.close()
-
-
-class FakeAsker:
-    """An asker's socket: `reply(line)` says what to answer (None: stay silent)."""
-
-    def __init__(
-        self,
-        path: Path,
-        reply: Callable[[bytes], bytes | None],
-        gate: threading.Event | None = None,
-        *,
-        split: bool = False,
-        linger: bool = False,
-    ) -> None:
-        self.path = str(path)
-        self.reply = reply
-        self.gate = gate
-        self.split = split  # the reply in two writes, a moment apart
-        self.linger = linger  # keep the connection open after replying
-        self.lines: list[bytes] = []
-        self.connections = 0
-        self.open_now = 0
-        self.most_open = 0
-        self._lock = threading.Lock()
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(self.path)
-        self._server.listen(64)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with self._lock:
-            self.connections += 1
-            self.open_now += 1
-            self.most_open = max(self.most_open, self.open_now)
-        try:
-            line = read_line(conn)
-            if not line.strip():
-                return  # the sender went away before it wrote anything
-            with self._lock:
-                self.lines.append(line)
-            if self.gate is not None:
-                self.gate.wait(10)
-            answer = self.reply(line)
-            if answer is None:
-                conn.recv(1)  # silent: until the sender gives up and closes
-            elif self.split:
-                conn.sendall(answer[:5])
-                time.sleep(0.05)
-                conn.sendall(answer[5:])
-            else:
-                conn.sendall(answer)
-            if answer is not None and self.linger:
-                conn.recv(1)  # until the sender closes
-        except OSError:
-            pass
-        finally:
-            with self._lock:
-                self.open_now -= 1
-            conn.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)  # close() alone does not wake accept()
-        self._server.close()
-
-
-def ack(line: bytes) -> bytes:
-    return json.dumps({"type": "ack", "msg_id": json.loads(line)["msg_id"]}).encode() + b"\n"
 
 
 class Done:
@@ -142,22 +64,22 @@ class Done:
 
 
 def test_an_ack_is_success_and_the_line_arrives_whole(coms_dir: Path) -> None:  # W15
-    asker = FakeAsker(coms_dir / "a.sock", ack)
+    asker = Asker(coms_dir / "a.sock")
     pool, done = ResponsePool(), Done()
-    assert pool.submit("q", asker.path, LINE, 5.0, (2.0,), done("q"))
+    assert pool.submit("q", asker.endpoint, LINE, 5.0, (2.0,), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the ack")
     assert done.outcomes == {"q": None}
     assert asker.lines == [LINE]
 
 
 def test_a_nack_is_final_and_says_why(coms_dir: Path) -> None:  # W15
-    asker = FakeAsker(coms_dir / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
+    asker = Asker(coms_dir / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.path, LINE, 5.0, (0.05, 0.05), done("q"))
+    pool.submit("q", asker.endpoint, LINE, 5.0, (0.05, 0.05), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the nack")
     assert done.outcomes == {"q": "nack: no such qid"}
     assert asker.connections == 1  # a nack is an answer: not tried again
-    assert send_envelope(asker.path, LINE, 5.0) == ("nack: no such qid", True)
+    assert send_envelope(asker.endpoint, LINE, 5.0) == ("nack: no such qid", True)
 
 
 @pytest.mark.parametrize("gone", ["missing", "refused"])
@@ -177,32 +99,32 @@ def test_an_asker_that_is_gone_is_final_at_once(coms_dir: Path, gone: str) -> No
 
 
 def test_a_reply_without_a_newline_then_eof_is_judged(coms_dir: Path) -> None:
-    asker = FakeAsker(coms_dir / "a.sock", lambda _: b'{"type":"ack"}')
+    asker = Asker(coms_dir / "a.sock", lambda _: b'{"type":"ack"}')
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.path, LINE, 5.0, (), done("q"))
+    pool.submit("q", asker.endpoint, LINE, 5.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the reply")
     assert done.outcomes == {"q": None}
 
 
 def test_a_closed_connection_without_a_reply_is_retried(coms_dir: Path) -> None:  # W15
-    asker = FakeAsker(coms_dir / "a.sock", lambda _: b"")
+    asker = Asker(coms_dir / "a.sock", lambda _: b"")
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.path, LINE, 5.0, (0.05, 0.05), done("q"))
+    pool.submit("q", asker.endpoint, LINE, 5.0, (0.05, 0.05), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the last try")
     assert done.outcomes == {"q": "connection closed without a reply"}
     assert asker.connections == 3
-    assert send_envelope(asker.path, LINE, 5.0) == ("connection closed without a reply", False)
+    assert send_envelope(asker.endpoint, LINE, 5.0) == ("connection closed without a reply", False)
 
 
 def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
     coms_dir: Path,
 ) -> None:  # 14.3: retries wait in the pool's heap, not in a thread
-    slow = FakeAsker(coms_dir / "slow.sock", lambda _: None)
-    fast = FakeAsker(coms_dir / "fast.sock", ack)
+    slow = Asker(coms_dir / "slow.sock", lambda _: None)
+    fast = Asker(coms_dir / "fast.sock")
     pool, done = ResponsePool(), Done()
     began = time.monotonic()
-    pool.submit("slow", slow.path, LINE, 0.2, (0.3, 0.3), done("slow"))
-    pool.submit("fast", fast.path, LINE, 5.0, (), done("fast"))
+    pool.submit("slow", slow.endpoint, LINE, 0.2, (0.3, 0.3), done("slow"))
+    pool.submit("fast", fast.endpoint, LINE, 5.0, (), done("fast"))
     wait_for(lambda: "fast" in done.outcomes, timeout=0.15, what="fast served while slow waits")
     wait_for(lambda: "slow" in done.outcomes, timeout=5, what="slow given up")
     assert done.outcomes == {"fast": None, "slow": "timed out"}
@@ -212,24 +134,24 @@ def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
 
 def test_the_pool_refuses_past_its_capacity(coms_dir: Path) -> None:  # 9.1, 14.3
     gate = threading.Event()
-    asker = FakeAsker(coms_dir / "a.sock", ack, gate)
+    asker = Asker(coms_dir / "a.sock", gate=gate)
     pool, done = ResponsePool(capacity=2), Done()
-    assert pool.submit("a", asker.path, LINE, 5.0, (), done("a"))
-    assert pool.submit("b", asker.path, LINE, 5.0, (), done("b"))
-    assert not pool.submit("c", asker.path, LINE, 5.0, (), done("c"))
+    assert pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
+    assert pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
+    assert not pool.submit("c", asker.endpoint, LINE, 5.0, (), done("c"))
     gate.set()
     wait_for(lambda: len(done.outcomes) == 2, what="both sent")
     assert done.outcomes == {"a": None, "b": None}
-    assert pool.submit("d", asker.path, LINE, 5.0, (), done("d"))
+    assert pool.submit("d", asker.endpoint, LINE, 5.0, (), done("d"))
     wait_for(lambda: "d" in done.outcomes, what="d sent")
 
 
 def test_at_most_flights_sends_hold_a_socket_at_once(coms_dir: Path) -> None:  # bounded fds
     gate = threading.Event()
-    asker = FakeAsker(coms_dir / "a.sock", ack, gate)
+    asker = Asker(coms_dir / "a.sock", gate=gate)
     pool, done = ResponsePool(flights=3), Done()
     for i in range(10):
-        assert pool.submit(f"q{i}", asker.path, LINE, 5.0, (), done(f"q{i}"))
+        assert pool.submit(f"q{i}", asker.endpoint, LINE, 5.0, (), done(f"q{i}"))
     wait_for(lambda: asker.open_now == 3, what="three in flight")
     time.sleep(0.05)  # give a fourth the chance to connect, if the bound were broken
     assert asker.open_now == 3
@@ -242,9 +164,9 @@ def test_at_most_flights_sends_hold_a_socket_at_once(coms_dir: Path) -> None:  #
 
 def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(coms_dir: Path) -> None:
     big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
-    asker = FakeAsker(coms_dir / "a.sock", ack)
+    asker = Asker(coms_dir / "a.sock")
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.path, big, 10.0, (), done("q"))
+    pool.submit("q", asker.endpoint, big, 10.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
     assert done.outcomes == {"q": None}
     assert asker.lines == [big]
@@ -280,23 +202,23 @@ def test_a_full_backlog_is_waited_out_until_the_timeout(coms_dir: Path) -> None:
 
 def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Path) -> None:
     # json.loads raises RecursionError, not ValueError, for this: the sender must go on
-    asker = FakeAsker(coms_dir / "a.sock", lambda _: b"[" * 100_000 + b"\n")
-    good = FakeAsker(coms_dir / "b.sock", ack)
+    asker = Asker(coms_dir / "a.sock", lambda _: b"[" * 100_000 + b"\n")
+    good = Asker(coms_dir / "b.sock")
     pool, done = ResponsePool(), Done()
-    pool.submit("deep", asker.path, LINE, 5.0, (0.05,), done("deep"))
+    pool.submit("deep", asker.endpoint, LINE, 5.0, (0.05,), done("deep"))
     wait_for(lambda: "deep" in done.outcomes, what="the odd reply judged")
     assert done.outcomes["deep"] == "unexpected reply: " + "[" * 200
     assert asker.connections == 1  # an answer, if a strange one: final
-    pool.submit("next", good.path, LINE, 5.0, (), done("next"))
+    pool.submit("next", good.endpoint, LINE, 5.0, (), done("next"))
     wait_for(lambda: "next" in done.outcomes, what="the next send")
     assert done.outcomes["next"] is None
-    assert send_envelope(asker.path, LINE, 5.0) == ("unexpected reply: " + "[" * 200, True)
+    assert send_envelope(asker.endpoint, LINE, 5.0) == ("unexpected reply: " + "[" * 200, True)
 
 
 def test_a_send_that_faults_fails_alone(
     coms_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # a fault in one send (here: no memory for its socket) is that send's failure
-    asker = FakeAsker(coms_dir / "a.sock", ack)
+    asker = Asker(coms_dir / "a.sock")
     pool, done = ResponsePool(), Done()
     faults = [OSError(12, "Cannot allocate memory")]
     real = socket.socket
@@ -307,41 +229,41 @@ def test_a_send_that_faults_fails_alone(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(responses.socket, "socket", make)
-    pool.submit("a", asker.path, LINE, 5.0, (), done("a"))
+    pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
     wait_for(lambda: "a" in done.outcomes, what="the first outcome")
-    pool.submit("b", asker.path, LINE, 5.0, (), done("b"))
+    pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
     wait_for(lambda: len(done.outcomes) == 2, what="both outcomes")
     assert done.outcomes == {"a": "[Errno 12] Cannot allocate memory", "b": None}
 
 
 def test_a_closed_pool_drops_its_sends_and_refuses_more(coms_dir: Path) -> None:
-    silent = FakeAsker(coms_dir / "a.sock", lambda _: None)
+    silent = Asker(coms_dir / "a.sock", lambda _: None)
     pool, done = ResponsePool(), Done()
-    pool.submit("q", silent.path, LINE, 60.0, (), done("q"))
+    pool.submit("q", silent.endpoint, LINE, 60.0, (), done("q"))
     wait_for(lambda: silent.open_now == 1, what="in flight")
     pool.close()
     wait_for(lambda: silent.open_now == 0, what="its socket closed")
     assert done.outcomes == {}  # not sent, not settled: it stays owed
-    assert not pool.submit("r", silent.path, LINE, 1.0, (), done("r"))
+    assert not pool.submit("r", silent.endpoint, LINE, 1.0, (), done("r"))
 
 
 @pytest.mark.parametrize("how", ["split", "linger"])
 def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(coms_dir: Path, how: str) -> None:
     # W15: the reply is one line, however it arrives; the sender does not wait
     # for the asker to close once the line is in
-    asker = FakeAsker(coms_dir / "a.sock", ack, split=how == "split", linger=how == "linger")
+    asker = Asker(coms_dir / "a.sock", split=how == "split", linger=how == "linger")
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.path, LINE, 5.0, (), done("q"))
+    pool.submit("q", asker.endpoint, LINE, 5.0, (), done("q"))
     wait_for(lambda: "q" in done.outcomes, timeout=2, what="the ack")
     assert done.outcomes == {"q": None}
     began = time.monotonic()
-    assert send_envelope(asker.path, LINE, 5.0) == (None, True)
+    assert send_envelope(asker.endpoint, LINE, 5.0) == (None, True)
     assert time.monotonic() - began < 2
 
 
 def test_a_silent_asker_times_out_the_blocking_send_too(coms_dir: Path) -> None:
-    silent = FakeAsker(coms_dir / "a.sock", lambda _: None)
-    assert send_envelope(silent.path, LINE, 0.2) == ("timed out", False)
+    silent = Asker(coms_dir / "a.sock", lambda _: None)
+    assert send_envelope(silent.endpoint, LINE, 0.2) == ("timed out", False)
 
 
 def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Path) -> None:

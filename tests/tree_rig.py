@@ -112,7 +112,7 @@ def running_tree(*flags: str) -> Iterator[Tree]:
     )
     entry = config.coms_dir / "projects" / "default" / "agents" / "user-remote.json"
     wait_for(entry.exists, what="peer ready")
-    asker = Asker(base)
+    asker = Asker.beside(base)
     yield Tree(actors, store, asker, hermes, config.questions_dir, str(identity.endpoint), fatal,
                event)
     pykka.ActorRegistry.stop_all()
