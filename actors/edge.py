@@ -258,8 +258,8 @@ async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
     except asyncio.CancelledError:  # given up while it started: it must not run on
         spawned.add_done_callback(_kill_spawned)
         raise
-    tails: dict[int, bytearray] = {}
-    pidfd = -1
+    tails: dict[int, bytearray] = {}  # stdout's, then stderr's
+    pidfd: int | None = None
     exited = asyncio.Event()
     try:
         pidfd = os.pidfd_open(proc.pid)
@@ -279,22 +279,18 @@ async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
                 async with asyncio.timeout(_REAP_S):  # gone at once, unless stuck in the kernel
                     await exited.wait()
             return ProcessResult(None, "", "")
-        finally:
-            if proc.poll() is None and exited.is_set():
-                proc.wait()  # it exited: collecting its status does not wait
+        proc.wait()  # it exited: collecting its status does not wait
         for fd, tail in tails.items():
             _drain(loop, fd, tail, 64)  # what is in the pipes already; never wait for more
-        out, err = (bytes(tails.get(p.fileno(), b"")) if p else b""
-                    for p in (proc.stdout, proc.stderr))
-        return ProcessResult(proc.returncode, out.decode("utf-8", "replace"),
-                             err.decode("utf-8", "replace"))
+        out, err = (bytes(tail).decode("utf-8", "replace") for tail in tails.values())
+        return ProcessResult(proc.returncode, out, err)
     finally:
         if proc.poll() is None:  # cancelled, or stuck past its kill: never left running
             kill_group(proc.pid)
-        for fd in [*tails, pidfd]:
-            if fd >= 0:
-                loop.remove_reader(fd)
-        if pidfd >= 0:
+        for fd in tails:
+            loop.remove_reader(fd)
+        if pidfd is not None:
+            loop.remove_reader(pidfd)
             os.close(pidfd)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:

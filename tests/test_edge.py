@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.edge import OUTPUT_TAIL, Edge, run_process
+from coms_hermes_bridge.actors.edge import OUTPUT_TAIL, Edge, ProcessResult, kill_group, run_process
 from tests.fakes import wait_for
 
 
@@ -276,3 +276,137 @@ def test_a_process_given_up_while_it_starts_is_killed(
     busy.set()
     wait_for(lambda: started and started[0].returncode is not None, what="killed once started")
     assert started[0].returncode == -signal.SIGKILL
+
+
+def test_a_timer_cancelled_while_its_turn_is_queued_does_not_run(edge: Edge) -> None:
+    # the cancel's own call to the loop comes after the timer's turn: the flag decides
+    hold, running, release = threading.Event(), threading.Event(), threading.Event()
+    fired: list[str] = []
+    edge.call(hold.wait, 5)  # both timers are armed, and fall due, in one batch
+    edge.after(0, lambda: (running.set(), release.wait(5)))
+    second = edge.after(0, lambda: fired.append("second"))
+    hold.set()
+    assert running.wait(5)  # the second one's turn is queued behind this one
+    second.cancel()
+    release.set()
+    passed(edge, time.time())
+    assert fired == []
+
+
+def test_a_cancelled_timer_leaves_nothing_on_the_loop_and_a_late_cancel_is_harmless(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # at 10,000 open questions, a cancelled deadline must not wait in the loop's heap
+    timer = edge.after(3600, lambda: None)
+    passed(edge, time.time())
+    handle = timer._handle
+    assert handle is not None
+    timer.cancel()
+    passed(edge, time.time())
+    assert handle.cancelled() and timer._handle is None
+    fired = edge.after(0, lambda: None)
+    passed(edge, time.time())
+    fired.cancel()  # after it ran
+    early = Edge("test-edge-held")
+    hold = threading.Event()
+    early.call(hold.wait, 5)
+    unarmed = early.after(0, lambda: None)  # still queued behind the held call
+    unarmed.cancel()  # before it was ever armed
+    hold.set()
+    passed(early, time.time())
+    passed(edge, time.time())
+    early.close()
+    assert "failed" not in capfd.readouterr().err
+
+
+def test_what_is_in_the_pipes_at_the_exit_is_read_and_decoded_leniently(
+    edge: Edge, tmp_path: Path
+) -> None:
+    # a pipe made larger than one read holds more than the reader took before the
+    # exit was seen: the rest is read after it, and only its tail is kept
+    argv = _script(tmp_path, "import fcntl, os, sys\n"
+                             "fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+                             "os.write(1, b'a' * 500_000 + b'b' * 4096)\n"
+                             "os.write(2, b'bad \\xff byte')\n")
+    result = edge.spawn(run_process(argv, 10)).result(15)
+    assert result.returncode == 0
+    assert result.stdout == "b" * OUTPUT_TAIL
+    assert result.stderr == "bad \ufffd byte"
+
+
+def test_a_process_past_its_timeout_gives_no_output(edge: Edge, tmp_path: Path) -> None:
+    argv = _script(tmp_path, "import sys, time\nprint('partial', flush=True)\ntime.sleep(60)\n")
+    assert edge.spawn(run_process(argv, 0.3)).result(15) == ProcessResult(None, "", "")
+
+
+def test_running_processes_leaks_no_descriptor(edge: Edge, tmp_path: Path) -> None:
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    quick = _script(tmp_path, "print('hi')\n")
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    edge.spawn(run_process(quick, 10)).result(15)  # the spawner thread is up
+    before = descriptors()
+    for _ in range(5):
+        edge.spawn(run_process(quick, 10)).result(15)
+        edge.spawn(run_process(slow, 0.05)).result(15)
+    assert descriptors() == before
+
+
+def test_a_process_without_a_pidfd_is_killed_and_the_error_raised(
+    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a kernel without pidfd_open (before 5.3): every send fails the same clear way
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = edge_module._popen
+
+    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
+        started.append(real(argv))
+        return started[-1]
+
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(edge_module, "_popen", popen)
+    monkeypatch.setattr(edge_module.os, "pidfd_open", no_pidfd)
+    with pytest.raises(OSError, match="Function not implemented"):
+        edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30)).result(5)
+    assert started[0].wait(5) == -signal.SIGKILL
+    os.fstat(1)  # the process's own descriptors are untouched
+
+
+def test_a_process_reads_no_stdin_and_starts_on_the_spawner_thread(
+    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hermes must never wait on (or eat) the daemon's own stdin, whatever it is;
+    # starting it blocks, so it happens on the one thread kept for that
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    threads: list[str] = []
+    real = edge_module._popen
+
+    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
+        threads.append(threading.current_thread().name)
+        return real(argv)
+
+    monkeypatch.setattr(edge_module, "_popen", popen)
+    argv = _script(tmp_path, "import sys\nprint(repr(sys.stdin.read()))\n")
+    read_end, write_end = os.pipe()  # a stdin that never ends
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        result = edge.spawn(run_process(argv, 5)).result(10)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+    assert (result.returncode, result.stdout) == (0, "''\n")
+    assert [name.rsplit("_", 1)[0] for name in threads] == ["edge-spawn"]
+
+
+def test_killing_the_group_of_a_process_already_gone_is_harmless() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    proc.wait()
+    kill_group(proc.pid)  # no such group any more: nothing to do, nothing raised
