@@ -322,13 +322,27 @@ def test_a_cancelled_timer_leaves_nothing_on_the_loop_and_a_late_cancel_is_harml
 def test_what_is_in_the_pipes_at_the_exit_is_read_and_decoded_leniently(
     edge: Edge, tmp_path: Path
 ) -> None:
-    # a pipe made larger than one read holds more than the reader took before the
-    # exit was seen: the rest is read after it, and only its tail is kept
-    argv = _script(tmp_path, "import fcntl, os, sys\n"
+    # The loop is held while the process writes more than one read takes and exits:
+    # the exit and the output are seen at once, and the rest is read after the exit.
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    argv = _script(tmp_path, "import fcntl, os, time\n"
                              "fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+                             f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
+                             f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
                              "os.write(1, b'a' * 500_000 + b'b' * 4096)\n"
-                             "os.write(2, b'bad \\xff byte')\n")
-    result = edge.spawn(run_process(argv, 10)).result(15)
+                             "os.write(2, b'bad \\xff byte')\n"
+                             "os._exit(0)\n")
+    running = edge.spawn(run_process(argv, 10))
+    wait_for(lambda: ready.exists() and ready.read_text(), what="the process started")
+    pid = int(ready.read_text())
+    passed(edge, time.time())  # its pipes and its exit are watched by now
+    hold = threading.Event()
+    edge.call(hold.wait, 10)
+    go.touch()
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z",
+             what="the process exited, not yet collected")
+    hold.set()
+    result = running.result(15)
     assert result.returncode == 0
     assert result.stdout == "b" * OUTPUT_TAIL
     assert result.stderr == "bad \ufffd byte"
@@ -343,14 +357,17 @@ def test_running_processes_leaks_no_descriptor(edge: Edge, tmp_path: Path) -> No
     def descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
 
+    def watched() -> int:  # what the loop's selector still watches
+        return len(edge.loop._selector.get_map())  # type: ignore[attr-defined]
+
     quick = _script(tmp_path, "print('hi')\n")
     slow = [sys.executable, "-c", "import time; time.sleep(60)"]
-    edge.spawn(run_process(quick, 10)).result(15)  # the spawner thread is up
-    before = descriptors()
+    passed(edge, time.time())  # the loop is up
+    before = descriptors(), watched()
     for _ in range(5):
         edge.spawn(run_process(quick, 10)).result(15)
         edge.spawn(run_process(slow, 0.05)).result(15)
-    assert descriptors() == before
+    assert (descriptors(), watched()) == before
 
 
 def test_a_process_without_a_pidfd_is_killed_and_the_error_raised(
