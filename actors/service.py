@@ -81,10 +81,6 @@ class ServiceLink:
         interval = _watchdog_interval(env, os.getpid() if pid is None else pid)
         return cls(address, interval if address is not None else None)
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def notify(self, *fields: str) -> bool:
         """Send `fields` as one datagram (newline-separated); False if it did not go."""
         if self.address is None:

@@ -91,11 +91,6 @@ class Intensity:
         self._times.append((now, who))
         return len(self._times) <= self.max_restarts
 
-    @property
-    def recent(self) -> int:
-        """Restarts recorded within the window (as of the last `allow`)."""
-        return len(self._times)
-
     def verdict(self) -> str:
         """Why the bound was passed, for the operator: who crashed how often, and how fast."""
         whos = {who for _, who in self._times}

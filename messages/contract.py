@@ -579,19 +579,6 @@ def validate_answer(
     return Accepted(qid, answer)
 
 
-def classify_answer(
-    name: str,
-    content: bytes | None,
-    pending: Container[str],
-    closed: Mapping[str, State],
-) -> Verdict:
-    """C15 then C9: a file for a closed qid is late whatever it holds."""
-    qid = qid_of_name(name)
-    if isinstance(qid, str) and qid in closed:
-        return Late(qid, closed[qid])
-    return validate_answer(name, content, pending)
-
-
 @dataclass(frozen=True, slots=True)
 class Answering:
     """The qid's question is already handling an answer: the same file seen again."""

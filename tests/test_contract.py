@@ -15,8 +15,8 @@ from coms_hermes_bridge.messages.contract import (
     ForbiddenTransition,
     Late,
     Rejected,
+    ToValidate,
     cancel_note,
-    classify_answer,
     delivery_error,
     format_question,
     grace_ms,
@@ -30,6 +30,7 @@ from coms_hermes_bridge.messages.contract import (
     timeout_error,
     timeout_note,
     transition,
+    triage_answer,
     truncate_utf16,
     unreadable_note,
     utf16_len,
@@ -378,17 +379,17 @@ def test_answer_at_accepts_iso_forms() -> None:
 
 @pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
 def test_closed_qid_is_late_before_any_other_check(state: str) -> None:
-    # C15: whatever the file holds
+    # C15: whatever the file holds (the name alone decides; the content is never read)
     closed = {QID: state}
-    assert classify_answer(NAME, b"garbage", set(), closed) == Late(QID, state)  # type: ignore[arg-type]
-    assert classify_answer(NAME, body(), set(), closed) == Late(QID, state)  # type: ignore[arg-type]
-    assert classify_answer(NAME, None, set(), closed) == Late(QID, state)  # type: ignore[arg-type]
+    assert triage_answer(NAME, {}, closed) == Late(QID, state)  # type: ignore[arg-type]
+    assert triage_answer(NAME, {QID: True}, closed) == Late(QID, state)  # type: ignore[arg-type]
 
 
-def test_classify_falls_through_to_c9() -> None:
+def test_triage_falls_through_to_c9() -> None:
     # C15 then C9
-    assert classify_answer("x.txt", b"", set(), {QID: "answered"}) == Rejected("invalid_path")
-    assert isinstance(classify_answer(NAME, body(), {QID}, {OTHER: "timeout"}), Accepted)
+    assert triage_answer("x.txt", {}, {QID: "answered"}) == Rejected("invalid_path")
+    assert triage_answer(NAME, {QID: False}, {OTHER: "timeout"}) == ToValidate(QID)
+    assert isinstance(validate_answer(NAME, body(), {QID}), Accepted)
 
 
 @pytest.mark.parametrize(("poll", "grace"), [(1000, 2000), (100, 1000), (400, 1000), (600, 1200)])
