@@ -72,12 +72,10 @@ class DeliveryActor(PooledService):
             case SendText():
                 self._jobs.append(message)
                 self._next()
-            case HermesRan(job=job, error=error) if job is self._current:
+            case HermesRan(job=job, error=error):  # of the current job: only it runs
                 self._current = self._running = None
                 self._settle(job, error)
                 self._next()
-            case HermesRan():
-                pass  # a run of a job this actor no longer holds
             case _:
                 raise UnknownMessage(self.child_name, message)
 
@@ -92,10 +90,7 @@ class DeliveryActor(PooledService):
         The cut-short send may have reached the chat already; it is sent again
         (at least once) rather than risk that a question never does.
         """
-        jobs = ([self._current] if self._current is not None else []) + list(self._jobs)
-        self._current = None
-        self._jobs.clear()
-        return tuple(jobs)
+        return (*([self._current] if self._current is not None else []), *self._jobs)
 
     def argv(self, text: str) -> list[str]:
         """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
@@ -111,12 +106,8 @@ class DeliveryActor(PooledService):
             if self._withdrawn(job):
                 continue
             self._current = job
-            try:
-                self._running = self.edge.spawn(
-                    run_process(self.argv(job.text), self.send_timeout_ms / 1000))
-            except RuntimeError as exc:  # the loop is closed: we are stopping
-                report(f"{self.child_name}: cannot run hermes: {exc}", "error")
-                return
+            self._running = self.edge.spawn(
+                run_process(self.argv(job.text), self.send_timeout_ms / 1000))
             self._running.add_done_callback(functools.partial(self._ran, job))
 
     def _ran(self, job: SendText, done: concurrent.futures.Future[ProcessResult]) -> None:

@@ -283,3 +283,102 @@ def test_a_reminder_no_longer_owed_is_never_run(hermes: FakeHermes) -> None:  # 
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ b", "✖ c", "❓ d"]
     assert sent == ["remind:b", "c"]
     assert asked == ["remind:a", "remind:b"]
+
+
+def test_a_withdrawn_reminder_queued_behind_a_send_does_not_hold_up_the_next(
+    hermes: FakeHermes,
+) -> None:  # X9: skipped in the queue, and the job after it runs at once
+    hermes.configure(sleep=0.3)
+    ref = start(str(hermes.path), note_owed=lambda note_id: False)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "first", "question", question))
+    hermes.wait_started(1)
+    ref.tell(SendText(QID, "⏰ gone", "remind_note", note_id="remind:gone"))
+    ref.tell(SendText(QID, "second", "question", question))
+    assert [question.expect(Delivered), question.expect(Delivered)] == [Delivered(QID)] * 2
+    assert [argv[-1] for argv in hermes.argvs()] == ["first", "second"]
+
+
+def test_a_reminder_without_a_note_id_is_sent_without_asking_the_store(
+    hermes: FakeHermes,
+) -> None:  # X9: nothing to look up
+    asked: list[str | None] = []
+    ref = start(str(hermes.path), note_owed=lambda note_id: asked.append(note_id) or False)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "⏰ anonymous", "remind_note"))
+    ref.tell(SendText(QID, "next", "question", question))
+    question.expect(Delivered)
+    assert [argv[-1] for argv in hermes.argvs()] == ["⏰ anonymous", "next"]
+    assert asked == []
+
+
+def test_a_store_that_cannot_say_sends_the_reminder_and_says_why(
+    hermes: FakeHermes, capfd: pytest.CaptureFixture[str]
+) -> None:  # X9: at least once, like every note
+    def note_owed(note_id: str) -> bool:
+        raise RuntimeError("database is locked")
+
+    ref = start(str(hermes.path), note_owed=note_owed)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "⏰ maybe", "remind_note", note_id="remind:m"))
+    ref.tell(SendText(QID, "next", "question", question))
+    question.expect(Delivered)
+    assert [argv[-1] for argv in hermes.argvs()] == ["⏰ maybe", "next"]
+    assert capfd.readouterr().err == (
+        "coms-hermes-bridge: delivery: cannot tell whether remind:m is owed: "
+        "RuntimeError('database is locked')\n"
+    )
+
+
+def test_a_failed_send_is_one_error_line_for_the_operator(
+    hermes: FakeHermes, capfd: pytest.CaptureFixture[str]
+) -> None:  # C18, issue 11.3: the level word journald and grep filter on
+    hermes.configure(exit=3, stderr="chat not found\n")
+    ref = start(str(hermes.path))
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "hi", "question", question))
+    question.expect(DeliveryFailed)
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: question for {QID} not delivered: "
+        "hermes send failed (3): chat not found\n"
+    )
+
+
+def test_a_sent_note_that_cannot_be_recorded_is_said(
+    hermes: FakeHermes, capfd: pytest.CaptureFixture[str]
+) -> None:  # it stays owed, and is sent again at the next start (at least once)
+    def note_sent(note_id: str) -> None:
+        raise RuntimeError("disk full")
+
+    ref = start(str(hermes.path), note_sent=note_sent)
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "✖ cancelled", "cancel_note", note_id="cancel:1"))
+    ref.tell(SendText(QID, "next", "question", question))
+    question.expect(Delivered)
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: could not record the cancel_note for {QID} as sent: "
+        "RuntimeError('disk full')\n"
+    )
+
+
+def test_an_unforeseen_fault_running_hermes_is_the_send_failing(
+    hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C18: named, and the next send goes on
+    from coms_hermes_bridge.actors import delivery as delivery_module
+
+    real = delivery_module.run_process
+    faults = [RuntimeError("no pidfd")]
+
+    async def run_process(argv: list[str], timeout_s: float) -> Any:
+        if faults:
+            raise faults.pop()
+        return await real(argv, timeout_s)
+
+    monkeypatch.setattr(delivery_module, "run_process", run_process)
+    ref = start(str(hermes.path))
+    question = FakeRef("question")
+    ref.tell(SendText(QID, "one", "question", question))
+    ref.tell(SendText(QID, "two", "question", question))
+    assert question.expect(DeliveryFailed) == DeliveryFailed(
+        QID, "hermes send failed: RuntimeError: no pidfd")
+    assert question.expect(Delivered) == Delivered(QID)
