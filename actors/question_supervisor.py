@@ -86,8 +86,8 @@ class QuestionSupervisor(PooledService):
         start_question: QuestionFactory,
         me: Address | None = None,
         first_start: bool = True,
-        max_restarts: int = 3,
-        window_s: float = 10.0,
+        max_restarts: int,
+        window_s: float,
         clock: Callable[[], float] = time.monotonic,
         schedule: Schedule = timer_schedule,
         now: Callable[[], datetime] = utc_now,
@@ -118,9 +118,7 @@ class QuestionSupervisor(PooledService):
             self._stop_question(child)
 
     def _stop_question(self, child: str) -> None:
-        running = self.running.pop(child, None)
-        if running is None:
-            return
+        running = self.running.pop(child)
         ref = running.slot.ref
         running.slot.retire()
         if ref is not None:

@@ -83,7 +83,7 @@ class Intensity:
         # per open question must not cost an empty deque's 600 bytes each.
         self._times: list[tuple[float, str]] = []
 
-    def allow(self, who: str = "") -> bool:
+    def allow(self, who: str) -> bool:
         """Record one restart (of `who`) now; False when it is one too many in the window."""
         now = self.clock()
         while self._times and now - self._times[0][0] >= self.window_s:
@@ -213,8 +213,8 @@ class RootSupervisor(pykka.ThreadingActor):
         *,
         specs: Sequence[ChildSpec],
         on_fatal: Callable[[str], None],
-        max_restarts: int = 5,
-        window_s: float = 10.0,
+        max_restarts: int,
+        window_s: float,
         clock: Callable[[], float] = time.monotonic,
         schedule: Schedule = timer_schedule,
     ) -> None:
@@ -225,7 +225,6 @@ class RootSupervisor(pykka.ThreadingActor):
         self.policy = RestartPolicy(max_restarts, window_s, clock, schedule, per_child=False)
         self.incarnations: dict[str, int] = {}
         self._failed = False
-        self._stopping = False
 
     # -- life ---------------------------------------------------------------
 
@@ -234,7 +233,8 @@ class RootSupervisor(pykka.ThreadingActor):
             self._start(child, ())
 
     def on_stop(self) -> None:
-        self._stopping = True
+        # No message is handled after this (pykka): no crash of a child stopped here
+        # can restart it.
         self.policy.cancel_all()
         for child in reversed(self.order):
             spec = self.specs[child]
@@ -262,7 +262,7 @@ class RootSupervisor(pykka.ThreadingActor):
                 self._child_failed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
                 self.policy.restarting(child)
-                if not self._stopping and not self._failed:
+                if not self._failed:
                     self._start(child, unread)
             case _:
                 raise UnknownMessage("supervisor", message)
@@ -272,7 +272,7 @@ class RootSupervisor(pykka.ThreadingActor):
         self, child: str, error: str, unread: tuple[Any, ...], shortage: bool
     ) -> None:
         spec = self.specs.get(child)
-        if spec is None or self._failed or self._stopping:
+        if spec is None or self._failed:
             return
         if spec.restart == "temporary":
             report(f"{child} crashed ({error}); not restarted", "warning")

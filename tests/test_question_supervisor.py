@@ -216,6 +216,7 @@ def test_a_restarted_supervisor_asks_the_router_to_restore(tmp_path: Path) -> No
     ref = QuestionSupervisor.start(
         supervisor=FakeRef("root"), router=router, peer=FakeRef(), logger=FakeRef(),
         store=store, start_question=lambda *a: None, first_start=False,  # type: ignore[arg-type,return-value]
+        max_restarts=3, window_s=10,
     )
     assert router.expect(RestoreQuestions) == RestoreQuestions()
     ref.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,19 @@ from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.supervisor import (
     Backoff,
     ChildSpec,
+    GiveUp,
     Intensity,
     Restart,
+    RestartPolicy,
     RootSupervisor,
 )
-from coms_hermes_bridge.messages.commands import Address, ChildFailed, Delivered, SendText
+from coms_hermes_bridge.messages.commands import (
+    Address,
+    ChildFailed,
+    Delivered,
+    RestartChild,
+    SendText,
+)
 from tests.fakes import (
     Boom,
     FakeClock,
@@ -365,7 +374,7 @@ def test_a_factory_that_cannot_start_a_thread_backs_off(rig: Callable[..., Rig])
 
     schedule, fatal = FakeSchedule(), []
     root = RootSupervisor.start(
-        specs=[ChildSpec(slot, start)], on_fatal=fatal.append, max_restarts=1,
+        specs=[ChildSpec(slot, start)], on_fatal=fatal.append, max_restarts=1, window_s=10,
         clock=FakeClock(), schedule=schedule,
     )
     slot.tell("waits for a thread")
@@ -399,7 +408,8 @@ def test_stop_goes_in_reverse_start_order() -> None:
 
     StopRecorder.stops = []
     root = RootSupervisor.start(
-        specs=[ChildSpec(slots[n], factory(n)) for n in names], on_fatal=lambda r: None
+        specs=[ChildSpec(slots[n], factory(n)) for n in names], on_fatal=lambda r: None,
+        max_restarts=5, window_s=10,
     )
     for slot in slots.values():
         wait_for(lambda s=slot: s.ref, what=f"{slot.name} started")  # type: ignore[misc]
@@ -422,7 +432,8 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
             send_timeout_ms=60_000, hermes=str(hermes.path),
         )
 
-    root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None)
+    root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None,
+                                max_restarts=5, window_s=10)
     wait_for(lambda: slot.ref, what="delivery up")
     slot.tell(SendText(QID_A, "question A", "question", reply_to=question_a))
     slot.tell(SendText(QID_B, "question B", "question", reply_to=question_b))
@@ -570,3 +581,150 @@ def test_an_episode_is_said_when_it_begins_and_counted_when_it_ends() -> None:
         True, False, True, False
     ]  # a new cause mid-episode is news: said once too
     assert episode.over() == 5
+
+
+# -- the restart policy both supervisors use -------------------------------------
+
+
+def test_the_policy_restarts_now_puts_a_shortage_off_and_gives_up_past_the_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clock, schedule, me = FakeClock(), FakeSchedule(), FakeRef("me")
+    policy = RestartPolicy(1, 10.0, clock, schedule, per_child=True)
+    assert policy.crashed("a", "RuntimeError: boom", (), False, me, who="question q") == "now"
+    assert policy.crashed("a", "OSError: out of fds", ("u1",), True, me) == "later"
+    assert schedule.delays == [0.1]
+    schedule.fire()
+    assert me.next() == RestartChild("a", ("u1",))
+    verdict = policy.crashed("a", "RuntimeError: boom", (), False, me, who="question q")
+    assert verdict == GiveUp("question q crashed 2 times within 10s")
+    assert policy.crashed("b", "RuntimeError: boom", (), False, me) == "now"  # its own count
+    assert capsys.readouterr().err.splitlines() == [
+        "coms-hermes-bridge: warning: a crashed (RuntimeError: boom); restarting it",
+        "coms-hermes-bridge: warning: a ran short of a resource (OSError: out of fds); "
+        "restarting it with backoff from 0.1s up to 30s",
+        "coms-hermes-bridge: warning: b crashed (RuntimeError: boom); restarting it",
+    ]
+
+
+def test_a_crash_that_is_no_shortage_ends_the_backoff_episode() -> None:
+    clock, schedule, me = FakeClock(), FakeSchedule(), FakeRef("me")
+    policy = RestartPolicy(10, 10.0, clock, schedule, per_child=True)
+    policy.crashed("a", "short", (), True, me)
+    policy.crashed("a", "short", (), True, me)
+    policy.crashed("a", "bug", (), False, me)
+    policy.crashed("a", "short", (), True, me)
+    assert schedule.delays == [0.1, 0.2, 0.1]  # the third shortage starts afresh
+
+
+def test_a_forgotten_child_loses_its_put_off_restart_and_its_history() -> None:
+    clock, schedule, me = FakeClock(), FakeSchedule(), FakeRef("me")
+    policy = RestartPolicy(1, 10.0, clock, schedule, per_child=True)
+    assert policy.crashed("a", "bug", (), False, me) == "now"
+    policy.crashed("a", "short", (), True, me)
+    policy.crashed("b", "short", (), True, me)
+    policy.forget("a")
+    assert schedule.cancelled == [0]  # a's, not b's
+    assert policy.crashed("a", "bug", (), False, me) == "now"  # counted afresh
+    policy.crashed("a", "short", (), True, me)
+    assert schedule.delays[-1] == 0.1  # its backoff afresh too
+
+
+def test_a_put_off_restart_that_came_is_no_longer_cancellable() -> None:
+    clock, schedule, me = FakeClock(), FakeSchedule(), FakeRef("me")
+    policy = RestartPolicy(1, 10.0, clock, schedule, per_child=False)
+    policy.crashed("a", "short", (), True, me)
+    schedule.fire()
+    policy.restarting("a")
+    policy.forget("a")
+    policy.cancel_all()
+    assert schedule.cancelled == []  # it had come: nothing left to cancel
+    policy.crashed("b", "short", (), True, me)
+    policy.cancel_all()
+    policy.restarting("b")  # told before the cancel, read after it: harmless
+    assert schedule.cancelled == [1]
+
+
+def test_a_temporary_child_that_crashes_is_said_and_not_restarted(
+    rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = rig(("t",), restart="temporary")
+    before = r.slots["t"].ref
+    r.slots["t"].tell(Boom())
+    wait_for(lambda: before is not None and not before.is_alive(), what="t crashed")
+    r.sync()
+    assert r.slots["t"].ref is None
+    r.slots["t"].tell("after")
+    assert r.slots["t"].held == ()  # retired: nothing waits for a successor
+    assert capsys.readouterr().err == (
+        "coms-hermes-bridge: warning: t crashed (RuntimeError: boom); not restarted\n"
+    )
+
+
+def test_a_child_that_cannot_start_is_restarted_as_if_it_had_crashed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    slot, seen = Slot("flaky"), FakeRef("seen")
+
+    def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+        if n == 0:
+            raise ValueError("bad config")
+        return Recorder.start(supervisor=sup, seen=seen, name="flaky", incarnation=n)
+
+    slot.tell("waits")
+    root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None,
+                                max_restarts=5, window_s=10, clock=FakeClock())
+    assert seen.next() == (1, "waits")
+    assert capsys.readouterr().err == (
+        "coms-hermes-bridge: warning: flaky crashed (ValueError: bad config); restarting it\n"
+    )
+    root.stop()
+
+
+def test_nothing_restarts_once_the_root_gave_up(rig: Callable[..., Rig]) -> None:
+    # a restart put off before the verdict, and a crash after it, are both let be
+    r = rig(("a", "b", "c"), max_restarts=1)
+    r.slots["a"].tell(Short())
+    wait_for(lambda: r.schedule.delays, what="a's restart put off")
+    r.crash("b")
+    r.crash("b")
+    assert r.fatal and r.fatal[0].startswith("b crashed 2 times")
+    r.schedule.fire()
+    r.clock.now += 60  # past the window: only the verdict keeps c down
+    c = r.slots["c"].ref
+    r.slots["c"].tell(Boom())
+    wait_for(lambda: c is not None and not c.is_alive(), what="c crashed")
+    r.sync()
+    assert r.slots["a"].ref is None and r.slots["c"].ref is None
+
+
+def test_an_unknown_message_to_the_root_names_itself_and_the_message(
+    rig: Callable[..., Rig],
+) -> None:
+    r = rig(("a",))
+    r.root.tell(("no", "such"))
+    wait_for(lambda: r.fatal, what="the root gives up")
+    assert r.fatal == [
+        "supervisor failed: UnknownMessage(\"supervisor does not take tuple: ('no', 'such')\")"
+    ]
+
+
+class SlowStop(Recorder):
+    """Takes its time to stop, as a child stuck in a blocking call would."""
+
+    def on_stop(self) -> None:
+        time.sleep(2)
+
+
+def test_a_child_slow_to_stop_holds_the_root_no_longer_than_its_shutdown_time() -> None:
+    slot = Slot("slow")
+
+    def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+        return SlowStop.start(supervisor=sup, seen=FakeRef(), name="slow", incarnation=n)
+
+    root = RootSupervisor.start(specs=[ChildSpec(slot, start, shutdown_s=0.2)],
+                                on_fatal=lambda r: None, max_restarts=5, window_s=10)
+    wait_for(lambda: slot.ref, what="slow started")
+    began = time.monotonic()
+    root.stop(block=True, timeout=5)
+    assert time.monotonic() - began < 1.5
