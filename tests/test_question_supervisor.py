@@ -58,6 +58,8 @@ class Rig:
     clock: FakeClock
     schedule: FakeSchedule
     specs: list[QuestionSpec]
+    given: list[tuple[Slot, Address]]  # what each start was handed
+    fails: list[Exception]  # raised by the next starts, in turn
 
     def sync(self) -> None:
         """Returns once the supervisor has handled everything told to it so far (a
@@ -77,10 +79,15 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     seen, router, peer, logger = FakeRef("seen"), FakeRef("router"), FakeRef("peer"), FakeRef("logger")
     clock, schedule = FakeClock(), FakeSchedule()
     specs: list[QuestionSpec] = []
+    given: list[tuple[Slot, Address]] = []
+    fails: list[Exception] = []
     incarnation = iter(range(100))
 
     def start_question(spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> Any:
         specs.append(spec)
+        given.append((slot, sup))
+        if fails:
+            raise fails.pop(0)
         return Recorder.start(supervisor=sup, seen=seen, name=child, incarnation=next(incarnation))
 
     ref = QuestionSupervisor.start(
@@ -91,7 +98,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     slot = Slot(CHILD)
     ref.tell(StartQuestion(spec, CHILD, slot))
     wait_for(lambda: slot.ref, what="question started")
-    yield Rig(ref, store, slot, seen, router, peer, logger, clock, schedule, specs)
+    yield Rig(ref, store, slot, seen, router, peer, logger, clock, schedule, specs, given, fails)
     pykka.ActorRegistry.stop_all()
     store.shutdown()
 
@@ -256,3 +263,125 @@ def test_a_stopping_supervisor_stops_its_questions(rig: Rig) -> None:
     assert question is not None
     rig.ref.stop(timeout=5)
     wait_for(lambda: not question.is_alive(), what="the question stopped with it")
+
+
+def test_each_start_is_handed_the_questions_slot_and_the_supervisors_address(rig: Rig) -> None:
+    before = rig.slot.ref
+    rig.slot.tell(Boom())
+    rig.restarted(before)
+    me = rig.ref
+    assert [(slot is rig.slot, sup == me) for slot, sup in rig.given] == [(True, True)] * 2
+
+
+def test_the_address_questions_report_to_may_be_the_supervisors_slot(tmp_path: Path) -> None:
+    # the tree hands its QuestionSupervisor a Slot: a restarted supervisor keeps the address
+    store = Store.open(tmp_path / "s.sqlite3")
+    me = FakeRef("questions' slot")
+    handed: list[Address] = []
+
+    def start_question(spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> Any:
+        handed.append(sup)
+        return Recorder.start(supervisor=sup, seen=FakeRef(), name=child, incarnation=0)
+
+    ref = QuestionSupervisor.start(
+        supervisor=FakeRef("root"), router=FakeRef(), peer=FakeRef(), logger=FakeRef(),
+        store=store, start_question=start_question, me=me, max_restarts=3, window_s=10,
+    )
+    spec = QuestionSpec(QID, PROMPT, parse_prompt(PROMPT), 60_000, time.time() + 60)
+    ref.tell(StartQuestion(spec, CHILD, Slot(CHILD)))
+    wait_for(lambda: handed, what="started")
+    assert handed == [me]
+    pykka.ActorRegistry.stop_all()
+    store.shutdown()
+
+
+def test_a_question_that_cannot_start_is_restarted_then_given_up_with_its_error(
+    rig: Rig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as if it had crashed at once: counted, and past its bound the asker is told why
+    rig.fails.extend(ValueError("bad spec") for _ in range(10))
+    before = rig.slot.ref
+    rig.slot.tell(Boom())
+    owed = rig.peer.expect(SendResponse)
+    assert owed == SendResponse(PROMPT, None, "bridge failed on this question: ValueError: bad spec",
+                                CHILD)
+    assert len(rig.given) == 1 + 3  # the first start, then three restarts, each failing
+    assert before is not None and not before.is_alive()
+    assert capsys.readouterr().err.splitlines() == [
+        f"coms-hermes-bridge: warning: {CHILD} crashed (RuntimeError: boom); restarting it",
+        f"coms-hermes-bridge: warning: {CHILD} crashed (ValueError: bad spec); restarting it",
+        f"coms-hermes-bridge: warning: {CHILD} crashed (ValueError: bad spec); restarting it",
+        f"coms-hermes-bridge: error: question {QID} crashed 4 times within 10s; "
+        "closed it with an error (ValueError: bad spec)",
+    ]
+
+
+def test_a_question_with_no_thread_to_start_on_waits_out_a_backoff_with_its_mail(
+    rig: Rig,
+) -> None:
+    rig.fails.append(RuntimeError("can't start new thread"))
+    before = rig.slot.ref
+    rig.slot.tell(Hold(release := threading.Event()))
+    rig.slot.tell(Boom())
+    rig.slot.tell("unread")
+    release.set()
+    wait_for(lambda: rig.schedule.delays, what="the start put off")
+    assert rig.schedule.delays == [0.1]  # a shortage: backoff, not counted
+    rig.schedule.fire()
+    rig.restarted(before)
+    assert rig.seen.next() == (1, "unread")
+
+
+def test_a_poison_question_not_recorded_still_tells_its_asker(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def close(*args: Any, **kwargs: Any) -> bool:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(rig.store, "close", close)
+    rig.fails.extend(ValueError("bad") for _ in range(10))
+    rig.slot.tell(Boom())
+    assert rig.peer.expect(SendResponse).error == "bridge failed on this question: ValueError: bad"
+    assert rig.router.expect(QuestionRestarted) == QuestionRestarted(QID, CHILD)
+    rig.sync()
+    err = capsys.readouterr().err
+    assert f"coms-hermes-bridge: could not record question {QID} as failed: " \
+        "OSError('disk I/O error')\n" in err
+    rig.logger.expect(LogEvent)
+
+
+def test_a_closed_question_loses_its_put_off_restart(rig: Rig) -> None:
+    rig.slot.tell(Short())
+    wait_for(lambda: rig.schedule.delays, what="the restart put off")
+    rig.ref.tell(QuestionClosed(QID, "cancelled", CHILD))
+    rig.sync()
+    assert rig.schedule.cancelled == [0]
+
+
+def test_word_of_a_question_it_no_longer_runs_is_let_be(rig: Rig) -> None:
+    rig.ref.tell(ResetQuestions())
+    rig.ref.tell(QuestionClosed(QID, "answered", CHILD))  # the stopped question's last word
+    rig.ref.tell(QuestionClosed(QID, "answered", "question:other:run.9"))
+    rig.sync()
+    assert rig.ref.is_alive()
+
+
+def test_a_question_whose_row_is_gone_takes_no_more_mail(rig: Rig) -> None:
+    rig.store.put_open(rig.specs[0], owner="question:someone-else")
+    rig.slot.tell(Boom())
+    rig.router.expect(QuestionClosed)
+    rig.sync()
+    rig.slot.tell("late")
+    assert rig.slot.held == ()  # retired: nothing waits for a successor
+
+
+def test_an_unknown_message_names_the_supervisor_and_the_message() -> None:
+    root = FakeRef("root")
+    ref = QuestionSupervisor.start(
+        supervisor=root, router=FakeRef(), peer=FakeRef(), logger=FakeRef(),
+        store=None, start_question=lambda *a: None, max_restarts=3, window_s=10,  # type: ignore[arg-type]
+    )
+    ref.tell(("no", "such"))
+    failed = root.next()
+    assert failed.error == "UnknownMessage: questions does not take tuple: ('no', 'such')"
+    pykka.ActorRegistry.stop_all()
