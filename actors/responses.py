@@ -85,15 +85,15 @@ def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
     Returns the failure reason (None on ack) and whether the outcome is final:
     an ack, a nack, or a refused or missing socket (the asker is gone).
     A timeout, a full backlog or a dropped connection may pass, so they are
-    worth another try.
+    worth another try; a path no socket can have never does.
     """
     try:
         reply = exchange(endpoint, line, timeout)
     except TimeoutError:
         return "timed out", False
-    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError) as exc:
-        return _failure(exc), True
-    except (OSError, ValueError) as exc:
+    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        return _failure(exc), True  # gone, or a path no socket can have (a NUL in it)
+    except OSError as exc:
         return _failure(exc), False
     return judge_reply(reply)
 
@@ -117,7 +117,7 @@ class ResponsePool:
         self.capacity = capacity
         self.flights = flights
         self.edge = edge or shared_edge()
-        self._room = threading.BoundedSemaphore(capacity) if capacity > 0 else None
+        self._room = threading.BoundedSemaphore(max(capacity, 0))
         self._flying: set[_Send] = set()  # holding a socket: at most `flights`
         self._waiting: deque[_Send] = deque()  # for a socket, in order
         self._closed = False
@@ -133,7 +133,7 @@ class ResponsePool:
     ) -> bool:
         """Queue a send; False (nothing queued) when `capacity` sends already wait or run,
         or the pool is closed."""
-        if self._closed or self._room is None or not self._room.acquire(blocking=False):
+        if self._closed or not self._room.acquire(blocking=False):
             return False
         self.edge.call(self._take, _Send(self, qid, endpoint, line, timeout, pauses, done))
         return True
@@ -158,7 +158,6 @@ class ResponsePool:
             pause, send.pauses = send.pauses[0], send.pauses[1:]
             send.later = self.edge.loop.call_later(pause, self._take, send)
             return
-        assert self._room is not None
         self._room.release()
         try:
             send.done(reason)
@@ -182,7 +181,13 @@ class _Send:
     """One response: its attempts, each a connect, a write and a read within a deadline."""
 
     __slots__ = ("deadline", "done", "endpoint", "later", "line", "pauses", "pool", "qid",
-                 "reading", "reply", "sock", "timeout", "unsent", "writing")
+                 "reply", "sock", "timeout", "unsent")
+
+    # set by each attempt
+    deadline: asyncio.TimerHandle | None
+    later: asyncio.TimerHandle | None  # a connect retry, or the next attempt
+    unsent: memoryview
+    reply: bytearray
 
     def __init__(self, pool: ResponsePool, qid: str, endpoint: str, line: bytes,
                  timeout: float, pauses: tuple[float, ...],
@@ -195,11 +200,6 @@ class _Send:
         self.pauses = pauses
         self.done = done
         self.sock: socket.socket | None = None
-        self.deadline: asyncio.TimerHandle | None = None
-        self.later: asyncio.TimerHandle | None = None  # a connect retry, or the next attempt
-        self.unsent = memoryview(line)
-        self.reply = bytearray()
-        self.reading = self.writing = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -227,8 +227,8 @@ class _Send:
             self.write()
         except OSError as exc:
             self.land((_failure(exc), exc.errno in _GONE))
-        except Exception as exc:  # a path no socket can have, say: this send's failure
-            self.land((_failure(exc), False))
+        except Exception as exc:  # a path no socket can have, say: final, it stays so
+            self.land((_failure(exc), True))
 
     def write(self) -> None:
         sock = self.sock
@@ -237,17 +237,12 @@ class _Send:
             while self.unsent:
                 self.unsent = self.unsent[sock.send(self.unsent):]
         except BlockingIOError:
-            if not self.writing:
-                self.writing = True
-                self.loop.add_writer(sock.fileno(), self.write)
+            self.loop.add_writer(sock.fileno(), self.write)  # again: the same registration
             return
         except OSError as exc:
             self.land((_failure(exc), False))
             return
-        if self.writing:
-            self.writing = False
-            self.loop.remove_writer(sock.fileno())
-        self.reading = True
+        self.loop.remove_writer(sock.fileno())
         self.loop.add_reader(sock.fileno(), self.read)
 
     def read(self) -> None:
@@ -276,10 +271,8 @@ class _Send:
         self.deadline = self.later = None
         sock, self.sock = self.sock, None
         if sock is not None:
-            if self.reading or self.writing:
-                self.loop.remove_reader(sock.fileno())
-                self.loop.remove_writer(sock.fileno())
-                self.reading = self.writing = False
+            self.loop.remove_reader(sock.fileno())
+            self.loop.remove_writer(sock.fileno())
             sock.close()
 
 

@@ -9,6 +9,9 @@ while another could be served. The blocking `send_envelope` (used by the
 
 from __future__ import annotations
 
+import concurrent.futures
+import select
+import selectors
 import socket
 import threading
 import time
@@ -20,7 +23,7 @@ import pytest
 
 from coms_hermes_bridge.actors import responses
 from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
-from tests.fakes import Asker, wait_for
+from tests.fakes import Asker, read_line, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
 
@@ -164,9 +167,19 @@ def test_at_most_flights_sends_hold_a_socket_at_once(coms_dir: Path) -> None:  #
 
 def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(coms_dir: Path) -> None:
     big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
-    asker = Asker(coms_dir / "a.sock")
+    gate = threading.Event()
+    asker = Asker(coms_dir / "a.sock", gate=gate)
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.endpoint, big, 10.0, (), done("q"))
+    wait_for(lambda: asker.lines, timeout=10, what="the whole line read")
+    # waiting for the ack, the socket is watched for reading only: writable, it would
+    # wake the loop at every turn
+    events = concurrent.futures.Future[list[int]]()
+    loop = pool.edge.loop
+    loop.call_soon_threadsafe(lambda: events.set_result(
+        [key.events for key in loop._selector.get_map().values()]))  # type: ignore[attr-defined]
+    assert not any(mask & selectors.EVENT_WRITE for mask in events.result(5))
+    gate.set()
     wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
     assert done.outcomes == {"q": None}
     assert asker.lines == [big]
@@ -283,6 +296,8 @@ def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Pat
     (b'"nack"\n', ('unexpected reply: "nack"', True)),
     (b"\xff\xfe{}\n", ("unexpected reply: \ufffd\ufffd{}", True)),  # not UTF-8: still judged
     (b"x" * 300 + b"\n", ("unexpected reply: " + "x" * 200, True)),  # quoted, cut to 200
+    (b'{"type":"pong","x":"' + b"y" * 300 + b'"}\n',
+     ("unexpected reply: " + ('{"type":"pong","x":"' + "y" * 300)[:200], True)),  # JSON too
     (b"", ("connection closed without a reply", False)),
     (b"  \n", ("connection closed without a reply", False)),
 ])
@@ -293,3 +308,141 @@ def test_judge_reply(reply: bytes, outcome: tuple[str | None, bool]) -> None:  #
 def test_a_failure_without_words_is_named_by_its_kind() -> None:
     assert responses._failure(TimeoutError()) == "TimeoutError"
     assert responses._failure(OSError(2, "No such file")) == "[Errno 2] No such file"
+
+
+def test_a_pool_of_one_takes_one_send_at_a_time(coms_dir: Path) -> None:
+    gate = threading.Event()
+    asker = Asker(coms_dir / "a.sock", gate=gate)
+    pool, done = ResponsePool(capacity=1), Done()
+    assert pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
+    assert not pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
+    gate.set()
+    wait_for(lambda: "a" in done.outcomes, what="a sent")
+    assert pool.submit("c", asker.endpoint, LINE, 5.0, (), done("c"))
+
+
+def test_a_done_that_raises_is_said_and_the_pool_goes_on(
+    coms_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    asker = Asker(coms_dir / "a.sock")
+    pool, done = ResponsePool(), Done()
+
+    def bad(reason: str | None) -> None:
+        raise RuntimeError("the outbox is gone")
+
+    pool.submit("q1", asker.endpoint, LINE, 5.0, (), bad)
+    pool.submit("q2", asker.endpoint, LINE, 5.0, (), done("q2"))
+    wait_for(lambda: "q2" in done.outcomes, what="the next send")
+    said: list[str] = []
+    line = "coms-hermes-bridge: response for q1: RuntimeError('the outbox is gone')\n"
+    wait_for(lambda: said.append(capfd.readouterr().err) or line in "".join(said), what="said")
+    assert "".join(said) == line
+    assert done.outcomes == {"q2": None}
+
+
+def test_a_full_backlog_is_tried_again_until_there_is_room(coms_dir: Path) -> None:  # W15
+    path = coms_dir / "busy.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    fillers: list[socket.socket] = []
+    while True:
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(path))
+        except BlockingIOError:
+            filler.close()
+            break
+        fillers.append(filler)
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", str(path), LINE, 5.0, (), done("q"))
+    time.sleep(0.05)  # part of the scenario: the send meets the full backlog first
+    assert "q" not in done.outcomes
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                if read_line(conn).strip():
+                    conn.sendall(b'{"type":"ack"}\n')
+
+    threading.Thread(target=serve, daemon=True).start()
+    for filler in fillers:
+        filler.close()  # room at last
+    wait_for(lambda: "q" in done.outcomes, what="the ack")
+    assert done.outcomes == {"q": None}
+    server.close()
+
+
+UNENCODABLE = ("'utf-8' codec can't encode character '\\ud800' in position 6: "
+               "surrogates not allowed")
+
+
+def test_a_path_no_socket_can_have_is_final_at_once(coms_dir: Path) -> None:
+    # a lone surrogate cannot be encoded: the endpoint will never do
+    pool, done = ResponsePool(), Done()
+    began = time.monotonic()
+    pool.submit("q", "/tmp/a\ud800b.sock", LINE, 5.0, (30.0,), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the failure")
+    assert done.outcomes == {"q": UNENCODABLE}
+    assert done.at["q"] - began < 5  # not after the 30 s pause: no retry
+    assert send_envelope("/tmp/a\ud800b.sock", LINE, 5.0) == (UNENCODABLE, True)
+
+
+def test_an_asker_that_drops_the_connection_unread_is_tried_again(coms_dir: Path) -> None:
+    # it closes with the line unread: the read fails (reset), which may pass
+    path = coms_dir / "rude.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            select.select([conn], [], [], 5)  # the line is there: close without reading it
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", str(path), LINE, 5.0, (0.01,), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="given up")
+    assert done.outcomes == {"q": "[Errno 104] Connection reset by peer"}
+    assert len(accepted) == 2  # the first try and one retry
+    server.close()
+
+
+def test_an_asker_that_hangs_up_mid_line_is_tried_again(coms_dir: Path) -> None:
+    # a line larger than the socket's buffer is still being written when it goes
+    path = coms_dir / "gone.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.recv(1024)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    big = b'{"type":"response","msg_id":"q","x":"' + b"y" * 4_000_000 + b'"}\n'
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", str(path), big, 5.0, (0.01,), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="given up")
+    assert done.outcomes["q"] in ("[Errno 32] Broken pipe", "[Errno 104] Connection reset by peer")
+    assert len(accepted) == 2
+    server.close()
