@@ -127,8 +127,8 @@ class Edge:
             if self._loop is None:
                 loop = _BootLoop()
                 loop.set_exception_handler(_loop_fault)
-                thread = threading.Thread(target=self._run, args=(loop,), name=self.name,
-                                          daemon=True)
+                # a daemon thread: the process ends without waiting for the loop
+                thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
@@ -136,11 +136,6 @@ class Edge:
     def on_loop(self) -> bool:
         """Is the caller the loop's own thread?"""
         return self._thread is threading.current_thread()
-
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_forever()
 
     def call(self, fn: Callable[..., object], *args: Any) -> None:
         """Run `fn(*args)` on the loop, soon, in the order the calls were made."""
@@ -220,9 +215,8 @@ async def awaited(send: Callable[[Callable[[T], None]], None], timeout: float) -
 
 def _loop_fault(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """What asyncio itself could not handle (a task that failed with nobody to see it)."""
-    exc = context.get("exception")
-    report(f"edge: {context.get('message', 'fault')}: {exc!r}" if exc else
-           f"edge: {context.get('message', 'fault')}")
+    exc = context.get("exception")  # asyncio's every context has a message
+    report(f"edge: {context['message']}" + (f": {exc!r}" if exc is not None else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.edge import OUTPUT_TAIL, Edge, ProcessResult, kill_group, run_process
+from coms_hermes_bridge.actors.edge import (
+    OUTPUT_TAIL,
+    Edge,
+    ProcessResult,
+    awaited,
+    kill_group,
+    run_process,
+)
 from tests.fakes import wait_for
 
 
@@ -427,3 +435,50 @@ def test_killing_the_group_of_a_process_already_gone_is_harmless() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     proc.wait()
     kill_group(proc.pid)  # no such group any more: nothing to do, nothing raised
+
+
+def test_the_shared_edge_is_the_thread_named_edge_and_never_holds_the_process_up(
+    tmp_path: Path,
+) -> None:
+    # docs/architecture.md names the daemon's threads; a process that is done exits
+    # without closing the edge (a non-daemon loop thread would keep it alive forever)
+    code = ("import threading\n"
+            "from coms_hermes_bridge.actors.edge import shared_edge\n"
+            "edge = shared_edge()\n"
+            "done = threading.Event()\n"
+            "edge.call(done.set)\n"
+            "assert done.wait(5)\n"
+            "print(sorted(t.name for t in threading.enumerate()))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "['MainThread', 'edge']\n"
+
+
+def test_a_reply_after_the_loop_closed_is_dropped_quietly() -> None:
+    own = Edge("test-edge-closing")
+    replies: list[Callable[[int], None]] = []
+    waiting = own.spawn(awaited(replies.append, 30))
+    wait_for(lambda: replies, what="the reply callback handed out")
+    waiting.cancel()  # its caller gave up
+    passed(own, time.time())
+    own.close()
+    replies[0](1)  # nobody waits any more: no error
+
+
+def test_a_missing_program_given_up_while_it_starts_leaves_no_fault(
+    edge: Edge, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    busy = threading.Event()
+    edge_module._spawner().submit(busy.wait, 10)
+    running = edge.spawn(run_process([str(tmp_path / "missing")], 30))
+    wait_for(lambda: edge_module._spawner()._work_queue.qsize() >= 1, what="the start queued")
+    running.cancel()
+    busy.set()
+    done = threading.Event()
+    edge_module._spawner().submit(done.set)  # after the start that failed
+    assert done.wait(5)
+    passed(edge, time.time())
+    assert capfd.readouterr().err == ""
