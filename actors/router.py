@@ -107,7 +107,6 @@ class OpenQuestion:
     prompt: PromptEnvelope
     answering: bool = False
     answer_file: str | None = None  # the file it is handling, while answering
-    answer_signature: FileSignature | None = None  # and its version
 
 
 class _Answering(Mapping[str, bool]):
@@ -171,7 +170,6 @@ class QuestionRouter(PooledService):
         self.clock = clock
         self.open: dict[str, OpenQuestion] = {}
         self.closed: OrderedDict[str, State] = OrderedDict()
-        self.consumed: dict[str, tuple[str, FileSignature]] = {}
         self._judged: OrderedDict[tuple[str, FileSignature], None] = OrderedDict()
         self._serial = itertools.count(1)
 
@@ -187,7 +185,6 @@ class QuestionRouter(PooledService):
         open_specs, closed = self.store.load()
         for qid, state in closed:
             self._remember_closed(qid, state)
-        self.consumed = self.store.consumed()
         if self.resume_owed:  # decided by the last run, never handed over
             for owed in self.store.outbox():
                 self.peer.tell(owed)
@@ -344,9 +341,9 @@ class QuestionRouter(PooledService):
             case Answering():
                 return  # the same file seen twice is handled once
             case Late(qid=qid):
-                if self.consumed.get(qid) == (name, signature):
-                    # the very file that answered it, left behind by a crash: not late
-                    del self.consumed[qid]
+                if self.store.answered_by(qid) == (name, signature):
+                    # The very file that answered it: offered again before the Watcher
+                    # removed it, or left behind by a crash. Not late.
                     self.watcher.tell(RemoveAnswerFile(name, signature))
                 else:
                     self._late(name, signature, verdict)
@@ -363,7 +360,6 @@ class QuestionRouter(PooledService):
                     question = self.open[qid]
                     question.answering = True
                     question.answer_file = name
-                    question.answer_signature = signature
                     question.slot.tell(AnswerArrived(checked.answer, name, signature))
                 else:
                     self.watcher.tell(DisposeAnswerFile(name, signature, checked))
@@ -413,12 +409,6 @@ class QuestionRouter(PooledService):
         question.slot.retire()
         if state is not None:  # C18: a failed delivery leaves no trace of the qid
             self._remember_closed(qid, state)
-        if state == "answered" and question.answer_file and question.answer_signature:
-            # Until the Watcher has removed it, a rescan may offer this very file
-            # again: that is the answer it gave, not a late one.
-            self.consumed[qid] = (question.answer_file, question.answer_signature)
-            while len(self.consumed) > CLOSED_MEMORY:  # bounded as the closed memory is
-                del self.consumed[next(iter(self.consumed))]
 
     def _remember_closed(self, qid: str, state: State) -> None:
         self.closed[qid] = state

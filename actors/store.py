@@ -517,14 +517,14 @@ class Store:
                 )
             if state is None:
                 return True
-            consumed = None
+            used = None
             if answer_file is not None:
                 name, sig = answer_file
-                consumed = dumps([name, sig.inode, sig.size, sig.mtime_ns])
+                used = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
                 "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
                 " VALUES (?, ?, ?, ?)",
-                (qid, state, self._next_seq("closed_questions"), consumed),
+                (qid, state, self._next_seq("closed_questions"), used),
             )
             self._closed_since_trim += 1
             if self._closed_since_trim >= CLOSED_TRIM_BATCH:
@@ -710,20 +710,19 @@ class Store:
                 conn.executemany("DELETE FROM outbox WHERE rowid = ?", [(b,) for b in bad])
         return owed
 
-    def consumed(self) -> dict[str, tuple[str, FileSignature]]:
-        """For each answered qid, the answer file it used (name and version)."""
+    def answered_by(self, qid: str) -> tuple[str, FileSignature] | None:
+        """The answer file (name and version) that answered `qid`, if it was answered."""
         with self._transaction() as conn:
-            rows = conn.execute(
-                "SELECT qid, answer_file FROM closed_questions WHERE answer_file IS NOT NULL"
-            ).fetchall()
-        used: dict[str, tuple[str, FileSignature]] = {}
-        for qid, text in rows:
-            try:
-                name, inode, size, mtime_ns = json.loads(text)
-                used[qid] = (str(name), FileSignature(int(inode), int(size), int(mtime_ns)))
-            except Exception:  # a damaged memory only makes the file look late
-                continue
-        return used
+            row = conn.execute(
+                "SELECT answer_file FROM closed_questions WHERE qid = ?", (qid,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        try:
+            name, inode, size, mtime_ns = json.loads(row[0])
+            return str(name), FileSignature(int(inode), int(size), int(mtime_ns))
+        except Exception:  # a damaged memory only makes the file look late
+            return None
 
     def load(self) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
         """What a restarted daemon resumes: open questions in arrival order, closed oldest first.

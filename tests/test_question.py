@@ -309,7 +309,7 @@ def test_the_owed_response_is_durable_before_the_peer_is_told(
     closed = [] if ending == "delivery_error" else [(QID, ending)]
     assert store.load() == ([], closed)
     if ending == "answered":
-        assert store.consumed() == {QID: (f"{QID}.answer.json", SIG)}
+        assert store.answered_by(QID) == (f"{QID}.answer.json", SIG)
     store.shutdown()
 
 

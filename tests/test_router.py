@@ -234,6 +234,8 @@ def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: 
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
     rig.depth()
     assert len(start.slot.held) == 1  # AnswerArrived
+    # the question closes its row with the file that answered, then says so
+    rig.store.close(QIDS[0], "answered", owner=start.child, answer_file=(name, SIG))
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # offered again
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)

@@ -476,7 +476,19 @@ def test_the_answer_file_used_is_remembered(store: Store) -> None:
     store.close(QID, "answered", answer_file=(f"{QID}.answer.json", sig))
     store.put_open(spec(QID2))
     store.close(QID2, "timeout")
-    assert store.consumed() == {QID: (f"{QID}.answer.json", sig)}
+    assert store.answered_by(QID) == (f"{QID}.answer.json", sig)
+    assert store.answered_by(QID2) is None  # closed without an answer
+    assert store.answered_by("01HZY3K4M5N6P7Q8R9S0T1V2ZZ") is None  # never seen
+
+
+def test_a_damaged_memory_of_the_answer_file_is_no_answer_file(store: Store) -> None:
+    # the file then looks late (a note to the human) rather than the daemon failing
+    store.put_open(spec())
+    store.close(QID, "answered", answer_file=(f"{QID}.answer.json", FileSignature(1, 2, 3)))
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE closed_questions SET answer_file = '[\"x\", 1]'")
+    conn.close()
+    assert store.answered_by(QID) is None
 
 
 def test_rows_are_guarded_by_owner(store: Store) -> None:
@@ -529,7 +541,7 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
         specs, closed = store.load()
         assert [(s.qid, s.state) for s in specs] == [(QID, "delivered")]
         assert closed == [(QID2, "answered")]
-        assert store.outbox() == [] and store.consumed() == {}
+        assert store.outbox() == [] and store.answered_by(QID2) is None
         # nothing moved aside; the only line says the file made 0644 was tightened (9.4)
         lines = capsys.readouterr().err.splitlines()
         assert all(line.endswith("; tightened to 0600") for line in lines), lines
