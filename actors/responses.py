@@ -92,7 +92,7 @@ def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
     except TimeoutError:
         return "timed out", False
     except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        return _failure(exc), True  # gone, or a path no socket can have (a NUL in it)
+        return _failure(exc), True  # gone, or a path no socket can have (unencodable)
     except OSError as exc:
         return _failure(exc), False
     return judge_reply(reply)
