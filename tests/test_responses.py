@@ -23,7 +23,7 @@ import pytest
 
 from coms_hermes_bridge.actors import responses
 from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
-from tests.fakes import Asker, read_line, wait_for
+from tests.fakes import Asker, edge_caught_up, read_line, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
 
@@ -357,7 +357,7 @@ def test_a_full_backlog_is_tried_again_until_there_is_room(coms_dir: Path) -> No
         fillers.append(filler)
     pool, done = ResponsePool(), Done()
     pool.submit("q", str(path), LINE, 5.0, (), done("q"))
-    time.sleep(0.05)  # part of the scenario: the send meets the full backlog first
+    edge_caught_up()  # its first connect has met the full backlog
     assert "q" not in done.outcomes
 
     def serve() -> None:
