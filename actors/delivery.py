@@ -46,7 +46,7 @@ class DeliveryActor(PooledService):
         target: str,
         profile: str | None,
         send_timeout_ms: float,
-        hermes: str = "hermes",
+        hermes: str,
         now: Callable[[], datetime] = utc_now,
         note_sent: Callable[[str], None] | None = None,
         note_owed: Callable[[str], bool] | None = None,

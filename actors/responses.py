@@ -268,7 +268,6 @@ class _Send:
         for handle in (self.deadline, self.later):
             if handle is not None:
                 handle.cancel()
-        self.deadline = self.later = None
         sock, self.sock = self.sock, None
         if sock is not None:
             self.loop.remove_reader(sock.fileno())

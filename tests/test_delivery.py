@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import time
@@ -382,3 +383,21 @@ def test_an_unforeseen_fault_running_hermes_is_the_send_failing(
     assert question.expect(DeliveryFailed) == DeliveryFailed(
         QID, "hermes send failed: RuntimeError: no pidfd")
     assert question.expect(Delivered) == Delivered(QID)
+
+
+def test_an_idle_delivery_stops_cleanly(
+    hermes: FakeHermes, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ref = start(str(hermes.path))
+    ref.stop(timeout=5)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert capfd.readouterr().err == ""
+
+
+def test_an_unknown_message_names_delivery_and_the_message(hermes: FakeHermes) -> None:
+    supervisor = FakeRef("supervisor")
+    DeliveryActor.start(
+        supervisor=supervisor, logger=FakeRef(), target="telegram", profile=None,
+        send_timeout_ms=1000, hermes=str(hermes.path),
+    ).tell(("no", "such"))
+    assert supervisor.next().error == "UnknownMessage: delivery does not take tuple: ('no', 'such')"

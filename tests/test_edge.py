@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from coms_hermes_bridge.actors.edge import (
     awaited,
     kill_group,
     run_process,
+    shared_edge,
 )
 from tests.fakes import wait_for
 
@@ -284,6 +286,8 @@ def test_a_process_given_up_while_it_starts_is_killed(
     busy.set()
     wait_for(lambda: started and started[0].returncode is not None, what="killed once started")
     assert started[0].returncode == -signal.SIGKILL
+    assert started[0].stdout is not None and started[0].stdout.closed  # its pipes with it
+    assert started[0].stderr is not None and started[0].stderr.closed
 
 
 def test_a_timer_cancelled_while_its_turn_is_queued_does_not_run(edge: Edge) -> None:
@@ -453,6 +457,37 @@ def test_the_shared_edge_is_the_thread_named_edge_and_never_holds_the_process_up
                             timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "['MainThread', 'edge']\n"
+    shared = shared_edge()  # and here, in this process
+    assert shared is shared_edge() and shared.name == "edge"
+    passed(shared, time.time())
+    assert shared._thread is not None and shared._thread.name == "edge"
+    assert shared._thread.daemon
+
+
+def test_calls_from_another_thread_wake_the_loop_once_per_burst(edge: Edge) -> None:
+    # a thousand answers' responses cost one write to the loop's wake-up pipe, not one each
+    hold, seen = threading.Event(), []
+    edge.call(hold.wait, 5)
+    caught_up = threading.Event()
+    loop = edge.loop
+    real = loop.call_soon_threadsafe
+    wakes: list[object] = []
+
+    def counting(callback: Any, *args: Any) -> Any:
+        wakes.append(callback)
+        return real(callback, *args)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        for i in range(100):
+            edge.call(seen.append, i)
+        hold.set()
+        edge.call(caught_up.set)
+        assert caught_up.wait(5)
+    finally:
+        del loop.call_soon_threadsafe
+    assert seen == list(range(100))
+    assert len(wakes) <= 2  # the burst, and at most one more for the call after it
 
 
 def test_a_reply_after_the_loop_closed_is_dropped_quietly() -> None:

@@ -385,3 +385,13 @@ def test_an_unknown_message_names_the_supervisor_and_the_message() -> None:
     failed = root.next()
     assert failed.error == "UnknownMessage: questions does not take tuple: ('no', 'such')"
     pykka.ActorRegistry.stop_all()
+
+
+def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(rig: Rig) -> None:
+    before = rig.slot.ref
+    rig.slot.tell(Short())
+    wait_for(lambda: rig.schedule.delays, what="the restart put off")
+    rig.schedule.fire()
+    rig.restarted(before)
+    rig.ref.stop(block=True, timeout=5)
+    assert rig.schedule.cancelled == []

@@ -625,9 +625,9 @@ def test_a_forgotten_child_loses_its_put_off_restart_and_its_history() -> None:
     policy.crashed("b", "short", (), True, me)
     policy.forget("a")
     assert schedule.cancelled == [0]  # a's, not b's
-    assert policy.crashed("a", "bug", (), False, me) == "now"  # counted afresh
     policy.crashed("a", "short", (), True, me)
-    assert schedule.delays[-1] == 0.1  # its backoff afresh too
+    assert schedule.delays[-1] == 0.1  # its backoff afresh
+    assert policy.crashed("a", "bug", (), False, me) == "now"  # and its count
 
 
 def test_a_put_off_restart_that_came_is_no_longer_cancellable() -> None:
@@ -728,3 +728,16 @@ def test_a_child_slow_to_stop_holds_the_root_no_longer_than_its_shutdown_time() 
     began = time.monotonic()
     root.stop(block=True, timeout=5)
     assert time.monotonic() - began < 1.5
+
+
+def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(
+    rig: Callable[..., Rig],
+) -> None:
+    r = rig(("a",))
+    before = r.slots["a"].ref
+    r.slots["a"].tell(Short())
+    wait_for(lambda: r.schedule.delays, what="the restart put off")
+    r.schedule.fire()
+    wait_for(lambda: r.slots["a"].ref not in (None, before), what="a restarted")
+    r.root.stop(block=True, timeout=5)
+    assert r.schedule.cancelled == []  # it had come: nothing was left to cancel
