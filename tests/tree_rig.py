@@ -25,8 +25,8 @@ from coms_hermes_bridge.actors.router import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.tree import Tree as ActorTree
 from coms_hermes_bridge.actors.tree import start_tree
-from tests.bridge_process import Asker, request
-from tests.fakes import read_ndjson, wait_for
+from tests.bridge_process import request
+from tests.fakes import Asker, read_ndjson, wait_for
 from tests.hermes_fake import FakeHermes
 
 
