@@ -199,8 +199,13 @@ class FailsToStart(PooledActor):
 
 def test_on_start_failure_stops_the_actor_before_any_message() -> None:
     out = FakeRef()
-    ref = FailsToStart.start(out)
-    ref.tell("never")
+    hold = threading.Event()
+    FailsToStart.dispatcher.edge.call(hold.wait, 5)  # the message is queued before on_start
+    try:
+        ref = FailsToStart.start(out)
+        ref.tell("never")
+    finally:
+        hold.set()
     wait_for(lambda: not ref.is_alive(), what="stopped")
     turns_over(ref)
     out.assert_nothing()
