@@ -255,6 +255,7 @@ def test_close_ends_the_loop_and_its_thread() -> None:
     thread = own._thread
     loop = own._loop
     assert thread is not None and loop is not None
+    assert thread.name == "test-close" and thread.daemon  # never holds the process up
     own.close()
     assert not thread.is_alive() and loop.is_closed()
     own.close()  # twice is harmless
@@ -365,7 +366,20 @@ def test_a_process_past_its_timeout_gives_no_output(edge: Edge, tmp_path: Path) 
     assert edge.spawn(run_process(argv, 0.3)).result(15) == ProcessResult(None, "", "")
 
 
-def test_running_processes_leaks_no_descriptor(edge: Edge, tmp_path: Path) -> None:
+def test_running_processes_leaks_no_descriptor(
+    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    started: list[subprocess.Popen[bytes]] = []
+    real = edge_module._popen
+
+    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
+        started.append(real(argv))
+        return started[-1]
+
+    monkeypatch.setattr(edge_module, "_popen", popen)
+
     def descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
 
@@ -380,6 +394,8 @@ def test_running_processes_leaks_no_descriptor(edge: Edge, tmp_path: Path) -> No
         edge.spawn(run_process(quick, 10)).result(15)
         edge.spawn(run_process(slow, 0.05)).result(15)
     assert (descriptors(), watched()) == before
+    # closed by run_process itself, not by the garbage collector some time later
+    assert started and all(p.stdout.closed and p.stderr.closed for p in started)  # type: ignore[union-attr]
 
 
 def test_a_process_without_a_pidfd_is_killed_and_the_error_raised(
@@ -458,7 +474,7 @@ def test_the_shared_edge_is_the_thread_named_edge_and_never_holds_the_process_up
     assert result.returncode == 0, result.stderr
     assert result.stdout == "['MainThread', 'edge']\n"
     shared = shared_edge()  # and here, in this process
-    assert shared is shared_edge() and shared.name == "edge"
+    assert shared is shared_edge() and shared.name == "edge" == Edge().name
     passed(shared, time.time())
     assert shared._thread is not None and shared._thread.name == "edge"
     assert shared._thread.daemon
