@@ -185,7 +185,16 @@ def test_a_bad_answer_to_an_open_question_is_refused(make: Any) -> None:
     rig.opened(prompt_envelope(QIDS[0]))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
-    assert rig.watcher.expect(DisposeAnswerFile).verdict == Rejected("qid_mismatch", QIDS[0])
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+        name, SIG, Rejected("qid_mismatch", QIDS[0]))
+
+
+def test_a_file_whose_name_is_no_answer_files_is_refused_by_its_name(make: Any) -> None:
+    # C9: the name alone decides; the version refused is the one seen
+    rig = make()
+    rig.ref.tell(AnswerFileSeen("notes.txt", b"{}", SIG))
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+        "notes.txt", SIG, Rejected("invalid_path"))
 
 
 def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
