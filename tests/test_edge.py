@@ -33,6 +33,22 @@ def edge() -> Edge:
     own.close()
 
 
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """Every process run_process starts, in order, as the spawner made it."""
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    made: list[subprocess.Popen[bytes]] = []
+    real = edge_module._popen
+
+    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
+        made.append(real(argv))
+        return made[-1]
+
+    monkeypatch.setattr(edge_module, "_popen", popen)
+    return made
+
+
 def passed(edge: Edge, when: float) -> None:
     """Every timer of `edge` due by the wall clock's `when` has fired (they fire in order)."""
     done = threading.Event()
@@ -266,19 +282,10 @@ def test_close_ends_the_loop_and_its_thread() -> None:
 
 
 def test_a_process_given_up_while_it_starts_is_killed(
-    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    edge: Edge, started: list[subprocess.Popen[bytes]]
 ) -> None:
     from coms_hermes_bridge.actors import edge as edge_module
 
-    started: list[subprocess.Popen[bytes]] = []
-    real = edge_module._popen
-
-    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
-        proc = real(argv)
-        started.append(proc)
-        return proc
-
-    monkeypatch.setattr(edge_module, "_popen", popen)
     busy = threading.Event()
     edge_module._spawner().submit(busy.wait, 10)  # the spawner is busy: the start waits
     running = edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30))
@@ -367,19 +374,8 @@ def test_a_process_past_its_timeout_gives_no_output(edge: Edge, tmp_path: Path) 
 
 
 def test_running_processes_leaks_no_descriptor(
-    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    edge: Edge, tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
-    from coms_hermes_bridge.actors import edge as edge_module
-
-    started: list[subprocess.Popen[bytes]] = []
-    real = edge_module._popen
-
-    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
-        started.append(real(argv))
-        return started[-1]
-
-    monkeypatch.setattr(edge_module, "_popen", popen)
-
     def descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
 
@@ -399,22 +395,14 @@ def test_running_processes_leaks_no_descriptor(
 
 
 def test_a_process_without_a_pidfd_is_killed_and_the_error_raised(
-    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    edge: Edge, started: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a kernel without pidfd_open (before 5.3): every send fails the same clear way
     from coms_hermes_bridge.actors import edge as edge_module
 
-    started: list[subprocess.Popen[bytes]] = []
-    real = edge_module._popen
-
-    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
-        started.append(real(argv))
-        return started[-1]
-
     def no_pidfd(pid: int) -> int:
         raise OSError(38, "Function not implemented")
 
-    monkeypatch.setattr(edge_module, "_popen", popen)
     monkeypatch.setattr(edge_module.os, "pidfd_open", no_pidfd)
     with pytest.raises(OSError, match="Function not implemented"):
         edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30)).result(5)

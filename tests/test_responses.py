@@ -10,6 +10,7 @@ while another could be served. The blocking `send_envelope` (used by the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import select
 import selectors
 import socket
@@ -48,6 +49,14 @@ def closed_at_the_end(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for thing in reversed(made):
         thing.close()
+    while CLOSE_AT_THE_END:
+        server = CLOSE_AT_THE_END.pop()
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes its accept()
+        server.close()
+
+
+CLOSE_AT_THE_END: list[socket.socket] = []  # servers a test made itself
 
 
 class Done:
@@ -393,56 +402,47 @@ def test_a_path_no_socket_can_have_is_final_at_once(coms_dir: Path) -> None:
     assert send_envelope("/tmp/a\ud800b.sock", LINE, 5.0) == (UNENCODABLE, True)
 
 
-def test_an_asker_that_drops_the_connection_unread_is_tried_again(coms_dir: Path) -> None:
-    # it closes with the line unread: the read fails (reset), which may pass
-    path = coms_dir / "rude.sock"
+def serve_badly(path: Path, handle: Callable[[socket.socket], object]) -> list[int]:
+    """A peer at `path` that accepts and then mishandles each connection with `handle`
+    (then closes it); how many it accepted. It goes when the test's pools and askers do."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(8)
     accepted: list[int] = []
 
     def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(1)
-            select.select([conn], [], [], 5)  # the line is there: close without reading it
-            conn.close()
+        with server:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                accepted.append(1)
+                with conn:
+                    handle(conn)
 
     threading.Thread(target=serve, daemon=True).start()
+    CLOSE_AT_THE_END.append(server)
+    return accepted
+
+
+def test_an_asker_that_drops_the_connection_unread_is_tried_again(coms_dir: Path) -> None:
+    # it closes with the line unread: the read fails (reset), which may pass
+    accepted = serve_badly(coms_dir / "rude.sock",
+                           lambda conn: select.select([conn], [], [], 5))  # the line is there
     pool, done = ResponsePool(), Done()
-    pool.submit("q", str(path), LINE, 5.0, (0.01,), done("q"))
+    pool.submit("q", str(coms_dir / "rude.sock"), LINE, 5.0, (0.01,), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="given up")
     assert done.outcomes == {"q": "[Errno 104] Connection reset by peer"}
     assert len(accepted) == 2  # the first try and one retry
-    server.close()
 
 
 def test_an_asker_that_hangs_up_mid_line_is_tried_again(coms_dir: Path) -> None:
     # a line larger than the socket's buffer is still being written when it goes
-    path = coms_dir / "gone.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-    accepted: list[int] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(1)
-            conn.recv(1024)
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    accepted = serve_badly(coms_dir / "gone.sock", lambda conn: conn.recv(1024))
     big = b'{"type":"response","msg_id":"q","x":"' + b"y" * 4_000_000 + b'"}\n'
     pool, done = ResponsePool(), Done()
-    pool.submit("q", str(path), big, 5.0, (0.01,), done("q"))
+    pool.submit("q", str(coms_dir / "gone.sock"), big, 5.0, (0.01,), done("q"))
     wait_for(lambda: "q" in done.outcomes, what="given up")
     assert done.outcomes["q"] in ("[Errno 32] Broken pipe", "[Errno 104] Connection reset by peer")
     assert len(accepted) == 2
-    server.close()
