@@ -12,10 +12,10 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pykka
 from ulid import ULID
@@ -33,6 +33,7 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 T = TypeVar("T")
+A = TypeVar("A", bound=pykka.Actor)
 
 
 class FakeRef:
@@ -354,24 +355,49 @@ def replied(ref: pykka.ActorRef[Any], message: Callable[[Callable[[T], None]], o
     return got[0]
 
 
-class RouterRig:
-    """A QuestionRouter run for real on a real Store; each collaborator is a FakeRef
-    named for its role. `options` are the Router's own (timeout_ms and run_tag at least).
-    """
+class ActorRig(Generic[A]):
+    """The unit layer's rig: one actor under test, started for real, each collaborator
+    a FakeRef named for its role (`rig.peer`, `rig.logger`, ...); `options` are the
+    actor's own. Each test file adds what its actor needs on top (a subclass)."""
+
+    def __init__(self, actor_class: type[A], roles: Iterable[str], **options: Any) -> None:
+        self.fakes = {role: FakeRef(role) for role in roles}
+        self.ref: pykka.ActorRef[A] = actor_class.start(**self.fakes, **options)
+
+    def __getattr__(self, role: str) -> FakeRef:
+        try:
+            return self.__dict__["fakes"][role]  # type: ignore[no-any-return]
+        except KeyError:
+            raise AttributeError(role) from None
+
+    def sync(self) -> None:
+        """Returns once the actor has handled everything told to it so far (a proxy's
+        read is a message too, read in turn), and so told all it would tell for it."""
+        handled(self.ref)
+
+    def stopped(self) -> None:
+        """Returns once the actor has stopped: its last turn is over, and it tells
+        nobody anything more."""
+        wait_for(lambda: not self.ref.is_alive(), what=f"{self.ref} stops")
+
+    @property
+    def actor(self) -> A:
+        """The actor object itself, for a white-box read of its state."""
+        actor = self.ref._actor_weakref()
+        assert actor is not None
+        return actor
+
+
+ROUTER_ROLES = ("supervisor", "questions", "peer", "delivery", "watcher", "logger")
+
+
+class RouterRig(ActorRig[QuestionRouter]):
+    """A QuestionRouter run for real on a real Store. `options` are the Router's own
+    (timeout_ms and run_tag at least)."""
 
     def __init__(self, store: Store, **options: Any) -> None:
+        super().__init__(QuestionRouter, ROUTER_ROLES, store=store, **options)
         self.store = store
-        self.supervisor = FakeRef("supervisor")
-        self.questions = FakeRef("questions")
-        self.peer = FakeRef("peer")
-        self.delivery = FakeRef("delivery")
-        self.watcher = FakeRef("watcher")
-        self.logger = FakeRef("logger")
-        self.ref: pykka.ActorRef[QuestionRouter] = QuestionRouter.start(
-            supervisor=self.supervisor, questions=self.questions, peer=self.peer,
-            delivery=self.delivery, watcher=self.watcher, logger=self.logger, store=store,
-            **options,
-        )
 
     def admit(self, envelope: PromptEnvelope) -> str | None:
         """NewQuestion's reply: None once it is stored (acked), else the nack's error."""
@@ -387,12 +413,6 @@ class RouterRig:
         """QueueDepthQuery's reply; handled in turn, so also a sign all told before is
         handled, and all it told meanwhile is in the FakeRefs."""
         return replied(self.ref, QueueDepthQuery)
-
-    @property
-    def router(self) -> QuestionRouter:
-        actor = self.ref._actor_weakref()  # white-box: the table
-        assert actor is not None
-        return actor
 
 
 # -- fake children for supervisor tests -----------------------------------------------

@@ -6,7 +6,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,16 +37,17 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.model import AnswerFile, State
 from tests.fakes import (
+    ActorRig,
     FakeClock,
     FakeRef,
     actors_held,
-    handled,
     prompt_envelope,
     thread_count,
     wait_for,
 )
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+QUESTION_ROLES = ("supervisor", "router", "peer", "delivery", "logger", "watcher")
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SIG = FileSignature(inode=7, size=80, mtime_ns=1)
 PROMPT = prompt_envelope(QID, text=json.dumps(
@@ -55,26 +55,15 @@ PROMPT = prompt_envelope(QID, text=json.dumps(
 ))
 
 
-@dataclass
-class Rig:
-    ref: pykka.ActorRef[Any]
-    slot: Slot
-    supervisor: FakeRef
-    router: FakeRef
-    peer: FakeRef
-    delivery: FakeRef
-    logger: FakeRef
-    watcher: FakeRef
+class Rig(ActorRig[QuestionActor]):
+    """A QuestionActor for QID, through the Slot its supervisor would hand it."""
 
-    def sync(self) -> None:
-        """Returns once the question has handled everything told to it so far (a proxy's
-        read is a message too, read in turn), and so told all it would tell for it."""
-        handled(self.ref)
-
-    def stopped(self) -> None:
-        """Returns once the question has stopped: its last turn is over, and it tells
-        nobody anything more (its timers went with it)."""
-        wait_for(lambda: not self.ref.is_alive(), what="question actor stops")
+    def __init__(self, spec: QuestionSpec, store: Store | None, **options: Any) -> None:
+        self.slot = Slot("question")
+        super().__init__(QuestionActor, QUESTION_ROLES, spec=spec, me=self.slot,
+                         target="telegram", name="question:x:1", store=store, now=lambda: NOW,
+                         **options)
+        self.slot.bind(self.ref)
 
     def events(self, count: int) -> list[tuple[str, Any]]:
         """The next `count` log events as (event, detail)."""
@@ -101,20 +90,7 @@ def start() -> Iterator[Any]:
         )
         if store is not None:
             store.put_open(spec, owner="question:x:1")
-        names = ("supervisor", "router", "peer", "delivery", "logger", "watcher")
-        fakes = {n: FakeRef(n) for n in names}
-        slot = Slot("question")
-        ref = QuestionActor.start(
-            spec=spec,
-            me=slot,
-            target="telegram",
-            name="question:x:1",
-            store=store,
-            now=lambda: NOW,
-            **fakes,
-        )
-        slot.bind(ref)
-        return Rig(ref, slot, **fakes)
+        return Rig(spec, store)
 
     yield _start
 
@@ -391,8 +367,7 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart() -> None:
         qid=QID, prompt=PROMPT, parsed=parse_prompt(PROMPT), timeout_ms=100_000.0,
         deadline=deadline, state="delivered",
     )
-    fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
-                                      "watcher")}
+    fakes = {n: FakeRef(n) for n in QUESTION_ROLES}
 
     def run(name: str) -> tuple[pykka.ActorRef[Any], Slot]:
         slot = Slot(name)
@@ -418,8 +393,7 @@ def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None
     # issue 14.1: every question an actor with its own mailbox and deadline, yet the
     # thread count stays flat (<= 40 for the process, as /proc/self/status counts)
     store = Store.open(tmp_path / "state.sqlite3")
-    fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
-                                      "watcher")}
+    fakes = {n: FakeRef(n) for n in QUESTION_ROLES}
     before = thread_count()
     slots = []
     for i in range(2000):
@@ -462,14 +436,8 @@ def _reminded_rig(tmp_path: Any, *, reminded: bool = False, state: State = "deli
                         timeout_ms=100_000.0, deadline=deadline, state=state,
                         reminded=reminded)
     store.put_open(spec, owner="question:x:1")
-    fakes = {n: FakeRef(n) for n in ("supervisor", "router", "peer", "delivery", "logger",
-                                      "watcher")}
-    slot = Slot("question")
-    ref = QuestionActor.start(spec=spec, me=slot, target="telegram", name="question:x:1",
-                              store=store, now=lambda: NOW, clock=clock,
-                              remind_before_ms=remind_before_ms, **fakes)
-    slot.bind(ref)
-    return Rig(ref, slot, **fakes), store, deadline - 30
+    rig = Rig(spec, store, clock=clock, remind_before_ms=remind_before_ms)
+    return rig, store, deadline - 30
 
 
 def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(tmp_path: Any) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
 from tests.fakes import (
+    ActorRig,
     Boom,
     FakeClock,
     FakeRef,
@@ -36,7 +37,6 @@ from tests.fakes import (
     Hold,
     Recorder,
     Short,
-    handled,
     prompt_envelope,
     wait_for,
 )
@@ -46,25 +46,41 @@ CHILD = f"question:{QID}:run.1"
 PROMPT = prompt_envelope(QID, text="Ship it?")
 
 
-@dataclass
-class Rig:
-    ref: pykka.ActorRef[QuestionSupervisor]
-    store: Store
-    slot: Slot
-    seen: FakeRef
-    router: FakeRef
-    peer: FakeRef
-    logger: FakeRef
-    clock: FakeClock
-    schedule: FakeSchedule
-    specs: list[QuestionSpec]
-    given: list[tuple[Slot, Address]]  # what each start was handed
-    fails: list[Exception]  # raised by the next starts, in turn
+SUPERVISOR_ROLES = ("supervisor", "router", "peer", "logger")
 
-    def sync(self) -> None:
-        """Returns once the supervisor has handled everything told to it so far (a
-        proxy's read is a message too), and so told all it would tell for it."""
-        handled(self.ref)
+
+class Rig(ActorRig[QuestionSupervisor]):
+    """A QuestionSupervisor whose questions are Recorders telling `seen` what they
+    read. Each start records the spec and what it was handed, or raises the next of
+    `fails`. `options` are the supervisor's own."""
+
+    def __init__(self, store: Store | None, **options: Any) -> None:
+        self.store = store
+        self.seen = FakeRef("seen")
+        self.clock, self.schedule = FakeClock(), FakeSchedule()
+        self.specs: list[QuestionSpec] = []
+        self.given: list[tuple[Slot, Address]] = []  # what each start was handed
+        self.fails: list[Exception] = []  # raised by the next starts, in turn
+        self._incarnation = itertools.count()
+        super().__init__(
+            QuestionSupervisor, SUPERVISOR_ROLES, store=store,
+            start_question=self._start_question, max_restarts=3, window_s=10,
+            clock=self.clock, schedule=self.schedule, **options,
+        )
+        self.slot = Slot(CHILD)
+
+    def _start_question(self, spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> Any:
+        self.specs.append(spec)
+        self.given.append((slot, sup))
+        if self.fails:
+            raise self.fails.pop(0)
+        return Recorder.start(supervisor=sup, seen=self.seen, name=child,
+                              incarnation=next(self._incarnation))
+
+    def start(self, spec: QuestionSpec) -> None:
+        """Start QID's question from `spec` and wait until it runs."""
+        self.ref.tell(StartQuestion(spec, CHILD, self.slot))
+        wait_for(lambda: self.slot.ref, what="question started")
 
     def restarted(self, before: Any) -> None:
         wait_for(lambda: self.slot.ref not in (None, before), what="question restarted")
@@ -76,29 +92,9 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     spec = QuestionSpec(QID, PROMPT, parse_prompt(PROMPT), 60_000, time.time() + 60)
     store.put_open(spec, owner=CHILD)
     store.set_state(QID, "delivered", owner=CHILD)
-    seen, router, peer, logger = FakeRef("seen"), FakeRef("router"), FakeRef("peer"), FakeRef("logger")
-    clock, schedule = FakeClock(), FakeSchedule()
-    specs: list[QuestionSpec] = []
-    given: list[tuple[Slot, Address]] = []
-    fails: list[Exception] = []
-    incarnation = iter(range(100))
-
-    def start_question(spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> Any:
-        specs.append(spec)
-        given.append((slot, sup))
-        if fails:
-            raise fails.pop(0)
-        return Recorder.start(supervisor=sup, seen=seen, name=child, incarnation=next(incarnation))
-
-    ref = QuestionSupervisor.start(
-        supervisor=FakeRef("root"), router=router, peer=peer, logger=logger, store=store,
-        start_question=start_question, max_restarts=3, window_s=10, clock=clock,
-        schedule=schedule,
-    )
-    slot = Slot(CHILD)
-    ref.tell(StartQuestion(spec, CHILD, slot))
-    wait_for(lambda: slot.ref, what="question started")
-    yield Rig(ref, store, slot, seen, router, peer, logger, clock, schedule, specs, given, fails)
+    rig = Rig(store)
+    rig.start(spec)
+    yield rig
     pykka.ActorRegistry.stop_all()
     store.shutdown()
 
@@ -218,15 +214,10 @@ def test_reset_stops_every_question(rig: Rig) -> None:
 
 
 def test_a_restarted_supervisor_asks_the_router_to_restore(tmp_path: Path) -> None:
-    router = FakeRef("router")
     store = Store.open(tmp_path / "s.sqlite3")
-    ref = QuestionSupervisor.start(
-        supervisor=FakeRef("root"), router=router, peer=FakeRef(), logger=FakeRef(),
-        store=store, start_question=lambda *a: None, first_start=False,  # type: ignore[arg-type,return-value]
-        max_restarts=3, window_s=10,
-    )
-    assert router.expect(RestoreQuestions) == RestoreQuestions()
-    ref.stop()
+    rig = Rig(store, first_start=False)
+    assert rig.router.expect(RestoreQuestions) == RestoreQuestions()
+    rig.ref.stop()
     store.shutdown()
 
 
@@ -277,23 +268,11 @@ def test_the_address_questions_report_to_may_be_the_supervisors_slot(tmp_path: P
     # the tree hands its QuestionSupervisor a Slot: a restarted supervisor keeps the address
     store = Store.open(tmp_path / "s.sqlite3")
     me = FakeRef("questions' slot")
-    handed: list[Address] = []
-
-    def start_question(spec: QuestionSpec, child: str, slot: Slot, sup: Address) -> Any:
-        handed.append(sup)
-        return Recorder.start(supervisor=sup, seen=FakeRef(), name=child, incarnation=0)
-
-    ref = QuestionSupervisor.start(
-        supervisor=FakeRef("root"), router=FakeRef(), peer=FakeRef(), logger=FakeRef(),
-        store=store, start_question=start_question, me=me, max_restarts=3, window_s=10,
-    )
-    spec = QuestionSpec(QID, PROMPT, parse_prompt(PROMPT), 60_000, time.time() + 60)
-    ref.tell(StartQuestion(spec, CHILD, Slot(CHILD)))
-    wait_for(lambda: handed, what="started")
-    assert handed == [me]
+    rig = Rig(store, me=me)
+    rig.start(QuestionSpec(QID, PROMPT, parse_prompt(PROMPT), 60_000, time.time() + 60))
+    assert [sup for _slot, sup in rig.given] == [me]
     pykka.ActorRegistry.stop_all()
     store.shutdown()
-
 
 def test_a_question_that_cannot_start_is_restarted_then_given_up_with_its_error(
     rig: Rig, capsys: pytest.CaptureFixture[str]
@@ -376,16 +355,11 @@ def test_a_question_whose_row_is_gone_takes_no_more_mail(rig: Rig) -> None:
 
 
 def test_an_unknown_message_names_the_supervisor_and_the_message() -> None:
-    root = FakeRef("root")
-    ref = QuestionSupervisor.start(
-        supervisor=root, router=FakeRef(), peer=FakeRef(), logger=FakeRef(),
-        store=None, start_question=lambda *a: None, max_restarts=3, window_s=10,  # type: ignore[arg-type]
-    )
-    ref.tell(("no", "such"))
-    failed = root.next()
+    rig = Rig(None)
+    rig.ref.tell(("no", "such"))
+    failed = rig.supervisor.next()
     assert failed.error == "UnknownMessage: questions does not take tuple: ('no', 'such')"
     pykka.ActorRegistry.stop_all()
-
 
 def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(rig: Rig) -> None:
     before = rig.slot.ref

@@ -281,7 +281,7 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(mak
     assert rig.depth() == 1
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
     assert rig.depth() == 0
-    assert rig.router.closed == {QIDS[0]: "answered"}
+    assert rig.actor.closed == {QIDS[0]: "answered"}
 
 
 def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None:
@@ -364,7 +364,7 @@ def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
         rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
     rig.depth()  # the router has read them
     rig.delivery.assert_nothing()
-    assert len(rig.router._judged) == 2
+    assert len(rig.actor._judged) == 2
 
 
 # -- files for qids not open here (X6, X11) ----------------------------------------

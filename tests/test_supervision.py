@@ -13,7 +13,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,6 +39,7 @@ from coms_hermes_bridge.messages.commands import (
     SendText,
 )
 from tests.fakes import (
+    ActorRig,
     Boom,
     FakeClock,
     FakeRef,
@@ -55,21 +55,32 @@ QID_A = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
 
 
-@dataclass
-class Rig:
-    root: pykka.ActorRef[RootSupervisor]
-    slots: dict[str, Slot]
-    seen: dict[str, FakeRef]
-    clock: FakeClock
-    schedule: FakeSchedule
-    fatal: list[str]
+class Rig(ActorRig[RootSupervisor]):
+    """A RootSupervisor of Recorder children, each telling its FakeRef in `seen` what
+    it read; its clock and delayed restarts are the test's. `options` are the root's own."""
+
+    def __init__(self, names: tuple[str, ...], restart: Restart, **options: Any) -> None:
+        self.slots = {n: Slot(n) for n in names}
+        self.seen = {n: FakeRef(n) for n in names}
+        self.clock, self.schedule = FakeClock(), FakeSchedule()
+        self.fatal: list[str] = []
+        specs = [ChildSpec(self.slots[n], self._starter(n), restart) for n in names]
+        super().__init__(RootSupervisor, (), specs=specs, on_fatal=self.fatal.append,
+                         clock=self.clock, schedule=self.schedule, **options)
+        for slot in self.slots.values():
+            wait_for(lambda s=slot: s.ref, what=f"{slot.name} started")  # type: ignore[misc]
+
+    def _starter(self, name: str) -> Callable[[Address, int], pykka.ActorRef[Any]]:
+        def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+            return Recorder.start(supervisor=sup, seen=self.seen[name], name=name, incarnation=n)
+        return start
 
     def sync(self) -> None:
         """Returns once the root has handled everything told to it so far (a proxy's read
         is a message too): the ChildFailed of a child seen dead, say. A root that gave up
         and stopped handles nothing more."""
         try:
-            handled(self.root)
+            handled(self.ref)
         except pykka.ActorDeadError:
             pass
 
@@ -83,7 +94,7 @@ class Rig:
 
 @pytest.fixture
 def rig() -> Iterator[Callable[..., Rig]]:
-    roots: list[pykka.ActorRef[RootSupervisor]] = []
+    rigs: list[Rig] = []
 
     def make(
         names: tuple[str, ...] = ("a", "b"),
@@ -91,29 +102,13 @@ def rig() -> Iterator[Callable[..., Rig]]:
         max_restarts: int = 3,
         window_s: float = 10.0,
     ) -> Rig:
-        slots = {n: Slot(n) for n in names}
-        seen = {n: FakeRef(n) for n in names}
-        clock, schedule, fatal = FakeClock(), FakeSchedule(), []
-
-        def factory(name: str) -> Callable[[Address, int], pykka.ActorRef[Any]]:
-            def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
-                return Recorder.start(supervisor=sup, seen=seen[name], name=name, incarnation=n)
-            return start
-
-        specs = [ChildSpec(slots[n], factory(n), restart) for n in names]
-        root = RootSupervisor.start(
-            specs=specs, on_fatal=fatal.append, max_restarts=max_restarts, window_s=window_s,
-            clock=clock, schedule=schedule,
-        )
-        roots.append(root)
-        for slot in slots.values():
-            wait_for(lambda s=slot: s.ref, what=f"{slot.name} started")  # type: ignore[misc]
-        return Rig(root, slots, seen, clock, schedule, fatal)
+        rigs.append(Rig(names, restart, max_restarts=max_restarts, window_s=window_s))
+        return rigs[-1]
 
     yield make
-    for root in roots:
+    for made in rigs:
         try:
-            root.stop(block=True, timeout=2)
+            made.ref.stop(block=True, timeout=2)
         except (pykka.ActorDeadError, pykka.Timeout):
             pass
     pykka.ActorRegistry.stop_all()
@@ -564,7 +559,7 @@ def test_the_default_schedule_runs_a_restart_later_and_can_be_cancelled() -> Non
 def test_a_crash_of_the_root_itself_is_fatal_with_its_reason(rig: Callable[..., Rig]) -> None:
     # issue 13.1: nothing supervises the root; its own failure ends the daemon, saying why
     r = rig(("a",))
-    r.root.tell("no such message")
+    r.ref.tell("no such message")
     wait_for(lambda: r.fatal, what="the root gives up")
     assert r.fatal[0].startswith("supervisor failed: UnknownMessage(")
 
@@ -702,7 +697,7 @@ def test_an_unknown_message_to_the_root_names_itself_and_the_message(
     rig: Callable[..., Rig],
 ) -> None:
     r = rig(("a",))
-    r.root.tell(("no", "such"))
+    r.ref.tell(("no", "such"))
     wait_for(lambda: r.fatal, what="the root gives up")
     assert r.fatal == [
         "supervisor failed: UnknownMessage(\"supervisor does not take tuple: ('no', 'such')\")"
@@ -739,5 +734,5 @@ def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(
     wait_for(lambda: r.schedule.delays, what="the restart put off")
     r.schedule.fire()
     wait_for(lambda: r.slots["a"].ref not in (None, before), what="a restarted")
-    r.root.stop(block=True, timeout=5)
+    r.ref.stop(block=True, timeout=5)
     assert r.schedule.cancelled == []  # it had come: nothing was left to cancel

@@ -45,7 +45,7 @@ from coms_hermes_bridge.messages.contract import (
     unreadable_note,
 )
 from coms_hermes_bridge.messages.model import LogRecord, RejectReason
-from tests.fakes import FakeRef, edge_caught_up, wait_for
+from tests.fakes import ActorRig, FakeClock, FakeRef, edge_caught_up, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 NAME = f"{QID}.answer.json"
@@ -56,16 +56,7 @@ ANSWER = json.dumps(
 ).encode()
 
 
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
+WATCHER_ROLES = ("supervisor", "router", "logger", "delivery")
 _RIGS: list[pykka.ActorRef[Any]] = []
 
 
@@ -79,27 +70,16 @@ def stop_the_watchers() -> Iterator[None]:
             _RIGS.pop().stop(timeout=5)
 
 
-class Rig:
+class Rig(ActorRig[WatcherActor]):
+    """A WatcherActor on `directory`, stopped with the test."""
+
     def __init__(
-        self, directory: Path, poll_ms: float, clock: Clock | None, **options: float
+        self, directory: Path, poll_ms: float, clock: FakeClock | None, **options: float
     ) -> None:
         self.dir = directory
-        self.router = FakeRef("router")
-        self.logger = FakeRef("logger")
-        self.delivery = FakeRef("delivery")
-        self.supervisor = FakeRef("supervisor")
         extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
-        self.ref = WatcherActor.start(
-            supervisor=self.supervisor,
-            router=self.router,
-            logger=self.logger,
-            delivery=self.delivery,
-            questions_dir=directory,
-            poll_ms=poll_ms,
-            now=lambda: AT,
-            **extra,
-            **options,
-        )
+        super().__init__(WatcherActor, WATCHER_ROLES, questions_dir=directory,
+                         poll_ms=poll_ms, now=lambda: AT, **extra, **options)
         _RIGS.append(self.ref)
 
     def sync(self) -> None:
@@ -129,7 +109,7 @@ def write(path: Path, content: bytes) -> FileSignature:
 
 
 def start(
-    tmp_path: Path, poll_ms: float = SLOW_POLL_MS, clock: Clock | None = None, **options: float
+    tmp_path: Path, poll_ms: float = SLOW_POLL_MS, clock: FakeClock | None = None, **options: float
 ) -> Rig:
     return Rig(tmp_path / "questions", poll_ms, clock, **options)
 
@@ -165,7 +145,7 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     reads: list[int] = []
     real = watcher_module._read_at_most
     monkeypatch.setattr(watcher_module, "_read_at_most", lambda fd, n: reads.append(fd) or real(fd, n))
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
@@ -187,7 +167,7 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
 def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
     tmp_path: Path,
 ) -> None:  # issue 14.4
-    clock = Clock()
+    clock = FakeClock()
     (tmp_path / "questions").mkdir()
     write(tmp_path / "questions" / NAME, ANSWER)  # before the start: no event still to come
     rig = start(tmp_path, clock=clock, reoffer_s=30)
@@ -232,7 +212,7 @@ def test_an_inotify_overflow_brings_a_deep_rescan(
 
 
 def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:  # issue 14.4
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
@@ -261,7 +241,7 @@ def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
 def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # C9, C10: never an answer, whatever its name, and never followed or read
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)  # grace 1000 ms
     rig.sync()
     names = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}.answer.json" for c in "456789"]
@@ -325,7 +305,7 @@ def test_a_rejected_file_is_logged_and_removed(tmp_path: Path, reason: RejectRea
 def test_a_bad_name_is_rejected_by_the_watcher_after_the_grace(
     tmp_path: Path, name: str, reason: RejectReason
 ) -> None:  # C9, C10
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)  # grace 1000 ms
     rig.sync()
     (rig.dir / name).write_bytes(b"{}")
@@ -345,7 +325,7 @@ def test_a_bad_name_is_rejected_by_the_watcher_after_the_grace(
 
 
 def test_a_temporary_name_renamed_in_time_is_never_rejected(tmp_path: Path) -> None:  # C10, W21
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock, reoffer_s=1)
     rig.sync()
     temp = rig.dir / ".answer.tmp"
@@ -363,7 +343,7 @@ def test_a_temporary_name_renamed_in_time_is_never_rejected(tmp_path: Path) -> N
 
 
 def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # C10
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, poll_ms=100, clock=clock)  # grace 1000 ms
     rig.sync()
     signature = write(rig.dir / NAME, b'{"qid": "01')
@@ -383,7 +363,7 @@ def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # 
 
 
 def test_the_grace_starts_again_for_a_new_file_after_removal(tmp_path: Path) -> None:  # C10
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, poll_ms=100, clock=clock)
     rig.sync()
     old = write(rig.dir / NAME, b"{")
@@ -623,7 +603,7 @@ def test_a_foreign_file_is_rejected_at_once(tmp_path: Path) -> None:  # X6, C9
 
 
 def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path) -> None:  # X6
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
@@ -677,7 +657,7 @@ def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -
 
 
 def test_a_siblings_file_its_owner_takes_is_forgotten(tmp_path: Path) -> None:  # X6
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
@@ -698,7 +678,7 @@ def test_a_siblings_file_its_owner_takes_is_forgotten(tmp_path: Path) -> None:  
 def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
     tmp_path: Path, reason: RejectReason
 ) -> None:  # X7
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
     note = SendText(QID, unreadable_note(QID, reason), "unreadable_note", None)
@@ -716,7 +696,7 @@ def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
 
 
 def test_invalid_json_is_noted_only_after_its_grace(tmp_path: Path) -> None:  # X7, C10
-    clock = Clock()
+    clock = FakeClock()
     rig = start(tmp_path, poll_ms=100, clock=clock)
     rig.sync()
     signature = write(rig.dir / NAME, b"{")
@@ -733,7 +713,7 @@ def test_invalid_json_is_noted_only_after_its_grace(tmp_path: Path) -> None:  # 
 
 def test_the_note_memory_is_bounded(tmp_path: Path) -> None:  # X7: bounded memory
     delivery = FakeRef("delivery")
-    clock = Clock()
+    clock = FakeClock()
     watcher = WatcherActor(  # never started: the method alone, in this thread
         supervisor=FakeRef(), router=FakeRef(), logger=FakeRef(), delivery=delivery,
         questions_dir=tmp_path, poll_ms=SLOW_POLL_MS, clock=clock,
