@@ -39,6 +39,7 @@ from ..messages.commands import (
     UnknownMessage,
 )
 from ..messages.contract import log_record
+from ..messages.wire import PromptEnvelope
 from .base import (
     PooledService,
     Slot,
@@ -64,11 +65,16 @@ def failed_error(error: str) -> str:
     return f"{FAILED_PREFIX}: {error}"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Running:
-    """One question this supervisor watches over."""
+    """One question this supervisor watches over: who asked what, and its Slot.
 
-    spec: QuestionSpec
+    Not its state: that is in the question's row (read again at each restart)
+    and in the question actor itself.
+    """
+
+    qid: str
+    prompt: PromptEnvelope  # for the error response a poison question's asker gets
     slot: Slot
 
 
@@ -132,7 +138,7 @@ class QuestionSupervisor(PooledService):
     def on_receive(self, message: Any) -> None:
         match message:
             case StartQuestion(spec=spec, child=child, slot=slot):
-                self.running[child] = Running(spec, slot)
+                self.running[child] = Running(spec.qid, spec.prompt, slot)
                 self._spawn(child, spec, ())
             case QuestionClosed(child=child):
                 self.running.pop(child, None)
@@ -163,7 +169,7 @@ class QuestionSupervisor(PooledService):
         if running is None:
             return  # closed or replaced meanwhile: nothing to restart
         verdict = self.policy.crashed(child, error, unread, shortage, self.me,
-                                      who=f"question {running.spec.qid}")
+                                      who=f"question {running.qid}")
         if isinstance(verdict, GiveUp):
             self._give_up(child, running, verdict.verdict, error)
         elif verdict == "now":
@@ -175,29 +181,28 @@ class QuestionSupervisor(PooledService):
             return
         # The row is the question's state; a question without one has ended
         # (or was replaced by a repeated qid), and there is nothing to resume.
-        spec = self.store.open_spec(running.spec.qid, child)
+        spec = self.store.open_spec(running.qid, child)
         if spec is None:
             self._stop_question(child)
-            self.router.tell(QuestionClosed(running.spec.qid, None, child))
+            self.router.tell(QuestionClosed(running.qid, None, child))
             return
-        running.spec = spec
         self.router.tell(QuestionRestarted(spec.qid, child))
         self._spawn(child, spec, unread)
 
     def _give_up(self, child: str, running: Running, verdict: str, error: str) -> None:
         """A poison question: closed with an error for its asker, never restored."""
-        spec = running.spec
+        qid = running.qid
         self._stop_question(child)
-        owed = SendResponse(spec.prompt, None, failed_error(error), child)
+        owed = SendResponse(running.prompt, None, failed_error(error), child)
         try:
-            owned = self.store.close(spec.qid, None, owner=child, response=owed)
+            owned = self.store.close(qid, None, owner=child, response=owed)
         except Exception as exc:  # the asker is still told; the next start may retry it
-            report(f"could not record question {spec.qid} as failed: {exc!r}")
+            report(f"could not record question {qid} as failed: {exc!r}")
             owned = True
         report(f"{verdict}; closed it with an error ({error})", "error")
-        self.router.tell(QuestionClosed(spec.qid, None, child))
+        self.router.tell(QuestionClosed(qid, None, child))
         if not owned:
             return  # replaced meanwhile: its successor answers for the qid
-        record = log_record(self.now(), spec.qid, "question_failed", {"error": error})
+        record = log_record(self.now(), qid, "question_failed", {"error": error})
         self.logger.tell(LogEvent(record))
         self.peer.tell(owed)
