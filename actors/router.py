@@ -92,9 +92,6 @@ from .base import PooledService, Slot, report, utc_now
 from .config import DEFAULT_MAX_OPEN, DEFAULT_PROJECT
 from .store import CLOSED_MEMORY, Store, sibling_of
 
-# Late files already judged (name, version): a rescan must not send a second note.
-_JUDGED_MEMORY = 1000
-
 
 @dataclass(slots=True)
 class OpenQuestion:
@@ -170,7 +167,6 @@ class QuestionRouter(PooledService):
         self.clock = clock
         self.open: dict[str, OpenQuestion] = {}
         self.closed: OrderedDict[str, State] = OrderedDict()
-        self._judged: OrderedDict[tuple[str, FileSignature], None] = OrderedDict()
         self._serial = itertools.count(1)
 
     # -- life ---------------------------------------------------------------
@@ -389,13 +385,8 @@ class QuestionRouter(PooledService):
         detail: dict[str, Any],
     ) -> None:
         """An answer that is not passed on but gets the human a note (C15, X11): the
-        note is owed (stored) the moment it is decided, the file removed, once per version."""
-        key = (name, signature)
-        if key in self._judged:
-            return
-        self._judged[key] = None
-        while len(self._judged) > _JUDGED_MEMORY:
-            self._judged.popitem(last=False)
+        note is owed (stored) the moment it is decided, the file removed. Once per
+        version: the Watcher never offers a version again once told to remove it."""
         self.store.owe_note(note)
         self.watcher.tell(RemoveAnswerFile(name, signature))
         self.logger.tell(LogEvent(log_record(self.now(), note.qid, event, detail)))

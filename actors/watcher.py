@@ -113,6 +113,9 @@ class _Tracked:
     first_seen: float
     handed: FileSignature | None = None  # the version last sent to the router
     resend_at: float = 0.0  # that version is not sent again before this
+    # `handed` was judged (RemoveAnswerFile) but could not be removed: it is never
+    # offered again, only its removal tried again when due
+    doomed: bool = False
 
 
 class WatcherActor(PooledService):
@@ -231,16 +234,11 @@ class WatcherActor(PooledService):
             case DisposeAnswerFile(name=name, signature=signature, verdict=verdict):
                 self._dispose(name, signature, verdict)
             case RemoveAnswerFile(name=name, signature=signature):
-                current = self._current(name)
-                if current == signature:
-                    self._remove(name, signature)
-                elif current is None:
-                    self._tracked.pop(name, None)
-                # else: a newer answer replaced it; its own events bring it here.
+                self._remove_judged(name, signature)
             case OfferAgain(name=name):
                 tracked = self._tracked.get(name)
-                if tracked is not None:
-                    tracked.handed = None  # forget it was handed on; its grace clock stays
+                if tracked is not None:  # forget it was handed on; its grace clock stays
+                    tracked.handed, tracked.doomed = None, False
                 self._examine(name)
             case WatchEnded(wd=wd):
                 if wd == self._wd:
@@ -363,10 +361,13 @@ class WatcherActor(PooledService):
         if (
             tracked is not None
             and tracked.handed is not None
-            and self.clock() < tracked.resend_at
             and self._current(name) == tracked.handed
         ):
-            return  # handed on already and not due again: no re-read, no re-parse
+            if self.clock() < tracked.resend_at:
+                return  # handed on already and not due again: no re-read, no re-parse
+            if tracked.doomed:
+                self._remove_judged(name, tracked.handed)  # judged once: never offered again
+                return
         # The answer is opened straight away (one open, two fstats): the kind of
         # file is learnt from the open itself, not from a stat before it.
         if isinstance(qid, Rejected):
@@ -472,6 +473,20 @@ class WatcherActor(PooledService):
                 self._hold_or_reject(name, signature, verdict, grace_ms(self.poll_ms) / 1000)
             case Rejected(reason=reason, qid=qid, error=error):
                 self._reject(name, reason, qid, signature, error)
+
+    def _remove_judged(self, name: str, signature: FileSignature) -> None:
+        """A version judged (used, or answered with a note) goes; if it cannot go now,
+        it is kept from the router (a second note for it would be a second judgement)
+        and removal is tried again after `reoffer_s`."""
+        current = self._current(name)
+        if current is None:
+            self._tracked.pop(name, None)
+        elif (current == signature and not self._remove(name, signature)
+              and self._current(name) == signature):  # still there: not gone, nor replaced
+            tracked = self._track(name)
+            tracked.handed, tracked.doomed = signature, True
+            tracked.resend_at = self.clock() + self.reoffer_s
+        # else: a newer answer replaced it; its own events bring it here.
 
     def _hold_or_reject(
         self, name: str, signature: FileSignature, verdict: Rejected, window_s: float

@@ -198,13 +198,13 @@ def test_a_file_whose_name_is_no_answer_files_is_refused_by_its_name(make: Any) 
 
 
 def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
-    # C15, issue 9.7: the note is in the store before Delivery is told, once per file version
+    # C15: the note is in the store before Delivery is told; the file is to go (the
+    # Watcher then never offers that version again: one note per version)
     rig = make()
     start = rig.opened(prompt_envelope(QIDS[0]))
     rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # a rescan sees it again
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
     record = rig.logger.expect(LogEvent).record
     assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
@@ -213,7 +213,7 @@ def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
         note = rig.delivery.expect(SendText)
     assert note.text == late_note(QIDS[0]) and note.note_id is not None
     assert rig.store.owed_notes() == [note]
-    rig.depth()  # the rescan's sighting handled too
+    rig.depth()
     rig.delivery.assert_nothing()
     rig.logger.assert_nothing()
 
@@ -346,27 +346,6 @@ def test_each_late_file_gets_its_own_note_and_log_line(make: Any) -> None:
     assert [n.text for n in _late_notes(rig, 2)] == [late_note(QIDS[0]), late_note(QIDS[1])]
 
 
-def test_the_memory_of_judged_late_files_is_bounded_and_forgets_the_oldest(
-    make: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # C15: a file version already judged late is not noted again (a rescan may offer
-    # it before the Watcher removes it); bounded: only the most recent ones are kept
-    monkeypatch.setattr("coms_hermes_bridge.actors.router._JUDGED_MEMORY", 2)
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
-    name = f"{QIDS[0]}.answer.json"
-    versions = [FileSignature(7, 80, n) for n in (1, 2, 3)]
-    for sig in versions:
-        rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
-    assert len(_late_notes(rig, 3)) == 3
-    for sig in versions[1:]:  # the two most recent: remembered
-        rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), sig))
-    rig.depth()  # the router has read them
-    rig.delivery.assert_nothing()
-    assert len(rig.actor._judged) == 2
-
-
 # -- files for qids not open here (X6, X11) ----------------------------------------
 
 
@@ -409,14 +388,14 @@ def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Any, tmp_path
 
 
 def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) -> None:
-    # X11: hermes failed, yet the human answered: told, once per file version, note owed
+    # X11: hermes failed, yet the human answered: told, note owed, the file to go (the
+    # Watcher then never offers that version again: one note per version)
     rig = make()
     start = rig.opened(prompt_envelope(QIDS[0]))
     rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
     rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # a rescan sees it again
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
     record = rig.logger.expect(LogEvent).record
     assert (record.qid, record.event, record.detail) == (
@@ -427,7 +406,7 @@ def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) 
         note = rig.delivery.expect(SendText)
     assert note.text == undelivered_note(QIDS[0]) and note.note_id is not None
     assert rig.store.owed_notes() == [note]
-    rig.depth()  # the rescan's sighting handled too
+    rig.depth()
     rig.delivery.assert_nothing()
     rig.logger.assert_nothing()
     rig.watcher.assert_nothing()

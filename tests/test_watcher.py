@@ -8,6 +8,7 @@ tests at the end use the real clock and write files the ways the gateway may.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -423,6 +424,84 @@ def test_remove_answer_file_removes_only_the_version_that_was_read(tmp_path: Pat
     assert not (rig.dir / NAME).exists()
     rig.ref.ask(RemoveAnswerFile(NAME, second))  # gone already: nothing to do
     rig.logger.assert_nothing()
+
+
+def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # C2, C15: a version is judged once, so a late file gets one note
+    refused = [True]
+    real = os.rename
+
+    def rename(src: str, dst: str) -> None:
+        if refused[0]:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real(src, dst)
+
+    monkeypatch.setattr(watcher_module.os, "rename", rename)
+    clock = FakeClock()
+    rig = start(tmp_path, clock=clock, reoffer_s=30)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(RemoveAnswerFile(NAME, signature))
+    rig.sync()
+    assert (rig.dir / NAME).exists()
+    assert f"watcher: cannot remove {NAME}: [Errno 1] Operation not permitted" in capsys.readouterr().err
+    clock.now += 30  # due: a file handed on and not judged would be offered again now
+    rig.ref.tell(Rescan())
+    rig.ref.tell(Rescan(deep=True))
+    rig.sync()
+    rig.router.assert_nothing()  # judged once: never offered again
+    assert capsys.readouterr().err.count("cannot remove") == 1  # tried again when due, once
+    refused[0] = False
+    rig.ref.tell(Rescan(deep=True))  # not due again yet: left be
+    rig.sync()
+    assert (rig.dir / NAME).exists()
+    clock.now += 30
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert not (rig.dir / NAME).exists()
+    rig.router.assert_nothing()
+    rig.logger.assert_nothing()
+
+
+def test_a_new_version_over_a_judged_one_that_could_not_go_is_offered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C2: the human's second answer is never held back by the first one's fate
+    def rename(src: str, dst: str) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    rig = start(tmp_path, reoffer_s=3600)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    with monkeypatch.context() as patch:
+        patch.setattr(watcher_module.os, "rename", rename)
+        rig.ref.tell(RemoveAnswerFile(NAME, signature))
+        rig.sync()
+    newer = ANSWER.replace(b'"yes"', b'"no"')
+    newer_signature = write(rig.dir / NAME, newer)
+    assert rig.seen(newer).signature == newer_signature
+
+
+def test_offer_again_lifts_the_judgement_of_a_version_that_could_not_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # a restarted Router judges afresh what its last incarnation judged
+    def rename(src: str, dst: str) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(watcher_module.os, "rename", rename)
+    clock = FakeClock()
+    rig = start(tmp_path, clock=clock, reoffer_s=30)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(RemoveAnswerFile(NAME, signature))
+    rig.ref.tell(OfferAgain(NAME))
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+    clock.now += 30
+    rig.ref.tell(Rescan())
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)  # offered again, as any
 
 
 # -- the directory: private, and it heals (issue 9.3, 9.4) -----------------------
