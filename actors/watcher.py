@@ -273,8 +273,11 @@ class WatcherActor(PooledService):
             return False
         if self._heal_failing.over():
             report(f"{self.child_name}: watching {self.questions_dir} again")
+        elif st is None:
+            self._report_heal("was gone; made it again (0700)")
         else:
-            self._report_heal(gone=st is None)
+            self._report_heal("was no longer watched; watching it again" if watched
+                              else "was replaced; watching the new one")
         return True
 
     def _make_and_watch(self) -> None:
@@ -294,13 +297,12 @@ class WatcherActor(PooledService):
         st = os.stat(self.questions_dir)
         self._wd, self._watched = wd, (st.st_dev, st.st_ino)
 
-    def _report_heal(self, *, gone: bool) -> None:
+    def _report_heal(self, what: str) -> None:
         """One stderr line per heal, at most one per HEAL_REPORT_INTERVAL_S (with a count)."""
         self._heals_unreported += 1
         now = self.clock()
         if now - self._last_heal_report < HEAL_REPORT_INTERVAL_S:
             return
-        what = "was gone; made it again (0700)" if gone else "was replaced; watching the new one"
         more = self._heals_unreported - 1
         extra = f" ({more} more time(s) since the last report)" if more else ""
         report(f"{self.child_name}: {self.questions_dir} {what}{extra}")

@@ -271,8 +271,11 @@ def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     rig.sync()
     clock.now += 1.1
     rig.ref.tell(Rescan(deep=True))
-    rejected = {rig.logged().detail["file"] for _ in range(4)}
-    assert rejected == {fifo, sock, link, closed_fifo}
+    records = [rig.logged() for _ in range(4)]
+    assert {r.detail["file"] for r in records} == {fifo, sock, link, closed_fifo}
+    assert all((r.qid, r.event, r.detail) == (NO_QID, "answer_rejected",
+                                              {"reason": "invalid_path", "file": r.detail["file"]})
+               for r in records)
     rig.sync()
     rig.logger.assert_nothing()
     assert sorted(os.listdir(rig.dir)) == sorted([closed_file, closed_dir])  # left: tried later
@@ -958,3 +961,189 @@ def test_only_the_judged_version_is_ever_removed(tmp_path: Path) -> None:  # C9,
     assert sorted(p.name for p in rig.dir.iterdir()) == [NAME]  # nothing left aside
     assert rig.seen(ANSWER).signature == new  # and it is looked at
     assert actor._remove(NAME, new) is True and not (rig.dir / NAME).exists()
+
+
+# -- the watch itself: heal lines, a watch the kernel ended, a lost inotify --------
+
+
+def test_heal_lines_are_exact_one_per_interval_with_a_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # C18: the operator's words; at most one line per 10 s
+    clock = FakeClock()
+    rig = start(tmp_path, clock=clock)
+    rig.sync()
+    capsys.readouterr()
+
+    def delete_and_wait() -> None:
+        shutil.rmtree(rig.dir)
+        wait_for(lambda: rig.dir.is_dir() and mode(rig.dir) == 0o700, what="directory back")
+        rig.sync()
+
+    delete_and_wait()
+    gone = f"coms-hermes-bridge: watcher: {rig.dir} was gone; made it again (0700)"
+    assert capsys.readouterr().err == gone + "\n"
+    delete_and_wait()
+    delete_and_wait()
+    clock.now += watcher_module.HEAL_REPORT_INTERVAL_S - 0.5
+    delete_and_wait()
+    assert capsys.readouterr().err == ""  # within the interval: counted, not said
+    clock.now += 0.5  # exactly the interval since the line
+    fresh = tmp_path / "fresh"
+    fresh.mkdir(mode=0o700)
+    os.rename(fresh, rig.dir)  # replaced by another (empty) directory
+    wait_for(lambda: capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: {rig.dir} was replaced; watching the new one"
+        " (3 more time(s) since the last report)\n"), what="the replaced line")
+    clock.now += watcher_module.HEAL_REPORT_INTERVAL_S
+    delete_and_wait()
+    assert capsys.readouterr().err == gone + "\n"  # the count starts again
+    signature = write(rig.dir / NAME, ANSWER)
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)  # watched all along
+
+
+def test_a_watch_the_kernel_ended_is_made_again_and_what_changed_is_looked_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # the same directory, no longer watched (IN_IGNORED): watched again at once
+    rig = start(tmp_path)
+    rig.sync()
+    write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    os.utime(rig.dir / NAME, ns=(1_000_000_000, 2_000_000_000))  # a change no event tells of
+    st = os.stat(rig.dir / NAME)
+    actor = rig.actor
+    assert actor._inotify is not None and actor._wd is not None
+    actor._inotify.rm_watch(actor._wd)  # white-box: as the kernel ends a watch
+    # looked at again (deeply): the version changed while nothing watched
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, FileSignature(st.st_ino, st.st_size, st.st_mtime_ns))
+    rig.sync()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: {rig.dir} was no longer watched; watching it again\n")
+    other = "01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"
+    signature = write(rig.dir / other, ANSWER)  # only a new watch brings it: no beat
+    assert rig.seen(ANSWER) == AnswerFileSeen(other, ANSWER, signature)
+    rig.supervisor.assert_nothing()
+
+
+def test_a_failed_inotify_read_fails_the_watcher_with_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # without inotify no answer is noticed again: the supervisor restarts it whole
+    broken = threading.Event()
+
+    class BrokenINotify(watcher_module.INotify):  # type: ignore[misc]
+        def read(self, timeout: int | None = None, read_delay: int | None = None) -> list[Any]:
+            if broken.is_set():
+                raise OSError(errno.EIO, "Input/output error")
+            return list(super().read(timeout=timeout, read_delay=read_delay))
+
+    monkeypatch.setattr(watcher_module, "INotify", BrokenINotify)
+    rig = start(tmp_path)
+    rig.sync()
+    broken.set()
+    write(rig.dir / NAME, ANSWER)  # an event, so that inotify is read
+    failed = rig.supervisor.next()
+    assert failed.child == "watcher"
+    assert failed.error == "RuntimeError: inotify watch lost: OSError: [Errno 5] Input/output error"
+    rig.router.assert_nothing()
+
+
+def test_file_events_neither_remake_the_watch_nor_rescan_deeply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # only the end of the watch, or lost events, cost a look at every file
+    watches: list[str] = []
+    deep: list[bool] = []
+
+    class CountingINotify(watcher_module.INotify):  # type: ignore[misc]
+        def add_watch(self, path: str, mask: int) -> int:
+            watches.append(path)
+            return int(super().add_watch(path, mask))
+
+    real_rescan = WatcherActor._rescan
+
+    def rescan(self: WatcherActor, *, deep_: bool = False, **kw: bool) -> None:
+        deep.append(kw.get("deep", deep_))
+        real_rescan(self, **kw)
+
+    monkeypatch.setattr(watcher_module, "INotify", CountingINotify)
+    monkeypatch.setattr(WatcherActor, "_rescan", rescan)
+    rig = start(tmp_path)
+    rig.sync()
+    assert (len(watches), deep) == (1, [True])  # the start: one watch, one deep scan
+    for n in range(5):
+        write(rig.dir / f"01HZY3K4M5N6P7Q8R9S0T1V2W{n}.answer.json", ANSWER)
+        rig.seen(ANSWER)
+    rig.sync()
+    assert (len(watches), deep) == (1, [True])
+
+
+def test_a_directory_that_cannot_be_watched_is_still_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # no inotify watches left: each rescan beat still finds the answers
+    refuse = threading.Event()
+
+    class FullINotify(watcher_module.INotify):  # type: ignore[misc]
+        def add_watch(self, path: str, mask: int) -> int:
+            if refuse.is_set():
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return int(super().add_watch(path, mask))
+
+    monkeypatch.setattr(watcher_module, "INotify", FullINotify)
+    rig = start(tmp_path)
+    rig.sync()
+    refuse.set()
+    shutil.rmtree(rig.dir)
+    wait_for(lambda: "cannot make or watch" in capsys.readouterr().err, what="the report")
+    assert rig.dir.is_dir()  # made, though not watched
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.ref.tell(Rescan())  # a beat
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
+
+
+def test_a_rescan_cut_at_its_limit_says_so_once_and_forgets_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # bounded: a rescan looks at SCAN_LIMIT entries at most
+    monkeypatch.setattr(watcher_module, "SCAN_LIMIT", 3)
+    (tmp_path / "questions").mkdir(mode=0o700)
+    names = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{n}.answer.json" for n in range(4)]
+    for name in names:
+        write(tmp_path / "questions" / name, ANSWER)
+    rig = start(tmp_path)
+    seen = {rig.seen().name for _ in range(3)}
+    rig.sync()
+    rig.router.assert_nothing()  # the fourth is not looked at (inotify brings new ones)
+    assert seen < set(names)
+    line = (f"coms-hermes-bridge: watcher: {rig.dir} holds more than 3 entries; "
+            "each rescan looks at 3 of them\n")
+    assert capsys.readouterr().err == line
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert capsys.readouterr().err == ""  # said once per episode
+    assert set(rig.actor._tracked) >= seen  # a cut listing forgets none of what it missed
+    (tmp_path / "questions" / (set(names) - seen).pop()).unlink()
+    rig.ref.tell(Rescan())  # complete again: the episode is over
+    rig.sync()
+    assert set(rig.actor._tracked) == seen
+
+
+def test_a_plain_rescan_goes_on_past_a_file_handed_on_and_not_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # a file not handed on yet, after one that was, is still looked at
+    later = "01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"  # sorted after NAME
+    real_open = os.open
+    refused = [True]
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if refused[0] and str(path).endswith(later):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(watcher_module.os, "open", refusing)
+    rig = start(tmp_path)
+    rig.sync()
+    write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    signature = write(rig.dir / later, ANSWER)  # its sighting cannot read it: not handed on
+    rig.sync()
+    rig.router.assert_nothing()
+    refused[0] = False
+    rig.ref.tell(Rescan())
+    assert rig.seen() == AnswerFileSeen(later, ANSWER, signature)
