@@ -288,17 +288,45 @@ def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
 @pytest.mark.parametrize(
     "reason", ["foreign_qid", "invalid_schema", "qid_mismatch", "invalid_path", "invalid_qid"]
 )
-def test_a_rejected_file_is_logged_and_removed(tmp_path: Path, reason: RejectReason) -> None:  # C9, C20
+def test_a_rejected_file_is_logged_and_removed(
+    tmp_path: Path, reason: RejectReason, capsys: pytest.CaptureFixture[str]
+) -> None:  # C9, C20
     rig = start(tmp_path)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
+    capsys.readouterr()
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected(reason, QID)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": reason, "file": NAME}
     assert record.at == "2025-01-02T03:04:05.000Z"
     assert not (rig.dir / NAME).exists()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: warning: rejected answer file {NAME}: {reason}\n")
+
+
+def test_a_rejection_with_an_error_says_it_in_the_log_and_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # C9, C20
+    rig = start(tmp_path)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    capsys.readouterr()
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_schema", QID, "answer: missing")))
+    assert rig.logged().detail == {"reason": "invalid_schema", "file": NAME, "error": "answer: missing"}
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: warning: rejected answer file {NAME}: invalid_schema (answer: missing)\n")
+
+
+def test_a_rejected_file_exactly_at_the_limit_was_read_so_has_no_size(tmp_path: Path) -> None:  # C9
+    rig = start(tmp_path)
+    rig.sync()
+    signature = sparse(rig.dir / NAME, ANSWER_FILE_LIMIT)
+    assert rig.seen().content == b"\0" * ANSWER_FILE_LIMIT
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
+    assert rig.logged().detail == {"reason": "invalid_schema", "file": NAME}
 
 
 @pytest.mark.parametrize(
@@ -354,8 +382,10 @@ def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # 
     rig.seen()
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     clock.now += 0.99
+    rig.ref.tell(Rescan())  # held: this version is not sent again within its grace
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     rig.sync()
+    rig.router.assert_nothing()
     assert (rig.dir / NAME).exists()
     rig.logger.assert_nothing()
     clock.now += 0.02
@@ -666,6 +696,65 @@ def test_reads_stop_past_the_limit() -> None:  # issue 9.5: a file that grows wh
             assert watcher_module._read_at_most(read_end, 100) == expected
         finally:
             os.close(read_end)
+
+
+def test_reads_in_pieces_are_joined_and_never_ask_past_one_byte_over_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # bounded: a file read a few bytes at a time is whole, or refused past the limit
+    asked: list[tuple[int, int]] = []  # (bytes had, bytes asked for)
+    real_read = os.read
+    had = [0]
+
+    def read_in_pieces(fd: int, n: int) -> bytes:
+        asked.append((had[0], n))
+        chunk = real_read(fd, min(n, 3))
+        had[0] += len(chunk)
+        return chunk
+
+    monkeypatch.setattr(watcher_module.os, "read", read_in_pieces)
+    for size, limit, expected in [(10, 10, b"0123456789"), (10, 9, None)]:
+        asked.clear()
+        had[0] = 0
+        read_end, write_end = os.pipe()
+        os.write(write_end, b"0123456789"[:size])
+        os.close(write_end)
+        try:
+            assert watcher_module._read_at_most(read_end, limit) == expected
+        finally:
+            os.close(read_end)
+        assert all(got + n == limit + 1 for got, n in asked)
+
+
+def test_a_version_put_back_on_a_filesystem_without_hard_links_is_renamed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C2: a version not judged is never lost, even where link() is refused
+    def no_links(src: str, dst: str) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(watcher_module.os, "link", no_links)
+    rig = start(tmp_path)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.sync()
+    judged = FileSignature(signature.inode, signature.size, signature.mtime_ns - 1)  # older
+    assert rig.actor._remove(NAME, judged) is False  # white-box: the race, staged
+    assert (rig.dir / NAME).read_bytes() == ANSWER
+    assert sorted(os.listdir(rig.dir)) == [NAME]  # nothing left aside
+
+
+def test_the_memory_of_names_is_bounded_and_forgets_the_oldest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # bounded: TRACK_LIMIT names remembered
+    monkeypatch.setattr(watcher_module, "TRACK_LIMIT", 2)
+    rig = start(tmp_path)
+    rig.sync()
+    names = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{n}.answer.json" for n in range(3)]
+    for name in names:
+        write(rig.dir / name, ANSWER)
+        rig.seen(ANSWER)
+        rig.sync()
+    assert list(rig.actor._tracked) == names[1:]
 
 
 # -- several bridges, one directory (X6) ----------------------------------------
