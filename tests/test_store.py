@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from coms_hermes_bridge.actors import store as store_module
 from coms_hermes_bridge.actors.store import (
     CLOSED_MEMORY,
     CLOSED_TRIM_BATCH,
@@ -27,10 +28,12 @@ from coms_hermes_bridge.actors.store import (
     SETTLE_BATCH,
     SETTLE_DELAY_S,
     UNDELIVERED_MEMORY,
+    Snapshot,
     Store,
     StoreClosedError,
     adopt_shared_state,
     knows_qid,
+    read_snapshot,
     sibling_of,
 )
 from coms_hermes_bridge.messages.commands import (
@@ -722,3 +725,179 @@ def test_a_fifo_or_a_strangers_file_by_a_state_name_is_never_opened(
     assert time.monotonic() - started < 2.0
     assert f"cannot tell whether project b owns {QID}: state database {fifo} is not a " \
            "regular file of ours" in capsys.readouterr().err
+
+
+# -- read_snapshot: what `status` and the operator tools read (never writing) ------
+
+
+def test_a_snapshot_reads_open_questions_in_arrival_order_and_closed_newest_first(
+    path: Path,
+) -> None:
+    s = Store.open(path)
+    third = "01ARZ3NDEKTSV4RRFFQ69G5FAX"
+    try:
+        s.put_open(spec(QID2), owner="q2")
+        s.put_open(spec(QID, state="delivered"), owner="q1")
+        s.put_open(spec(third), owner="q3")
+        s.close(third, "cancelled", owner="q3")
+        s.put_open(spec("01ARZ3NDEKTSV4RRFFQ69G5FAY"), owner="q4")
+        s.close("01ARZ3NDEKTSV4RRFFQ69G5FAY", "answered", owner="q4")
+        before = path.read_bytes()
+        # while its owner runs (WAL: the reader never waits, and writes nothing)
+        assert read_snapshot(path) == Snapshot(
+            (spec(QID2), spec(QID, state="delivered")),
+            (("01ARZ3NDEKTSV4RRFFQ69G5FAY", "answered"), (third, "cancelled")),
+        )
+        assert read_snapshot(path, closed_limit=1).closed == (
+            ("01ARZ3NDEKTSV4RRFFQ69G5FAY", "answered"),)
+        assert read_snapshot(path, closed_limit=-5).closed == ()
+        assert path.read_bytes() == before
+    finally:
+        s.shutdown()
+
+
+def test_a_snapshot_skips_rows_that_do_not_parse_and_repairs_nothing(path: Path) -> None:
+    s = Store.open(path)
+    s.put_open(spec(QID), owner="q1")
+    s.put_open(spec(QID2), owner="q2")
+    s.shutdown()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE open_questions SET prompt = 'not json' WHERE qid = ?", (QID,))
+        conn.execute("INSERT INTO closed_questions (qid, state, seq) VALUES ('x', 'bogus', 99)")
+        conn.execute("INSERT INTO closed_questions (qid, state, seq) VALUES (X'3031', 'answered', 98)")
+    conn.close()
+    assert read_snapshot(path) == Snapshot((spec(QID2),), ())
+    with sqlite3.connect(path) as conn:  # left for the daemon's next start to repair
+        assert conn.execute("SELECT COUNT(*) FROM open_questions").fetchone()[0] == 2
+        assert conn.execute("SELECT COUNT(*) FROM closed_questions").fetchone()[0] == 2
+    conn.close()
+
+
+def test_a_snapshot_of_no_file_an_empty_file_and_a_file_that_is_no_database(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "missing.sqlite3"
+    with pytest.raises(FileNotFoundError, match=f"^no state database at {missing}$"):
+        read_snapshot(missing)
+    assert not missing.exists()  # not created by looking
+    empty = tmp_path / "empty.sqlite3"
+    empty.write_bytes(b"")
+    assert read_snapshot(empty) == Snapshot((), ())  # created, never written
+    half = tmp_path / "half.sqlite3"
+    _sql(half, "CREATE TABLE open_questions (qid TEXT)")
+    assert read_snapshot(half) == Snapshot((), ())  # not ours yet: nothing to say
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"not a database at all, " * 100)
+    with pytest.raises(OSError, match=f"^cannot read state database {garbage}: file is not a database$"):
+        read_snapshot(garbage)
+
+
+# -- an unusable state file: why, said exactly, and where it went ------------------
+
+
+def _sql(path: Path, *statements: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    with conn:
+        for statement in statements:
+            conn.execute(statement)
+    conn.close()
+
+
+def _ours(path: Path) -> None:
+    Store.open(path).shutdown()
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: _sql(p, "CREATE TABLE open_questions (qid TEXT)"), "no schema version"),
+        (lambda p: _sql(p, "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)"),
+         "no schema version"),
+        (lambda p: (_ours(p), _sql(p, "UPDATE meta SET value = 'abc'")),
+         "unknown schema version 'abc'"),
+        (lambda p: (_ours(p), _sql(p, "UPDATE meta SET value = '0'")), "unknown schema version 0"),
+        (lambda p: (_ours(p), _sql(p, "UPDATE meta SET value = '99'")),
+         f"schema version 99 is newer than this bridge's {SCHEMA_VERSION}"),
+        (lambda p: (_ours(p), _sql(p, "CREATE TABLE something_else (x)")),
+         "its tables do not match the schema"),
+    ],
+)
+def test_each_reason_a_state_file_is_unusable_is_said_exactly(
+    path: Path, make: Callable[[Path], object], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:  # never fatal: moved aside whole, said once, an empty store in its place
+    make(path)
+    kept = path.read_bytes()
+    capsys.readouterr()
+    Store.open(path).shutdown()
+    [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    assert aside.read_bytes() == kept
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path} was unreadable ({why}); "
+        f"moved it to {aside} and started empty\n")
+
+
+def _damaged(path: Path, at: int, length: int) -> None:
+    """A database of one indexed table, `length` bytes at `at` overwritten."""
+    _sql(path, "CREATE TABLE t (x)", "CREATE INDEX i ON t (x)",
+         *(f"INSERT INTO t VALUES ('{str(n) * 20}')" for n in range(2000)))
+    damaged = bytearray(path.read_bytes())
+    damaged[at: at + length] = b"\xff" * length
+    path.write_bytes(bytes(damaged))
+
+
+def test_a_damaged_page_is_said_with_what_the_integrity_check_found(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _damaged(path, 4096 * 10 + 8, 4)  # a cell offset out of range: the check runs, and fails
+    probe = path.with_name("probe.sqlite")
+    probe.write_bytes(path.read_bytes())
+    conn = sqlite3.connect(probe)
+    found = [str(r[0]) for r in conn.execute("PRAGMA integrity_check").fetchall()]
+    conn.close()
+    assert len(found) == 2
+    Store.open(path).shutdown()
+    [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    why = " ".join(("integrity check failed: " + "; ".join(found)).splitlines())
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path} was unreadable ({why}); "
+        f"moved it to {aside} and started empty\n")
+
+
+def test_a_file_that_is_no_database_is_said_with_sqlites_words(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"this is not a database\x00\xff" * 100)
+    Store.open(path).shutdown()
+    [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path} was unreadable (file is not a database); "
+        f"moved it to {aside} and started empty\n")
+
+
+@pytest.mark.parametrize("earlier", [1, 2])
+def test_files_moved_aside_keep_their_sidecars_and_never_overwrite_an_earlier_one(
+    path: Path, monkeypatch: pytest.MonkeyPatch, earlier: int
+) -> None:  # bad files within one second: all kept, each with its WAL and shm
+    monkeypatch.setattr(store_module.time, "strftime", lambda fmt, t=None: "20261201T000000Z")
+    path.parent.mkdir(parents=True)
+    names = [f"{path.name}.corrupt-20261201T000000Z"] + [
+        f"{path.name}.corrupt-20261201T000000Z-{n}" for n in range(1, earlier)]
+    for name in names:
+        path.with_name(name).write_bytes(name.encode())
+    holder = sqlite3.connect(path)  # held open: what it wrote stays in the WAL
+    holder.execute("PRAGMA journal_mode=WAL")
+    with holder:
+        holder.execute("CREATE TABLE something_else (x)")
+    kept = {suffix: Path(f"{path}{suffix}").read_bytes() for suffix in ("", "-wal")}
+    assert kept["-wal"] and Path(f"{path}-shm").exists()
+    try:
+        Store.open(path).shutdown()
+    finally:
+        holder.close()
+    third = path.with_name(f"{path.name}.corrupt-20261201T000000Z-{earlier}")
+    assert all(path.with_name(name).read_bytes() == name.encode() for name in names)
+    assert third.read_bytes() == kept[""]
+    assert Path(f"{third}-wal").read_bytes() == kept["-wal"]
+    assert Path(f"{third}-shm").exists()
