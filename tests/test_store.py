@@ -901,3 +901,35 @@ def test_files_moved_aside_keep_their_sidecars_and_never_overwrite_an_earlier_on
     assert third.read_bytes() == kept[""]
     assert Path(f"{third}-wal").read_bytes() == kept["-wal"]
     assert Path(f"{third}-shm").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "shown", "error"),
+    [
+        ("qid = X'3031'", "b'01'", "TypeError('qid is bytes')"),
+        ("qid = CAST(X'3031eda080' AS TEXT)", "'01\\udced\\udca0\\udc80'",
+         "ValueError('qid is not valid Unicode')"),
+        ("prompt = X'7b7d'", None, "TypeError('prompt and parsed must be text')"),
+        ("parsed = X'7b7d'", None, "TypeError('prompt and parsed must be text')"),
+        ("timeout_ms = 'soon'", None, "TypeError('timeout_ms and deadline must be numbers')"),
+        ("deadline = 'later'", None, "TypeError('timeout_ms and deadline must be numbers')"),
+        ("state = 'bogus'", None, "ValueError(\"unknown state 'bogus'\")"),
+    ],
+)
+def test_each_way_an_open_row_fails_to_parse_is_said_and_the_row_dropped(
+    store: Store, path: Path, capsys: pytest.CaptureFixture[str], damage: str,
+    shown: str | None, error: str,
+) -> None:  # one bad question never keeps the others from resuming
+    store.put_open(spec(QID))
+    store.put_open(spec(QID2))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(f"UPDATE open_questions SET {damage} WHERE qid = ?", (QID,))
+    conn.close()
+    capsys.readouterr()
+    opened, _ = reopen(store)
+    assert opened == [spec(QID2)]
+    qid = shown if shown is not None else repr(QID)
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path}: dropped open question {qid}: {error}\n")
+    assert reopen(Store.open(path)) == ([spec(QID2)], [])  # deleted: said once, not each start
