@@ -33,6 +33,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
+    NOT_ADMITTED,
     Answering,
     Late,
     OwnedElsewhere,
@@ -475,3 +476,75 @@ def test_siblings_are_not_read_when_our_own_memory_decides(make: Any) -> None:  
     rig.ref.tell(AnswerFileSeen(f"{QIDS[1]}.answer.json", answer_file(QIDS[1]), SIG))
     assert rig.watcher.expect(DisposeAnswerFile).verdict == OwnedElsewhere(QIDS[1], "b")
     assert asked == [QIDS[1]]
+
+
+# -- what a start restores, and what it says (C18) --------------------------------
+
+
+def test_a_start_resends_owed_responses_remembers_closed_states_and_says_so(
+    make: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = make()
+    first.opened(prompt_envelope(QIDS[0]))
+    closing = first.opened(prompt_envelope(QIDS[1]))
+    owed = SendResponse(prompt_envelope(QIDS[1]), None, "cancelled by the asker", closing.child)
+    assert first.store.close(QIDS[1], "cancelled", owner=closing.child, response=owed)
+    first.ref.stop()
+    capsys.readouterr()
+    rig = make()
+    assert rig.peer.expect(SendResponse) == owed  # owed by the last run: sent again
+    rig.depth()
+    assert capsys.readouterr().err == (
+        "coms-hermes-bridge: info: restored 1 open and 1 closed question(s)\n")
+    name = f"{QIDS[1]}.answer.json"
+    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
+    record = _late_records(rig, 1)[0]
+    assert (record.qid, record.detail) == (QIDS[1], {"state": "cancelled"})  # as it closed
+
+
+@pytest.mark.parametrize("what", ["only closed", "nothing"])
+def test_the_restore_line_counts_what_there_was_and_is_left_out_for_nothing(
+    make: Any, capsys: pytest.CaptureFixture[str], what: str
+) -> None:
+    first = make()
+    if what == "only closed":
+        start = first.opened(prompt_envelope(QIDS[0]))
+        first.store.close(QIDS[0], "answered", owner=start.child)
+    first.ref.stop()
+    capsys.readouterr()
+    make().depth()
+    said = capsys.readouterr().err
+    assert said == ("coms-hermes-bridge: info: restored 0 open and 1 closed question(s)\n"
+                    if what == "only closed" else "")
+
+
+def test_a_restarted_router_restores_without_a_line(
+    make: Any, capsys: pytest.CaptureFixture[str]
+) -> None:  # the line is the daemon's start, not each Router incarnation's
+    first = make()
+    first.opened(prompt_envelope(QIDS[0]))
+    first.ref.stop()
+    capsys.readouterr()
+    rig = make(resume_owed=False)
+    assert rig.questions.expect(StartQuestion).spec.qid == QIDS[0]
+    rig.depth()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_store_that_cannot_take_a_question_is_nacked_in_our_words_and_said(
+    make: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # never a crash: the table is fine, the asker may try again
+    import sqlite3
+
+    rig = make()
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(rig.store, "put_open", full)
+    capsys.readouterr()
+    assert rig.admit(prompt_envelope(QIDS[0])) == NOT_ADMITTED
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: error: could not take question {QIDS[0]!r}: "
+        "OperationalError('database or disk is full')\n")
+    assert rig.ref.is_alive() and rig.depth() == 0

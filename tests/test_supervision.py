@@ -736,3 +736,61 @@ def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(
     wait_for(lambda: r.slots["a"].ref not in (None, before), what="a restarted")
     r.ref.stop(block=True, timeout=5)
     assert r.schedule.cancelled == []  # it had come: nothing was left to cancel
+
+
+# -- the operator's line (C18) and what counts as a shortage -----------------------
+
+
+def test_a_report_is_one_line_of_at_most_max_report_characters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from coms_hermes_bridge.actors.base import MAX_REPORT
+
+    report("first\nsecond\r\nthird", "warning")
+    assert capsys.readouterr().err == "coms-hermes-bridge: warning: first second third\n"
+    report("x" * MAX_REPORT)  # at the limit: whole
+    assert capsys.readouterr().err == f"coms-hermes-bridge: {'x' * MAX_REPORT}\n"
+    report("x" * (MAX_REPORT + 1))  # past it: cut, the cut said with an ellipsis
+    assert capsys.readouterr().err == f"coms-hermes-bridge: {'x' * (MAX_REPORT - 1)}…\n"
+
+
+@pytest.mark.parametrize(
+    ("stream", "level", "line"),
+    [
+        ("ours", "error", "<3>coms-hermes-bridge: error: x\n"),
+        ("ours", "warning", "<4>coms-hermes-bridge: warning: x\n"),
+        ("ours", "info", "<6>coms-hermes-bridge: info: x\n"),
+        ("ours", None, "coms-hermes-bridge: x\n"),
+        ("another", "error", "coms-hermes-bridge: error: x\n"),
+        ("", "error", "coms-hermes-bridge: error: x\n"),
+        (None, "error", "coms-hermes-bridge: error: x\n"),
+    ],
+)
+def test_under_journald_a_leveled_line_starts_with_its_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: str | None, level: Any, line: str
+) -> None:  # C18: journalctl -p reads <N>; only when stderr is the journal's own stream
+    import os
+    import sys
+
+    err = tmp_path / "stderr"
+    with err.open("w", encoding="utf-8") as file:
+        st = os.fstat(file.fileno())
+        values = {"ours": f"{st.st_dev}:{st.st_ino}", "another": f"{st.st_dev}:{st.st_ino + 1}"}
+        if stream is None:
+            monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+        else:
+            monkeypatch.setenv("JOURNAL_STREAM", values.get(stream, stream))
+        monkeypatch.setattr(sys, "stderr", file)
+        report("x", level)
+    assert err.read_text(encoding="utf-8") == line
+
+
+def test_a_shortage_is_found_through_an_implicit_context_and_a_cycle_ends_the_search() -> None:
+    inner = OSError(errno.ENOMEM, "Cannot allocate memory")
+    implicit = RuntimeError("while handling it")
+    implicit.__context__ = inner  # raised while handling `inner`, no `from`
+    assert is_resource_shortage(implicit)
+    looped = RuntimeError("a")
+    other = ValueError("b")
+    looped.__context__, other.__context__ = other, looped  # a cycle: no shortage in it
+    assert is_resource_shortage(looped) is False
