@@ -548,3 +548,25 @@ def test_a_store_that_cannot_take_a_question_is_nacked_in_our_words_and_said(
         f"coms-hermes-bridge: error: could not take question {QIDS[0]!r}: "
         "OperationalError('database or disk is full')\n")
     assert rig.ref.is_alive() and rig.depth() == 0
+
+
+def test_the_memory_of_closed_questions_is_bounded_and_keeps_the_latest(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:  # bounded: CLOSED_MEMORY qids remembered (for late files and reused qids)
+    monkeypatch.setattr("coms_hermes_bridge.actors.router.CLOSED_MEMORY", 2)
+    rig = make()
+    for qid in QIDS[:3]:
+        start = rig.opened(prompt_envelope(qid))
+        rig.ref.tell(QuestionClosed(qid, "answered", start.child))
+    rig.depth()
+    assert list(rig.actor.closed) == QIDS[1:3]
+
+
+def test_a_restart_of_an_unknown_or_replaced_question_changes_nothing(make: Any) -> None:
+    rig = make()
+    start = rig.opened(prompt_envelope(QIDS[0]))
+    rig.ref.tell(QuestionRestarted(QIDS[5], "question:nobody"))  # not open here
+    rig.ref.tell(QuestionRestarted(QIDS[0], "question:an-older-child"))  # not this one
+    rig.depth()
+    assert rig.ref.is_alive() and rig.actor.open[QIDS[0]].child == start.child
+    rig.watcher.assert_nothing()

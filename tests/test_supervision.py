@@ -794,3 +794,37 @@ def test_a_shortage_is_found_through_an_implicit_context_and_a_cycle_ends_the_se
     other = ValueError("b")
     looped.__context__, other.__context__ = other, looped  # a cycle: no shortage in it
     assert is_resource_shortage(looped) is False
+
+
+def test_an_ask_left_in_a_crashed_childs_mailbox_fails_with_the_childs_name(
+    rig: Callable[..., Rig],
+) -> None:  # its caller must not wait for an answer that will never come
+    r = rig(("a",))
+    release = threading.Event()
+    before = r.slots["a"].ref
+    assert before is not None
+    r.slots["a"].tell(Hold(release))
+    r.slots["a"].tell(Boom())
+    future = before.ask("are you there?", block=False)
+    release.set()
+    with pytest.raises(pykka.ActorDeadError, match=r"^a$"):
+        future.get(timeout=5)
+
+
+class ForgetsWhatItTook(Recorder):
+    """A child whose own list of work taken fails: its mailbox is still handed over."""
+
+    def taken(self) -> tuple[Any, ...]:
+        raise RuntimeError("lost track")
+
+
+def test_a_failing_taken_still_hands_the_mailbox_over() -> None:
+    supervisor = FakeRef("supervisor")
+    ref = ForgetsWhatItTook.start(supervisor=supervisor, seen=FakeRef("seen"), name="a",
+                                  incarnation=0)
+    release = threading.Event()
+    for message in (Hold(release), Boom(), "m1", "m2"):
+        ref.tell(message)
+    release.set()
+    failed = supervisor.next()
+    assert (failed.child, failed.unread) == ("a", ("m1", "m2"))
