@@ -35,6 +35,7 @@ from coms_hermes_bridge.actors.store import (
     knows_qid,
     read_snapshot,
     sibling_of,
+    state_files,
 )
 from coms_hermes_bridge.messages.commands import (
     FileSignature,
@@ -678,7 +679,8 @@ def test_sibling_of_names_the_other_project_and_never_ourselves(
     assert sibling_of(theirs, QID, time.time()) == "a"
     (tmp_path / "state-c.sqlite3").write_bytes(b"not a database at all, " * 100)
     assert sibling_of(ours, "01ARZ3NDEKTSV4RRFFQ69G5FAX", time.time()) is None
-    assert "cannot tell whether project c owns 01ARZ3NDEKTSV4RRFFQ69G5FAX" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(
+        "coms-hermes-bridge: warning: cannot tell whether project c owns 01ARZ3NDEKTSV4RRFFQ69G5FAX: ")
 
 
 def test_a_reminder_is_marked_and_owed_in_one_step_and_goes_with_its_question(
@@ -760,15 +762,18 @@ def test_a_snapshot_skips_rows_that_do_not_parse_and_repairs_nothing(path: Path)
     s = Store.open(path)
     s.put_open(spec(QID), owner="q1")
     s.put_open(spec(QID2), owner="q2")
+    s.put_open(spec("01ARZ3NDEKTSV4RRFFQ69G5FAX"), owner="q3")
     s.shutdown()
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE open_questions SET prompt = 'not json' WHERE qid = ?", (QID,))
+        conn.execute("UPDATE open_questions SET parsed = X'7b7d' WHERE qid = ?", (QID2,))
         conn.execute("INSERT INTO closed_questions (qid, state, seq) VALUES ('x', 'bogus', 99)")
         conn.execute("INSERT INTO closed_questions (qid, state, seq) VALUES (X'3031', 'answered', 98)")
     conn.close()
-    assert read_snapshot(path) == Snapshot((spec(QID2),), ())
+    # not JSON (ValueError), not text (TypeError): skipped, each
+    assert read_snapshot(path) == Snapshot((spec("01ARZ3NDEKTSV4RRFFQ69G5FAX"),), ())
     with sqlite3.connect(path) as conn:  # left for the daemon's next start to repair
-        assert conn.execute("SELECT COUNT(*) FROM open_questions").fetchone()[0] == 2
+        assert conn.execute("SELECT COUNT(*) FROM open_questions").fetchone()[0] == 3
         assert conn.execute("SELECT COUNT(*) FROM closed_questions").fetchone()[0] == 2
     conn.close()
 
@@ -921,3 +926,46 @@ def test_each_way_an_open_row_fails_to_parse_is_said_and_the_row_dropped(
     assert capsys.readouterr().err == (
         f"coms-hermes-bridge: state database {path}: dropped open question {qid}: {error}\n")
     assert reopen(Store.open(path)) == ([spec(QID2)], [])  # deleted: said once, not each start
+
+
+def test_a_snapshot_reads_a_file_with_exactly_the_two_tables_it_needs(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.sqlite3"
+    _sql(bare, "CREATE TABLE open_questions (qid, prompt, parsed, timeout_ms, deadline, state,"
+               " seq)", "CREATE TABLE closed_questions (qid, state, seq)",
+         f"INSERT INTO closed_questions VALUES ('{QID}', 'timeout', 1)")
+    assert read_snapshot(bare) == Snapshot((), ((QID, "timeout"),))
+
+
+def test_a_note_kept_in_the_store_must_have_an_id(store: Store) -> None:
+    with pytest.raises(ValueError, match=r"^a note kept in the store needs a note_id$"):
+        store.owe_note(SendText(QID, "ℹ note", "late_note"))
+
+
+def test_a_claim_on_a_question_not_open_is_refused(store: Store) -> None:
+    store.put_open(spec(), owner="a")
+    assert store.claim(QID, "b") is True
+    assert store.open_spec(QID, "b") is not None
+    assert store.claim(QID2, "b") is False  # no row: nobody answers for it
+
+
+def test_only_state_dash_project_dot_sqlite3_names_a_projects_state_file(tmp_path: Path) -> None:
+    for name in ("state-a.sqlite3", "state-.sqlite3", "state-b.sqlite", "other-c.sqlite3",
+                 "state-d.sqlite3-wal", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    assert state_files(tmp_path) == {"a": tmp_path / "state-a.sqlite3"}
+    assert state_files(tmp_path / "missing") == {}
+
+
+@pytest.mark.parametrize(
+    ("exc", "busy"),
+    [
+        (sqlite3.OperationalError("database is locked"), True),
+        (sqlite3.OperationalError("database table is locked"), True),
+        (sqlite3.OperationalError("database is busy"), True),
+        (sqlite3.OperationalError("disk I/O error"), False),
+        (sqlite3.DatabaseError("database is locked"), False),  # not a lock: damage
+    ],
+)
+def test_only_a_lock_counts_as_busy(exc: sqlite3.Error, busy: bool) -> None:
+    # a busy file is someone else's at work, never to be moved aside as damaged
+    assert store_module._is_busy(exc) is busy
