@@ -240,7 +240,7 @@ def test_anything_but_a_regular_file_is_ignored(tmp_path: Path) -> None:
 
 
 def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # C9, C10: never an answer, whatever its name, and never followed or read
     clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)  # grace 1000 ms
@@ -279,6 +279,7 @@ def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     rig.sync()
     rig.logger.assert_nothing()
     assert sorted(os.listdir(rig.dir)) == sorted([closed_file, closed_dir])  # left: tried later
+    assert "cannot remove" not in capsys.readouterr().err  # a directory is never tried
     rig.router.assert_nothing()  # nothing here was ever handed on as an answer
 
 
@@ -324,7 +325,7 @@ def test_a_rejected_file_exactly_at_the_limit_was_read_so_has_no_size(tmp_path: 
     rig = start(tmp_path)
     rig.sync()
     signature = sparse(rig.dir / NAME, ANSWER_FILE_LIMIT)
-    assert rig.seen().content == b"\0" * ANSWER_FILE_LIMIT
+    rig.seen(b"\0" * ANSWER_FILE_LIMIT)  # read whole: not over the limit
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
     assert rig.logged().detail == {"reason": "invalid_schema", "file": NAME}
 
@@ -381,13 +382,16 @@ def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # 
     signature = write(rig.dir / NAME, b'{"qid": "01')
     rig.seen()
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
-    clock.now += 0.99
+    clock.now += 0.9995
     rig.ref.tell(Rescan())  # held: this version is not sent again within its grace
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     rig.sync()
     rig.router.assert_nothing()
     assert (rig.dir / NAME).exists()
     rig.logger.assert_nothing()
+    clock.now += 0.0005  # the grace, from the first sighting, is over
+    rig.ref.tell(Rescan())  # so it is due: sent again for a fresh verdict
+    assert rig.seen() == AnswerFileSeen(NAME, b'{"qid": "01', signature)
     clock.now += 0.02
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     record = rig.logged()
@@ -919,7 +923,7 @@ def test_stop_is_quick_and_closes_inotify(tmp_path: Path) -> None:
 def test_an_unknown_message_fails_loudly(tmp_path: Path) -> None:
     rig = start(tmp_path)
     rig.ref.tell("hello")
-    assert "watcher" in repr(rig.supervisor.next())
+    assert rig.supervisor.next().error == "UnknownMessage: watcher does not take str: 'hello'"
 
 
 # -- integration: the real clock, real writers (C10, W21) -----------------------
@@ -1236,3 +1240,75 @@ def test_a_plain_rescan_goes_on_past_a_file_handed_on_and_not_due(
     refused[0] = False
     rig.ref.tell(Rescan())
     assert rig.seen() == AnswerFileSeen(later, ANSWER, signature)
+
+
+def test_a_watch_that_cannot_be_made_again_is_retried_and_each_new_cause_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # the same directory, its watch ended and not to be had: polled, retried, said
+    refusal: list[OSError] = []
+
+    class RefusingINotify(watcher_module.INotify):  # type: ignore[misc]
+        def add_watch(self, path: str, mask: int) -> int:
+            if refusal:
+                raise refusal[0]
+            return int(super().add_watch(path, mask))
+
+    monkeypatch.setattr(watcher_module, "INotify", RefusingINotify)
+    rig = start(tmp_path)
+    rig.sync()
+    refusal.append(OSError(errno.ENOSPC, "No space left on device"))
+    actor = rig.actor
+    assert actor._inotify is not None and actor._wd is not None
+    actor._inotify.rm_watch(actor._wd)  # as the kernel ends it
+    wait_for(lambda: "No space left on device" in capsys.readouterr().err, what="the first cause")
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert capsys.readouterr().err == ""  # the same cause: said once
+    refusal[0] = OSError(errno.EMFILE, "Too many open files")
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot make or watch {rig.dir}: [Errno 24] Too many open "
+        f"files; retrying every {SLOW_POLL_MS:g}ms\n")  # a new cause is said too
+    refusal.clear()
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert capsys.readouterr().err == f"coms-hermes-bridge: watcher: watching {rig.dir} again\n"
+    signature = write(rig.dir / NAME, ANSWER)  # only the new watch brings it: no beat
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
+
+
+def test_a_bad_name_gone_and_back_gets_a_fresh_grace(tmp_path: Path) -> None:  # C10
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=100, clock=clock)  # grace 1000 ms
+    rig.sync()
+    (rig.dir / "notes.txt").write_bytes(b"x")
+    rig.sync()  # first seen: its grace runs
+    (rig.dir / "notes.txt").unlink()  # (inotify is not asked to tell of removals)
+    rig.ref.tell(FilesChanged(("notes.txt",)))  # a late event for it: looked at, gone, forgotten
+    rig.sync()
+    clock.now += 5
+    (rig.dir / "notes.txt").write_bytes(b"x")
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert (rig.dir / "notes.txt").exists()  # a new sighting: a new grace
+    rig.logger.assert_nothing()
+
+
+def test_a_judged_file_whose_name_was_forgotten_is_still_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # past TRACK_LIMIT names a file is forgotten, never left behind or fatal
+    monkeypatch.setattr(watcher_module, "TRACK_LIMIT", 1)
+    rig = start(tmp_path)
+    rig.sync()
+    first = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    other = "01HZY3K4M5N6P7Q8R9S0T1V2W4.answer.json"
+    write(rig.dir / other, ANSWER)
+    rig.seen(ANSWER)
+    rig.sync()
+    assert NAME not in rig.actor._tracked
+    rig.ref.tell(RemoveAnswerFile(NAME, first))
+    rig.sync()
+    assert not (rig.dir / NAME).exists()
+    rig.supervisor.assert_nothing()
