@@ -570,3 +570,23 @@ def test_a_restart_of_an_unknown_or_replaced_question_changes_nothing(make: Any)
     rig.depth()
     assert rig.ref.is_alive() and rig.actor.open[QIDS[0]].child == start.child
     rig.watcher.assert_nothing()
+
+
+def test_an_unknown_message_names_the_router_and_the_message(make: Any) -> None:
+    rig = make()
+    rig.ref.tell(("no", "such"))
+    assert rig.supervisor.next().error == (
+        "UnknownMessage: router does not take tuple: ('no', 'such')")
+
+
+def test_a_restored_question_still_pending_is_sent_to_telegram_again(make: Any) -> None:
+    # it may or may not have reached Telegram before the stop: at least once
+    first = make()
+    start = first.opened(prompt_envelope(QIDS[0]))
+    first.store.set_state(QIDS[0], "pending", owner=start.child)
+    first.ref.stop()
+    rig = make()
+    again = rig.questions.expect(StartQuestion)
+    assert again.spec.state == "pending"
+    sent = rig.delivery.expect(SendText)
+    assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", again.slot)
