@@ -485,9 +485,8 @@ class WatcherActor(PooledService):
             self._tracked.pop(name, None)
         elif (current == signature and not self._remove(name, signature)
               and self._current(name) == signature):  # still there: not gone, nor replaced
-            tracked = self._track(name)
-            tracked.handed, tracked.doomed = signature, True
-            tracked.resend_at = self.clock() + self.reoffer_s
+            self._hold(name, signature, self.clock() + self.reoffer_s)
+            self._track(name).doomed = True
         # else: a newer answer replaced it; its own events bring it here.
 
     def _hold_or_reject(

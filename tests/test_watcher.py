@@ -463,9 +463,10 @@ def test_remove_answer_file_removes_only_the_version_that_was_read(tmp_path: Pat
     rig.logger.assert_nothing()
 
 
-def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # C2, C15: a version is judged once, so a late file gets one note
+@pytest.fixture
+def refused_renames(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """While its one item is True the watcher cannot rename a file aside (an immutable
+    file, say), so it cannot remove one: set it False to let removals through again."""
     refused = [True]
     real = os.rename
 
@@ -475,6 +476,12 @@ def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
         real(src, dst)
 
     monkeypatch.setattr(watcher_module.os, "rename", rename)
+    return refused
+
+
+def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
+    tmp_path: Path, refused_renames: list[bool], capsys: pytest.CaptureFixture[str]
+) -> None:  # C2, C15: a version is judged once, so a late file gets one note
     clock = FakeClock()
     rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.sync()
@@ -490,7 +497,7 @@ def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
     rig.sync()
     rig.router.assert_nothing()  # judged once: never offered again
     assert capsys.readouterr().err.count("cannot remove") == 1  # tried again when due, once
-    refused[0] = False
+    refused_renames[0] = False
     rig.ref.tell(Rescan(deep=True))  # not due again yet: left be
     rig.sync()
     assert (rig.dir / NAME).exists()
@@ -503,31 +510,22 @@ def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
 
 
 def test_a_new_version_over_a_judged_one_that_could_not_go_is_offered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, refused_renames: list[bool]
 ) -> None:  # C2: the human's second answer is never held back by the first one's fate
-    def rename(src: str, dst: str) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted")
-
     rig = start(tmp_path, reoffer_s=3600)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    with monkeypatch.context() as patch:
-        patch.setattr(watcher_module.os, "rename", rename)
-        rig.ref.tell(RemoveAnswerFile(NAME, signature))
-        rig.sync()
+    rig.ref.tell(RemoveAnswerFile(NAME, signature))
+    rig.sync()
     newer = ANSWER.replace(b'"yes"', b'"no"')
     newer_signature = write(rig.dir / NAME, newer)
     assert rig.seen(newer).signature == newer_signature
 
 
 def test_offer_again_lifts_the_judgement_of_a_version_that_could_not_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, refused_renames: list[bool]
 ) -> None:  # a restarted Router judges afresh what its last incarnation judged
-    def rename(src: str, dst: str) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(watcher_module.os, "rename", rename)
     clock = FakeClock()
     rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.sync()
@@ -1143,7 +1141,7 @@ def test_file_events_neither_remake_the_watch_nor_rescan_deeply(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # only the end of the watch, or lost events, cost a look at every file
     watches: list[str] = []
-    deep: list[bool] = []
+    deep_scans: list[bool] = []
 
     class CountingINotify(watcher_module.INotify):  # type: ignore[misc]
         def add_watch(self, path: str, mask: int) -> int:
@@ -1152,20 +1150,20 @@ def test_file_events_neither_remake_the_watch_nor_rescan_deeply(
 
     real_rescan = WatcherActor._rescan
 
-    def rescan(self: WatcherActor, *, deep_: bool = False, **kw: bool) -> None:
-        deep.append(kw.get("deep", deep_))
-        real_rescan(self, **kw)
+    def rescan(self: WatcherActor, *, deep: bool = False) -> None:
+        deep_scans.append(deep)
+        real_rescan(self, deep=deep)
 
     monkeypatch.setattr(watcher_module, "INotify", CountingINotify)
     monkeypatch.setattr(WatcherActor, "_rescan", rescan)
     rig = start(tmp_path)
     rig.sync()
-    assert (len(watches), deep) == (1, [True])  # the start: one watch, one deep scan
+    assert (len(watches), deep_scans) == (1, [True])  # the start: one watch, one deep scan
     for n in range(5):
         write(rig.dir / f"01HZY3K4M5N6P7Q8R9S0T1V2W{n}.answer.json", ANSWER)
         rig.seen(ANSWER)
     rig.sync()
-    assert (len(watches), deep) == (1, [True])
+    assert (len(watches), deep_scans) == (1, [True])
 
 
 def test_a_directory_that_cannot_be_watched_is_still_polled(
