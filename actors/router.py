@@ -56,7 +56,6 @@ from ..messages.commands import (
     UnknownMessage,
 )
 from ..messages.contract import (
-    ANSWER_SUFFIX,
     INVALID_QID_ERROR,
     NOT_ADMITTED,
     Accepted,
@@ -69,6 +68,7 @@ from ..messages.contract import (
     ToValidate,
     Undelivered,
     admission,
+    answer_name,
     cancel_refused_record,
     cancel_target,
     duplicate_refused_record,
@@ -96,14 +96,15 @@ from .store import CLOSED_MEMORY, Store, sibling_of
 @dataclass(slots=True)
 class OpenQuestion:
     """The Router's view of one open question: where to reach it, whose it is
-    (the prompt that opened it, X2), and if it is answering."""
+    (the prompt that opened it, X2), and if it is answering (which file it handles
+    needs no field: an answer to a qid has one name, and the Watcher holds its
+    version)."""
 
     qid: str
     child: str
     slot: Slot
     prompt: PromptEnvelope
     answering: bool = False
-    answer_file: str | None = None  # the file it is handling, while answering
 
 
 class _Answering(Mapping[str, bool]):
@@ -192,7 +193,7 @@ class QuestionRouter(PooledService):
             # may have died with them, and this table does not know which; each open
             # question's file (if any) is looked at again now, not after 30 s.
             for spec in open_specs:
-                self.watcher.tell(OfferAgain(f"{spec.qid}{ANSWER_SUFFIX}"))
+                self.watcher.tell(OfferAgain(answer_name(spec.qid)))
         if self.resume_owed and (open_specs or closed):
             report(f"restored {len(open_specs)} open and {len(closed)} closed question(s)", "info")
 
@@ -203,7 +204,7 @@ class QuestionRouter(PooledService):
         is offered again at once, not after the watcher's 30 s safety net (if the
         old question did finish with it, it is then the file that answered).
         """
-        handling = [q.answer_file for q in self.open.values() if q.answering and q.answer_file]
+        handling = [answer_name(q.qid) for q in self.open.values() if q.answering]
         for old in self.open.values():
             old.slot.retire()
         self.open.clear()
@@ -241,10 +242,9 @@ class QuestionRouter(PooledService):
                 question = self.open.get(qid)
                 if question is not None and question.child == child:
                     # the answer it was handling may have died with it: take it again
-                    if question.answering and question.answer_file is not None:
-                        self.watcher.tell(OfferAgain(question.answer_file))
+                    if question.answering:
+                        self.watcher.tell(OfferAgain(answer_name(qid)))
                     question.answering = False
-                    question.answer_file = None
             case RestoreQuestions():
                 self._restart_all(self.store.load()[0])
             case _:
@@ -355,7 +355,6 @@ class QuestionRouter(PooledService):
                 if isinstance(checked, Accepted):
                     question = self.open[qid]
                     question.answering = True
-                    question.answer_file = name
                     question.slot.tell(AnswerArrived(checked.answer, name, signature))
                 else:
                     self.watcher.tell(DisposeAnswerFile(name, signature, checked))

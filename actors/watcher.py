@@ -155,6 +155,7 @@ class WatcherActor(PooledService):
         self._heals_unreported = 0
         self._last_heal_report = float("-inf")
         self._scan_cut = Episode()  # more entries than one rescan looks at
+        self._remove_failing = Episode()  # files cannot be removed (read-only, immutable)
         self.edge = edge or shared_edge()
         self._beat: Timer | None = None
         self._deep_queued = threading.Event()  # one deep rescan queued at a time
@@ -572,8 +573,14 @@ class WatcherActor(PooledService):
         except FileNotFoundError:
             return False
         except OSError as exc:
-            report(f"{self.child_name}: cannot remove {name}: {exc}")
+            # said once per cause, not at each retry: a read-only directory of many
+            # answers is one line, and one more when removing works again
+            if self._remove_failing.happened(cause=exc.errno):
+                report(f"{self.child_name}: cannot remove {name}: {exc}")
             return False
+        if failed := self._remove_failing.over():
+            report(f"{self.child_name}: removing files from {self.questions_dir} works again "
+                   f"({failed} failed attempt(s))")
         return True
 
     def _put_back(self, aside: str, path: str) -> None:

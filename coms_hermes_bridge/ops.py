@@ -36,7 +36,7 @@ from .actors.store import (
     state_files,
 )
 from .messages.commands import QuestionSpec
-from .messages.contract import ANSWER_SUFFIX, first_line, iso, map_answer
+from .messages.contract import answer_name, first_line, iso, map_answer
 from .messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
 from .messages.wire import CancelEnvelope, RegistryEntry
 
@@ -306,7 +306,7 @@ def answer(
         raise OpsError("--by must not be empty")
     body = AnswerFile(qid=qid, answer=text, answered_by=answered_by, at=iso(now()))
     directory = config.questions_dir
-    target = directory / f"{qid}{ANSWER_SUFFIX}"
+    target = directory / answer_name(qid)
     try:
         private_dir(directory, tighten=False)
         if target.exists():

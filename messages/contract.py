@@ -541,6 +541,11 @@ class Late:
 Verdict = Accepted | Rejected | Late
 
 
+def answer_name(qid: str) -> str:
+    """The one name an answer to `qid` can have (C7): a name is enough to find its file."""
+    return f"{qid}{ANSWER_SUFFIX}"
+
+
 def qid_of_name(name: str) -> str | Rejected:
     """The qid an answer file's name carries, or why the name is refused (C9)."""
     base = os.path.basename(name)
