@@ -284,7 +284,7 @@ class Supervised(pykka.Actor):
 
     def _hand_over(self, exc: BaseException | None) -> None:
         """Give the supervisor what this actor had not done yet, so its successor does it."""
-        error = f"{type(exc).__name__}: {exc}" if exc is not None else "Error: None"
+        error = f"{type(exc).__name__}: {exc}"
         slot = slot_of(self.actor_ref)
         if slot is not None:  # from here on, what is told through the slot is held
             slot.detach(self.actor_ref)

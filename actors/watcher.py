@@ -268,7 +268,7 @@ class WatcherActor(PooledService):
         try:
             self._make_and_watch()
         except OSError as exc:
-            if self._heal_failing.happened(cause=(type(exc), exc.errno)):
+            if self._heal_failing.happened(cause=exc.errno):  # (the errno picks the type)
                 report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
                        f"retrying every {self.poll_ms:g}ms")
             return False
@@ -415,7 +415,7 @@ class WatcherActor(PooledService):
     def _read(self, name: str) -> tuple[bytes | None, FileSignature] | _Kind | None:
         """The file's bytes (None if over the limit: not read) and the version they
         came from; or what is there when it is not a regular file (or nothing);
-        None if it cannot be read now or is unsteady."""
+        None (or `_FILE`, a file it could not open) if it cannot be read now."""
         path = self._prefix + name
         for _ in range(_READ_ATTEMPTS):
             try:
@@ -428,10 +428,9 @@ class WatcherActor(PooledService):
                 if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
                     return _NOT_A_FILE
                 # Not openable (no permission, a device on a nodev mount, ...):
-                # what is it? A regular file is tried again later; anything else
-                # is not an answer, whatever its name.
-                kind = self._kind(name)
-                return None if kind is _FILE else kind
+                # what is it? A regular file is tried again later (as one unsteady);
+                # anything else is not an answer, whatever its name.
+                return self._kind(name)
             try:
                 before = os.fstat(fd)
                 if not stat.S_ISREG(before.st_mode):

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -969,3 +970,31 @@ def test_only_state_dash_project_dot_sqlite3_names_a_projects_state_file(tmp_pat
 def test_only_a_lock_counts_as_busy(exc: sqlite3.Error, busy: bool) -> None:
     # a busy file is someone else's at work, never to be moved aside as damaged
     assert store_module._is_busy(exc) is busy
+
+
+class _NoWal(sqlite3.Connection):
+    """A connection on a filesystem where WAL cannot be made (no shared memory, as on
+    some network mounts): asking for WAL leaves the journal mode as it was."""
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "PRAGMA journal_mode=WAL":
+            return super().execute("PRAGMA journal_mode")
+        return super().execute(sql, *args)
+
+
+def test_a_file_without_wal_is_said_and_still_kept(
+    path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # restart-safe on any filesystem: the journal SQLite could make, said once
+    real = sqlite3.connect
+    monkeypatch.setattr(store_module.sqlite3, "connect",
+                        lambda *a, **k: real(*a, **k, factory=_NoWal))
+    store = Store.open(path)
+    try:
+        store.put_open(spec())
+        assert [s.qid for s in store.load()[0]] == [QID]
+    finally:
+        store.shutdown()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path}: WAL mode unavailable "
+        "(journal mode ('delete',))\n"
+    )

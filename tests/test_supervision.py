@@ -251,6 +251,27 @@ def test_a_retired_slot_drops_and_a_detached_one_holds() -> None:
     ref.stop()
 
 
+def test_a_slot_whose_child_died_holds_every_later_tell() -> None:
+    # a tell to a child that died unbound goes to the held list, and so does the next
+    seen = FakeRef("seen")
+    slot = Slot("x")
+    ref = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=0)
+    slot.bind(ref)
+    ref.stop()
+    slot.tell("first")
+    slot.tell("second")
+    assert slot.held == ("first", "second") and slot.ref is None
+
+
+def test_detaching_a_slot_that_points_nowhere_changes_nothing() -> None:
+    slot = Slot("x")
+    ref = Recorder.start(supervisor=FakeRef(), seen=FakeRef("seen"), name="x", incarnation=0)
+    slot.detach(ref)  # a child that dies before it was ever bound
+    slot.tell("held")
+    assert slot.held == ("held",) and slot.ref is None
+    ref.stop()
+
+
 def test_a_crashing_child_detaches_its_slot_before_handing_over() -> None:
     # issue 13.4: a tell racing with the hand-over is held for the successor,
     # never put into the dead mailbox after it was drained
@@ -783,6 +804,27 @@ def test_under_journald_a_leveled_line_starts_with_its_priority(
         monkeypatch.setattr(sys, "stderr", file)
         report("x", level)
     assert err.read_text(encoding="utf-8") == line
+
+
+def test_a_stderr_without_a_descriptor_is_never_taken_for_the_journal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # C18: no <N> prefix unless stderr is the journal's own stream
+    import io
+    import sys
+
+    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+    buffer = io.StringIO()  # fileno() raises io.UnsupportedOperation
+    monkeypatch.setattr(sys, "stderr", buffer)
+    report("x", "error")
+    assert buffer.getvalue() == "coms-hermes-bridge: error: x\n"
+
+
+def test_the_wall_clock_actors_are_given_is_utc() -> None:  # C20: log times are UTC
+    from datetime import UTC
+
+    from coms_hermes_bridge.actors.base import utc_now
+
+    assert utc_now().tzinfo is UTC
 
 
 def test_a_shortage_is_found_through_an_implicit_context_and_a_cycle_ends_the_search() -> None:

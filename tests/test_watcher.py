@@ -343,12 +343,12 @@ def test_a_bad_name_is_rejected_by_the_watcher_after_the_grace(
     rig.sync()
     (rig.dir / name).write_bytes(b"{}")
     rig.ref.ask(FilesChanged((name,)))  # first sighting, at the clock's start
-    clock.now += 0.9
+    clock.now += 0.9995
     rig.ref.tell(Rescan())
     rig.sync()
     rig.logger.assert_nothing()
     assert (rig.dir / name).exists()  # maybe a temporary name, about to be renamed
-    clock.now += 0.2
+    clock.now += 0.0005  # the grace is over, to the moment
     rig.ref.tell(Rescan())
     record = rig.logged()
     assert (record.qid, record.event) == (NO_QID, "answer_rejected")
@@ -529,6 +529,30 @@ def test_files_that_cannot_go_for_one_cause_are_said_once(
     )
 
 
+def test_a_new_cause_of_files_that_cannot_go_is_said_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # bounded logs, but each new reason is news to the operator
+    causes = [(errno.EPERM, "Operation not permitted"), (errno.EROFS, "Read-only file system")]
+
+    def rename(src: str, dst: str) -> None:
+        raise OSError(*causes.pop(0))
+
+    rig = start(tmp_path, reoffer_s=3600)
+    rig.sync()
+    other = f"{QID[:-1]}A.answer.json"
+    signatures = {name: write(rig.dir / name, ANSWER) for name in (NAME, other)}
+    for _ in signatures:
+        rig.seen()
+    monkeypatch.setattr(watcher_module.os, "rename", rename)
+    for name, signature in signatures.items():
+        rig.ref.tell(RemoveAnswerFile(name, signature))
+    rig.sync()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot remove {NAME}: [Errno 1] Operation not permitted\n"
+        f"coms-hermes-bridge: watcher: cannot remove {other}: [Errno 30] Read-only file system\n"
+    )
+
+
 def test_a_new_version_over_a_judged_one_that_could_not_go_is_offered(
     tmp_path: Path, refused_renames: list[bool]
 ) -> None:  # C2: the human's second answer is never held back by the first one's fate
@@ -631,6 +655,16 @@ def test_a_directory_moved_away_is_replaced_and_the_old_one_forgotten(tmp_path: 
     while not rig.router.inbox.empty():  # a sighting mid-write, if any, is of `other` too
         assert rig.router.next().name == other
     assert (moved / NAME).exists()
+    assert watched_inodes(rig) == [os.stat(rig.dir).st_ino]  # the old one is not watched
+
+
+def watched_inodes(rig: Rig) -> list[int]:
+    """The inodes the watcher's inotify instance watches, as the kernel lists them."""
+    inotify = rig.actor._inotify
+    assert inotify is not None
+    info = Path(f"/proc/self/fdinfo/{inotify.fileno()}").read_text()
+    return [int(line.split(" ino:")[1].split()[0], 16)
+            for line in info.splitlines() if line.startswith("inotify wd:")]
 
 
 def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
@@ -656,7 +690,9 @@ def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
 
     wait_for(reported, what="one report")
     time.sleep(0.3)  # several rescan beats fail meanwhile (part of the scenario)
-    assert "cannot make or watch" not in capsys.readouterr().err  # said once
+    rest = capsys.readouterr().err
+    assert "cannot make or watch" not in rest  # said once
+    assert "cannot list" not in "".join(said) + rest  # no directory: nothing to list
     assert mode(rig.dir) == 0o644  # someone else's file: left as it is
     rig.dir.unlink()
     wait_for(rig.dir.is_dir, what="the directory made at the next beat")
@@ -1330,3 +1366,64 @@ def test_a_judged_file_whose_name_was_forgotten_is_still_removed(
     rig.sync()
     assert not (rig.dir / NAME).exists()
     rig.supervisor.assert_nothing()
+
+
+def test_a_directory_with_an_answers_name_is_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # C9: not a file the gateway writes, so not ours to judge or remove
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)  # grace 1000 ms
+    rig.sync()
+    (rig.dir / NAME).mkdir()
+    rig.ref.tell(Rescan(deep=True))  # its first sighting
+    rig.sync()
+    clock.now += 5
+    rig.ref.tell(Rescan(deep=True))
+    rig.sync()
+    assert (rig.dir / NAME).is_dir() and os.listdir(rig.dir) == [NAME]
+    rig.router.assert_nothing()
+    rig.logger.assert_nothing()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_directory_that_cannot_be_listed_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # never a silent drop: a rescan that sees nothing says why
+    rig = start(tmp_path)
+    rig.sync()
+    capsys.readouterr()
+
+    def refused(path: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(watcher_module.os, "scandir", refused)
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot list {rig.dir}: "
+        f"[Errno 13] Permission denied: '{rig.dir}'\n"
+    )
+
+
+@pytest.mark.parametrize("told", ["dispose", "remove"])
+def test_a_file_gone_before_its_verdict_is_forgotten(tmp_path: Path, told: str) -> None:  # C10
+    # removed by someone else meanwhile: a new file by that name gets a grace of its own
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=100, clock=clock)  # grace 1000 ms
+    rig.sync()
+    old = write(rig.dir / NAME, b"{")
+    rig.seen(b"{")
+    rig.sync()  # every event of that write handled: the watcher still knows the name
+    os.remove(rig.dir / NAME)
+    clock.now += 2
+    if told == "dispose":
+        rig.ref.tell(DisposeAnswerFile(NAME, old, Rejected("invalid_json", QID)))
+    else:
+        rig.ref.tell(RemoveAnswerFile(NAME, old))
+    rig.sync()
+    new = write(rig.dir / NAME, b"[")
+    rig.seen(b"[")
+    rig.ref.tell(DisposeAnswerFile(NAME, new, Rejected("invalid_json", QID)))
+    rig.sync()
+    assert (rig.dir / NAME).exists()  # half written, for all we know: its grace runs
+    rig.logger.assert_nothing()
