@@ -590,3 +590,27 @@ def test_a_restored_question_still_pending_is_sent_to_telegram_again(make: Any) 
     assert again.spec.state == "pending"
     sent = rig.delivery.expect(SendText)
     assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", again.slot)
+
+
+def test_a_question_closed_between_the_restores_read_and_its_claim_stays_closed(
+    make: Any,
+) -> None:  # restart-safe both ways: a question that ended meanwhile is never asked again
+    rig = make()
+    start = rig.opened(prompt_envelope(QIDS[0]))
+    assert rig.delivery.expect(SendText).qid == QIDS[0]  # asked once, at admission
+    read = rig.store.load
+
+    def load_then_close() -> Any:
+        rows = read()
+        # the old question ends its row just after the Router read it, before the claim
+        rig.store.close(QIDS[0], "answered", owner=start.child)
+        return rows
+
+    rig.store.load = load_then_close
+    rig.ref.tell(RestoreQuestions())
+    assert rig.questions.expect(ResetQuestions) == ResetQuestions()
+    assert rig.depth() == 0
+    rig.questions.assert_nothing()  # not started again
+    rig.delivery.assert_nothing()  # nor asked again
+    rig.store.load = read
+    assert rig.store.load()[0] == []

@@ -35,7 +35,7 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[RouterRig]:
     store = Store.open(tmp_path / "state-shop.sqlite3")
-    r = RouterRig(store, timeout_ms=1_800_000, project="shop", run_tag="t", now=lambda: NOW,
+    r = RouterRig(store, timeout_ms=1_800_000, project="shop", run_tag="t", resume_owed=True, now=lambda: NOW,
                   clock=lambda: 1000.0)
     yield r
     r.ref.stop()

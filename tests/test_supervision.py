@@ -41,6 +41,7 @@ from coms_hermes_bridge.messages.commands import (
 from tests.fakes import (
     ActorRig,
     Boom,
+    Child,
     FakeClock,
     FakeRef,
     FakeSchedule,
@@ -804,6 +805,24 @@ def test_under_journald_a_leveled_line_starts_with_its_priority(
         monkeypatch.setattr(sys, "stderr", file)
         report("x", level)
     assert err.read_text(encoding="utf-8") == line
+
+
+def test_a_child_whose_start_fails_is_out_of_the_registry_before_it_releases() -> None:
+    # dead first, as pykka does before on_failure: nothing finds it while it lets go
+    found: list[object] = []
+
+    class FailsToStart(Child):
+        def begin(self) -> None:
+            raise RuntimeError("cannot start")
+
+        def release(self) -> None:
+            found.append(pykka.ActorRegistry.get_by_urn(self.actor_urn))
+
+    supervisor = FakeRef("supervisor")
+    FailsToStart.start("x", supervisor)
+    failed = supervisor.expect(ChildFailed)
+    assert (failed.child, failed.error) == ("x", "RuntimeError: cannot start")
+    assert found == [None]
 
 
 def test_a_stderr_without_a_descriptor_is_never_taken_for_the_journal(

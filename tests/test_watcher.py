@@ -1172,7 +1172,7 @@ def test_a_watch_the_kernel_ended_is_made_again_and_what_changed_is_looked_at(
 
 
 def test_a_failed_inotify_read_fails_the_watcher_with_its_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # without inotify no answer is noticed again: the supervisor restarts it whole
     broken = threading.Event()
 
@@ -1191,6 +1191,8 @@ def test_a_failed_inotify_read_fails_the_watcher_with_its_cause(
     assert failed.child == "watcher"
     assert failed.error == "RuntimeError: inotify watch lost: OSError: [Errno 5] Input/output error"
     rig.router.assert_nothing()
+    edge_caught_up()  # the release's own unlisten has run: the closed instance is let be
+    assert capsys.readouterr().err == ""
 
 
 def test_file_events_neither_remake_the_watch_nor_rescan_deeply(
