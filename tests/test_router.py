@@ -593,7 +593,7 @@ def test_a_restored_question_still_pending_is_sent_to_telegram_again(make: Any) 
 
 
 def test_a_question_closed_between_the_restores_read_and_its_claim_stays_closed(
-    make: Any,
+    make: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # restart-safe both ways: a question that ended meanwhile is never asked again
     rig = make()
     start = rig.opened(prompt_envelope(QIDS[0]))
@@ -606,11 +606,10 @@ def test_a_question_closed_between_the_restores_read_and_its_claim_stays_closed(
         rig.store.close(QIDS[0], "answered", owner=start.child)
         return rows
 
-    rig.store.load = load_then_close
+    monkeypatch.setattr(rig.store, "load", load_then_close)
     rig.ref.tell(RestoreQuestions())
     assert rig.questions.expect(ResetQuestions) == ResetQuestions()
     assert rig.depth() == 0
     rig.questions.assert_nothing()  # not started again
     rig.delivery.assert_nothing()  # nor asked again
-    rig.store.load = read
-    assert rig.store.load()[0] == []
+    assert read()[0] == []
