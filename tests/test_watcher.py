@@ -91,12 +91,20 @@ class Rig(ActorRig[WatcherActor]):
         edge_caught_up()  # their FilesChanged are told by now
         self.ref.ask(FilesChanged(()))
 
-    def seen(self, content: bytes | None = None, timeout: float = 5.0) -> AnswerFileSeen:
-        """The next AnswerFileSeen (with `content`, when given)."""
+    def seen(
+        self, content: bytes | None = None, timeout: float = 5.0,
+        version: FileSignature | None = None,
+    ) -> AnswerFileSeen:
+        """The next AnswerFileSeen (with `content`, or of `version`, when given).
+
+        A file the test writes may be seen twice: empty, at its creation, then whole,
+        when it is closed; a test that wants the whole one names it."""
         deadline = time.monotonic() + timeout
         while True:
             seen = self.router.expect(AnswerFileSeen, timeout=max(0.01, deadline - time.monotonic()))
-            if content is None or seen.content == content:
+            if (content is None or seen.content == content) and (
+                version is None or seen.signature == version
+            ):
                 return seen
 
     def logged(self, timeout: float = 5.0) -> LogRecord:
@@ -162,7 +170,7 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     rig.ref.tell(Rescan())
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     newer = write(rig.dir / NAME, ANSWER.replace(b'"yes"', b'"no"'))  # a new version goes at once
-    assert rig.seen().signature == newer
+    assert rig.seen(ANSWER.replace(b'"yes"', b'"no"')).signature == newer
 
 
 def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
@@ -380,7 +388,7 @@ def test_invalid_json_stays_for_the_grace_then_goes(tmp_path: Path) -> None:  # 
     rig = start(tmp_path, poll_ms=100, clock=clock)  # grace 1000 ms
     rig.sync()
     signature = write(rig.dir / NAME, b'{"qid": "01')
-    rig.seen()
+    rig.seen(b'{"qid": "01')
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     clock.now += 0.9995
     rig.ref.tell(Rescan())  # held: this version is not sent again within its grace
@@ -435,7 +443,7 @@ def test_a_verdict_on_a_vanished_file_does_nothing(tmp_path: Path) -> None:
     rig = start(tmp_path)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
-    rig.seen()
+    rig.seen(ANSWER)
     (rig.dir / NAME).unlink()
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
     rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
@@ -529,7 +537,7 @@ def test_files_that_cannot_go_are_said_once_per_cause(
     other = f"{QID[:-1]}A.answer.json"
     signatures = {name: write(rig.dir / name, ANSWER) for name in (NAME, other)}
     for _ in signatures:
-        rig.seen()
+        rig.seen(ANSWER)
     monkeypatch.setattr(watcher_module.os, "rename", rename)
     for name, signature in signatures.items():
         rig.ref.tell(RemoveAnswerFile(name, signature))
@@ -722,7 +730,7 @@ def test_an_oversized_answer_is_rejected_with_its_size(tmp_path: Path) -> None: 
     rig = start(tmp_path)
     rig.sync()
     signature = sparse(rig.dir / NAME, ANSWER_FILE_LIMIT + 1)
-    rig.seen()
+    rig.seen(version=signature)
     rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
