@@ -30,6 +30,7 @@ from coms_hermes_bridge.actors.store import (
     SETTLE_DELAY_S,
     UNDELIVERED_MEMORY,
     Snapshot,
+    StateBusyError,
     Store,
     StoreClosedError,
     adopt_shared_state,
@@ -466,6 +467,210 @@ def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: 
     assert rows(store, "outbox") == 0  # flushed before the file was closed
 
 
+def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    try:
+        owe_many(store, 2)
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        store.settle("bad \ud800", "q9")  # no row can hold such a key; it must not block the rest
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
+        timers[0]()
+        assert rows(store, "outbox") == 0 and store._settles == []
+        assert capsys.readouterr().err == (
+            f"coms-hermes-bridge: error: state database {path}: dropped the record of a sent"
+            " response for 'bad \\ud800': UnicodeEncodeError('utf-8', 'bad \\ud800', 4, 5,"
+            " 'surrogates not allowed')\n"
+        )
+        store.put_open(spec(QID))  # the next write has nothing left to settle: said once
+        assert capsys.readouterr().err == ""
+    finally:
+        store.shutdown()
+
+
+def test_settles_taken_by_a_write_that_fails_wait_for_the_next(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    try:
+        owe_many(store, 2)
+        store.put_open(spec(QID), owner="q")
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        store.settle("bad \ud800", "q9")  # dropped as the batch is taken, and not put back
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
+        with pytest.raises(ValueError, match="needs a note_id"):  # rolled back, settles and all
+            store.close(QID, "timeout", owner="q", note=SendText(QID, "late", "timeout_note"))
+        assert rows(store, "outbox") == 2 and rows(store, "open_questions") == 1
+        assert store._settles == [("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0"),
+                                  ("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")]  # in their order
+        store.put_open(spec(QID2))
+        assert rows(store, "outbox") == 0
+        assert capsys.readouterr().err.count("dropped the record of a sent response") == 1
+    finally:
+        store.shutdown()
+
+
+def test_a_settle_with_no_timer_to_wait_for_is_committed_at_once(path: Path) -> None:
+    def no_timer(delay: float, action: Callable[[], None]) -> object:
+        raise RuntimeError("no thread for timers")
+
+    store = Store.open(path, schedule=no_timer)
+    try:
+        owe_many(store, 1)
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        assert rows(store, "outbox") == 0
+    finally:
+        store.shutdown()
+
+
+def test_a_timer_that_cannot_commit_says_so_and_the_next_settle_waits_again(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    owe_many(store, 2)
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+    assert store._conn is not None
+    store._conn.close()  # white-box: the file fails under the store
+    timers[0]()  # on the edge's timer: said, never raised
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path}: could not record sent responses:"
+        " ProgrammingError('Cannot operate on a closed database.')\n"
+    )
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
+    assert len(timers) == 2  # a new wait: the failed one is not counted as on its way
+    store._conn = None
+    assert rows(store, "outbox") == 2  # both still owed, sent again at the next start
+
+
+def test_a_timer_firing_after_shutdown_is_silent(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    owe_many(store, 1)
+    store.shutdown()
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # too late to be recorded: stays owed
+    timers[0]()
+    assert capsys.readouterr().err == ""
+    assert rows(store, "outbox") == 1
+
+
+def test_a_settle_before_any_write_still_gets_its_timer(path: Path) -> None:
+    owe_many(earlier := Store.open(path), 1)  # owed by the daemon before a restart
+    earlier.shutdown()
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    try:
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # its first call
+        assert len(timers) == 1
+        timers[0]()
+        assert rows(store, "outbox") == 0
+    finally:
+        store.shutdown()
+
+
+def test_the_store_waits_on_the_io_edge_for_its_settles(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[tuple[float, Callable[[], None]]] = []
+
+    class Edge:
+        def after(self, delay_s: float, action: Callable[[], None]) -> None:
+            waits.append((delay_s, action))
+
+    monkeypatch.setattr(store_module, "shared_edge", Edge)
+    store = Store.open(path)  # no schedule of its own: the edge's timers
+    try:
+        owe_many(store, 1)
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+        assert [delay for delay, _ in waits] == [SETTLE_DELAY_S] and rows(store, "outbox") == 1
+        waits[0][1]()
+        assert rows(store, "outbox") == 0
+    finally:
+        store.shutdown()
+
+
+def test_a_response_owed_without_an_owner_is_settled_without_one(store: Store) -> None:
+    store.put_open(spec())
+    store.close(QID, "answered", response=SendResponse(spec().prompt, "yes", None, None))
+    assert [r.owner for r in store.outbox()] == [None]
+    store.settle(QID)
+    store.put_open(spec(QID2))  # a write, which takes the settle
+    assert store.outbox() == []
+
+
+def test_settles_that_cannot_be_recorded_at_shutdown_are_said_and_stay_owed(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store.open(path, schedule=lambda delay, action: None)
+    owe_many(store, 1)
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
+    assert store._conn is not None
+    store._conn.close()  # white-box: the file fails under the store
+    store.shutdown()  # stopping finishes all the same
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path}: could not record sent responses:"
+        " ProgrammingError('Cannot operate on a closed database.')\n"
+    )
+    assert rows(store, "outbox") == 1
+
+
+class _FailingClose(sqlite3.Connection):
+    """A connection whose close fails (a disk error as the WAL is checkpointed)."""
+
+    def close(self) -> None:
+        super().close()
+        raise sqlite3.OperationalError("disk I/O error")
+
+
+def test_a_close_that_fails_is_said_and_shutdown_finishes(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store.open(path).shutdown()
+    conn = sqlite3.connect(path, factory=_FailingClose, isolation_level=None,
+                           check_same_thread=False)
+    store = Store(path, conn)
+    store.shutdown()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path}: could not close cleanly:"
+        " OperationalError('disk I/O error')\n"
+    )
+    store.shutdown()  # and it is closed: said once
+    assert capsys.readouterr().err == ""
+
+
+def test_a_response_owed_with_text_that_is_not_unicode_is_dropped_and_said(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:  # X12: what could not be sent on the wire is not sent from the file either
+    store.put_open(spec(), owner="q")
+    store.close(QID, "error", owner="q", response=SendResponse(spec().prompt, None, "boom", "q"))
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE outbox SET error = CAST(X'626fed' AS TEXT)")
+    assert store.outbox() == []
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {store.path}: dropped a response owed for"
+        f" '{QID}': ValueError('text that is not valid Unicode')\n"
+    )
+    assert rows(store, "outbox") == 0  # gone, so said once
+
+
+def test_an_open_row_that_no_longer_reads_is_no_spec_and_is_said(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.put_open(spec(), owner="q")
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE open_questions SET state = 'bogus'")
+    assert store.open_spec(QID, "q") is None
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {store.path}: cannot read open question"
+        f" '{QID}': ValueError(\"unknown state 'bogus'\")\n"
+    )
+
+
 def test_delivery_failure_owes_its_error_response_without_a_closed_row(store: Store) -> None:
     # C18: state back to none, but the asker is still owed the error
     owed = SendResponse(spec().prompt, None, "hermes send failed (3): chat not found")
@@ -483,6 +688,9 @@ def test_the_answer_file_used_is_remembered(store: Store) -> None:
     store.close(QID2, "timeout")
     assert store.answered_by(QID) == (f"{QID}.answer.json", sig)
     assert store.answered_by(QID2) is None  # closed without an answer
+    with sqlite3.connect(store.path) as conn:  # and none is written (older versions read it)
+        assert conn.execute("SELECT answer_file FROM closed_questions WHERE qid = ?",
+                            (QID2,)).fetchone() == (None,)
     assert store.answered_by("01HZY3K4M5N6P7Q8R9S0T1V2ZZ") is None  # never seen
 
 
@@ -559,6 +767,83 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
 
 
 # issue 12.3: state per project; the old shared file is adopted once ---------
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_each_older_schema_is_migrated_in_place(path: Path, version: int) -> None:
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(store_module._SCHEMAS[version])
+    conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
+    old = spec(state="delivered")
+    conn.execute(
+        "INSERT INTO open_questions VALUES (?, ?, ?, ?, ?, ?, 1, 'q')",
+        (QID, old.prompt.to_json(), json.dumps(old.parsed.model_dump(mode="json")),
+         old.timeout_ms, old.deadline, "delivered"),
+    )
+    conn.commit()
+    conn.close()
+    store = Store.open(path)
+    try:
+        assert [(s.qid, s.state) for s in store.load()[0]] == [(QID, "delivered")]
+        assert store.remind(SendText(QID, "still there?", "remind_note", note_id="r"), "q")
+        store.close(QID, None, owner="q", undelivered_at=100.0)
+        assert store.undelivered(QID, 100.0)
+        assert store._conn is not None
+        assert store_module._table_shapes(store._conn) == store_module._expected_shapes()
+    finally:
+        store.shutdown()
+
+
+def test_a_state_file_that_cannot_be_made_says_why(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(path: Path, flags: int) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(store_module, "open_private", refuse)
+    with pytest.raises(OSError) as raised:
+        Store.open(path)
+    assert str(raised.value) == (
+        f"cannot create state database {path}: [Errno 13] Permission denied")
+
+
+def test_a_state_file_that_cannot_be_read_says_why(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Store.open(path).shutdown()
+    with pytest.raises(OSError) as raised:
+        knows_qid(path.with_name("gone.sqlite3"), QID, 0.0)
+    assert str(raised.value) == (
+        f"cannot read state database {path.with_name('gone.sqlite3')}: [Errno 2] No such file"
+        f" or directory: '{path.with_name('gone.sqlite3')}'")
+    real = sqlite3.connect
+
+    def refuse(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        if kwargs.get("uri"):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module.sqlite3, "connect", refuse)
+    for read in (lambda: read_snapshot(path), lambda: knows_qid(path, QID, 0.0)):
+        with pytest.raises(OSError) as raised:
+            read()
+        assert str(raised.value) == (
+            f"cannot open state database {path}: unable to open database file")
+
+
+def test_a_bridge_that_loses_the_race_for_the_shared_file_adopts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared, own = tmp_path / "state.sqlite3", tmp_path / "state-a.sqlite3"
+    shared.write_bytes(b"")
+
+    def taken(src: Any, dst: Any) -> None:  # another bridge renamed it first
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(store_module.os, "rename", taken)
+    assert adopt_shared_state(shared, own) is False
+    assert not own.exists()
 
 
 def test_shared_state_is_adopted_once_with_what_a_killed_bridge_left(tmp_path: Path) -> None:
@@ -680,8 +965,9 @@ def test_sibling_of_names_the_other_project_and_never_ourselves(
     assert sibling_of(theirs, QID, time.time()) == "a"
     (tmp_path / "state-c.sqlite3").write_bytes(b"not a database at all, " * 100)
     assert sibling_of(ours, "01ARZ3NDEKTSV4RRFFQ69G5FAX", time.time()) is None
-    assert capsys.readouterr().err.startswith(
-        "coms-hermes-bridge: warning: cannot tell whether project c owns 01ARZ3NDEKTSV4RRFFQ69G5FAX: ")
+    assert capsys.readouterr().err == (
+        "coms-hermes-bridge: warning: cannot tell whether project c owns 01ARZ3NDEKTSV4RRFFQ69G5FAX:"
+        f" cannot read state database {tmp_path / 'state-c.sqlite3'}: file is not a database\n")
 
 
 def test_a_reminder_is_marked_and_owed_in_one_step_and_goes_with_its_question(
@@ -711,6 +997,10 @@ def test_a_busy_siblings_file_counts_as_knowing_and_is_waited_on_briefly(tmp_pat
         started = time.monotonic()
         assert sibling_of(ours, QID, time.time()) == "b"
         assert time.monotonic() - started < 2.0  # the short busy timeout, not the 5 s one
+        with pytest.raises(StateBusyError) as raised:
+            knows_qid(tmp_path / "state-b.sqlite3", QID, time.time(), busy_s=0.01)
+        assert str(raised.value) == (
+            f"state database {tmp_path / 'state-b.sqlite3'} is busy: database is locked")
     finally:
         locked.close()
     assert sibling_of(ours, QID, time.time()) is None
@@ -868,6 +1158,53 @@ def test_a_file_that_is_no_database_is_said_with_sqlites_words(
     assert capsys.readouterr().err == (
         f"coms-hermes-bridge: state database {path} was unreadable (file is not a database); "
         f"moved it to {aside} and started empty\n")
+
+
+def test_a_file_moved_aside_is_named_for_the_utc_second_it_went(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_gmtime = time.gmtime
+    monkeypatch.setattr(store_module.time, "gmtime", lambda t=None: real_gmtime(1_796_000_000.75))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a database" * 100)
+    Store.open(path).shutdown()
+    assert [p.name for p in corrupt_files(path)] == [f"{path.name}.corrupt-20261130T005320Z"]
+
+
+def test_a_bad_file_that_cannot_be_moved_aside_keeps_the_store_from_opening(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a database" * 100)
+
+    def refuse(src: Any, dst: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(store_module.os, "replace", refuse)
+    with pytest.raises(OSError) as raised:
+        Store.open(path)
+    assert str(raised.value) == (
+        f"cannot move unreadable state database {path} aside: [Errno 13] Permission denied")
+    assert path.read_bytes() == b"not a database" * 100  # never opened as ours, never emptied
+
+
+def test_a_state_file_locked_by_another_process_is_never_moved_aside(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Store.open(path).shutdown()
+    monkeypatch.setattr(store_module, "_BUSY_TIMEOUT_S", 0.05)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")  # not even a reader gets in
+    try:
+        with pytest.raises(OSError) as raised:
+            Store.open(path)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert str(raised.value) == (
+        f"state database {path} is locked by another process: database is locked")
+    assert corrupt_files(path) == []
 
 
 @pytest.mark.parametrize("earlier", [1, 2])
