@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,57 @@ def test_a_process_past_its_timeout_is_killed_with_its_group(edge: Edge, tmp_pat
     assert gone(child)
 
 
+def test_a_process_that_outlives_its_kill_is_given_up_after_the_reap_time(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as one stuck in the kernel: the kill does not take, and the send must end anyway
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    monkeypatch.setattr(edge_module, "kill_group", lambda pid: None)
+    proc: list[subprocess.Popen[bytes]] = []
+    real = edge_module._popen
+    monkeypatch.setattr(edge_module, "_popen", lambda argv: proc.append(real(argv)) or proc[-1])
+    try:
+        began = time.monotonic()
+        result = edge.spawn(run_process(["sleep", "60"], 0.1)).result(15)
+        assert result == ProcessResult(None, "", "")
+        assert 0.1 + edge_module._REAP_S <= time.monotonic() - began < 10
+        assert proc[0].poll() is None  # still there: it was given up, not waited on
+    finally:
+        for p in proc:
+            p.kill()
+            p.wait()
+
+
+def test_a_group_that_may_not_be_signalled_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # its pid reused by another user's process: never an error on the loop
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    def refused(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(edge_module.os, "killpg", refused)
+    kill_group(12345)
+
+
+def test_a_stream_that_fails_to_read_counts_as_ended(tmp_path: Path) -> None:
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    removed: list[int] = []
+
+    class Loop:
+        def remove_reader(self, fd: int) -> None:
+            removed.append(fd)
+
+    fd = os.open(tmp_path, os.O_RDONLY)  # a read of it fails (EISDIR)
+    try:
+        tail = bytearray(b"kept")
+        edge_module._drain(Loop(), fd, tail, 3)  # type: ignore[arg-type]
+        assert (removed, tail) == ([fd], bytearray(b"kept"))
+    finally:
+        os.close(fd)
+
+
 def test_pipes_a_grandchild_holds_are_not_waited_on(edge: Edge, tmp_path: Path) -> None:
     # the exit decides: a daemonised grandchild keeping stdout open does not hold the send
     argv = _script(tmp_path, "import os, subprocess, sys, time\n"
@@ -247,6 +299,43 @@ def test_a_forked_child_runs_its_own_loop(edge: Edge) -> None:
         os._exit(0 if fired.wait(2) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_after_a_fork_every_edge_and_the_spawner_start_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fork hook itself, run here in this process, where the test above runs it in a
+    # child: what a thread the fork left behind held (a lock, a loop, queued calls, the
+    # spawner) must be let go, or the child's first call waits for ever.
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    own = Edge("test-fork")
+    ran = threading.Event()
+    own.call(ran.set)
+    assert ran.wait(2)
+    left_loop, left_thread = own._loop, own._thread
+    assert left_loop is not None and left_thread is not None
+    held = threading.Lock()
+    held.acquire()
+    monkeypatch.setattr(edge_module, "_SHARED_LOCK", held)
+    monkeypatch.setattr(edge_module, "_SPAWNER", object())
+    monkeypatch.setattr(edge_module, "_EDGES", weakref.WeakSet([own]))
+    own._lock.acquire()
+    own._calls.append((print, ("never run",)))
+    own._waking = True
+    try:
+        edge_module._after_fork()
+        assert edge_module._SPAWNER is None and not edge_module._SHARED_LOCK.locked()
+        assert (own._loop, own._thread, list(own._calls), own._waking) == (None, None, [], False)
+        assert not own._lock.locked()
+        again = threading.Event()
+        own.call(again.set)  # a loop of its own again, on a thread of its own
+        assert again.wait(2) and own._thread is not left_thread
+    finally:
+        own.close()
+        left_loop.call_soon_threadsafe(left_loop.stop)
+        left_thread.join(timeout=5)
+        left_loop.close()
 
 
 def test_what_asyncio_cannot_handle_is_one_line_on_stderr(

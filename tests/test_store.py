@@ -412,6 +412,45 @@ def test_settles_arriving_together_share_one_commit(path: Path) -> None:
         store.shutdown()
 
 
+class _Statements(sqlite3.Connection):
+    """A connection that notes which statements went one by one and which as a batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.single: list[str] = []
+        self.batched: list[tuple[str, int]] = []
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        self.single.append(sql)
+        return super().execute(sql, *args)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        rows = list(rows)
+        self.batched.append((sql, len(rows)))
+        return super().executemany(sql, rows)
+
+
+def test_settles_are_applied_as_one_batch(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = sqlite3.connect
+    monkeypatch.setattr(store_module.sqlite3, "connect",
+                        lambda *a, **k: real(*a, **k, factory=_Statements))
+    timers: list[Callable[[], None]] = []
+    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    try:
+        owe_many(store, 8)
+        conn = store._conn
+        assert isinstance(conn, _Statements)
+        for i in range(8):
+            store.settle(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")
+        conn.single.clear()
+        timers[0]()
+        assert conn.batched == [("DELETE FROM outbox WHERE qid = ? AND owner = ?", 8)]
+        assert not [sql for sql in conn.single if "outbox" in sql]  # none of them one by one
+        assert rows(store, "outbox") == 0
+    finally:
+        store.shutdown()
+
+
 def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path) -> None:
     timers: list[Callable[[], None]] = []
     store = Store.open(path, schedule=lambda delay, action: timers.append(action))
