@@ -32,6 +32,8 @@ def _forget_shared_services() -> None:
 
 os.register_at_fork(after_in_child=_forget_shared_services)
 
+STOP_TIMEOUT_S = 10.0  # how long each actor left at a test's end may take to stop
+
 # Property-based tests: a short run in the suite, a long one behind `just fuzz`.
 # No deadline per example: they drive real sockets and files on a loaded machine.
 _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
@@ -42,9 +44,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture(autouse=True)
 def _stop_actors() -> Iterator[None]:
-    """No actor outlives its test: leftover threads would leak into the next one."""
+    """No actor outlives its test: leftover threads would leak into the next one.
+
+    Bounded: an actor that cannot stop (its thread or the edge's loop stuck, as a
+    mutant can leave them) fails the test instead of holding the run for ever."""
     yield
-    pykka.ActorRegistry.stop_all()
+    pykka.ActorRegistry.stop_all(timeout=STOP_TIMEOUT_S)
 
 
 @pytest.fixture
