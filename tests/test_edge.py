@@ -213,6 +213,33 @@ def test_a_process_that_outlives_its_kill_is_given_up_after_the_reap_time(
             p.wait()
 
 
+def test_processes_are_started_by_one_spawner_thread_however_many_at_once(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one thread, whatever the load (the daemon's thread count is bounded)
+    from coms_hermes_bridge.actors import edge as edge_module
+
+    monkeypatch.setattr(edge_module, "_SPAWNER", None)  # made afresh for this test
+    starters: list[str] = []
+    real = edge_module._popen
+
+    def slow_start(argv: list[str]) -> subprocess.Popen[bytes]:
+        starters.append(threading.current_thread().name)
+        time.sleep(0.05)  # the next start is asked for while this one runs
+        return real(argv)
+
+    monkeypatch.setattr(edge_module, "_popen", slow_start)
+    try:
+        runs = [edge.spawn(run_process(["true"], 5)) for _ in range(3)]
+        assert [run.result(15).returncode for run in runs] == [0, 0, 0]
+        assert len(starters) == 3 and len(set(starters)) == 1
+        assert starters[0].startswith("edge-spawn")
+    finally:
+        spawner = edge_module._SPAWNER
+        if spawner is not None:
+            spawner.shutdown(wait=True)
+
+
 def test_a_group_that_may_not_be_signalled_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     # its pid reused by another user's process: never an error on the loop
     from coms_hermes_bridge.actors import edge as edge_module
