@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.peer import (
     BUSY,
+    MAX_LINE,
     Listener,
     PeerActor,
     ResponsePool,
@@ -76,7 +78,9 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_past_the_connection_cap_a_client_is_refused_at_once(short_tmp: Path) -> None:  # 9.1
+def test_past_the_connection_cap_a_client_is_refused_at_once(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # 9.1
     served = Served(short_tmp, max_connections=3)
     try:
         silent = [connect(served.path) for _ in range(3)]
@@ -91,6 +95,10 @@ def test_past_the_connection_cap_a_client_is_refused_at_once(short_tmp: Path) ->
         silent.pop().close()
         wait_for(lambda: served.listener.open_connections == 2, what="one closed")
         assert json.loads(exchange(served.path, PING))["type"] == "pong"
+        assert capfd.readouterr().err == (  # said when it began, and when it ended
+            "coms-hermes-bridge: warning: 3 coms connections open; refusing more until some"
+            " close\n"
+            "coms-hermes-bridge: warning: refused 1 coms connection(s) while 3 were open\n")
         for conn in silent:
             conn.close()
     finally:
@@ -187,10 +195,10 @@ def test_accept_out_of_descriptors_is_retried_not_fatal(
     try:
         assert json.loads(exchange(path, PING))["type"] == "pong"
         assert ShortOfDescriptors.calls > ShortOfDescriptors.fails
-        err = capsys.readouterr().err
-        assert err.count("cannot accept a coms connection: Too many open files; "
-                         "retrying every 0.1s") == 1
-        assert "accepting coms connections again" in err
+        assert capsys.readouterr().err == (
+            "coms-hermes-bridge: warning: cannot accept a coms connection: Too many open files;"
+            " retrying every 0.1s\n"
+            "coms-hermes-bridge: info: accepting coms connections again\n")
     finally:
         served.stop()
 
@@ -306,3 +314,137 @@ def test_new_question_reaches_the_questions_address(short_tmp: Path) -> None:  #
         assert json.loads(replies[0])["type"] == "ack"
     finally:
         served.stop()
+
+
+# -- the listener's own faults and its line boundaries ------------------------------
+
+
+class AcceptFails(socket.socket):
+    """A listening socket whose accept() fails the first time with an error that is
+    not a shortage of descriptors."""
+
+    calls = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        AcceptFails.calls += 1
+        if AcceptFails.calls == 1:
+            raise OSError(errno.EPROTO, os.strerror(errno.EPROTO))
+        return super().accept()
+
+
+def test_an_accept_that_fails_otherwise_is_said_and_tried_again(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path = short_tmp / "l.sock"
+    AcceptFails.calls = 0
+    server = AcceptFails(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    served = Served(short_tmp, server=server)
+    try:
+        assert json.loads(exchange(path, PING))["type"] == "pong"
+        assert capfd.readouterr().err == (
+            "coms-hermes-bridge: warning: cannot accept a coms connection: [Errno 71] Protocol"
+            " error\n")
+    finally:
+        served.stop()
+
+
+def test_a_client_that_says_nothing_gets_nothing_and_nothing_is_said(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # W12
+    served = Served(short_tmp)
+    try:
+        for said in (b"", b"\n  \n"):
+            with connect(served.path) as conn:
+                conn.sendall(said)
+                conn.shutdown(socket.SHUT_WR)  # and nothing more: EOF
+                assert read_reply(conn) == b""
+        assert json.loads(exchange(served.path, PING))["type"] == "pong"  # served in turn
+        assert capfd.readouterr().err == ""
+    finally:
+        served.stop()
+
+
+def test_a_fault_while_serving_a_connection_is_said_and_the_listener_goes_on(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def no_card(depth: int | None) -> AgentCard:
+        raise RuntimeError("no card")
+
+    path = short_tmp / "l.sock"
+    listener = Listener(bind_endpoint(path), FakeRef("questions"), no_card, None,
+                        lambda reply: reply(0))
+    listener.start()
+    try:
+        assert exchange(path, PING) == b""  # no reply it could stand behind
+        seen: list[str] = []  # said just after the connection closed
+        wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), what="the line")
+        assert "".join(seen) == (
+            "coms-hermes-bridge: error serving a coms connection: RuntimeError('no card')\n")
+        assert listener.serving
+    finally:
+        listener.stop()
+
+
+def test_a_cancel_that_cannot_be_handed_on_is_said_after_its_ack(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    class Gone:
+        def tell(self, message: object) -> None:
+            raise RuntimeError("router gone")
+
+    path = short_tmp / "l.sock"
+    listener = Listener(bind_endpoint(path), Gone(), card,  # type: ignore[arg-type]
+                        lambda prompt, reply: reply(None), lambda reply: reply(0))
+    listener.start()
+    try:
+        cancel = json.dumps({"type": "cancel", "msg_id": "c-1", "from": "builder",
+                             "to": "user-remote", "created_at": "2026-12-02T06:00:00.000Z",
+                             "ref_msg_id": QID}).encode() + b"\n"
+        assert json.loads(exchange(path, cancel)) == {"type": "ack", "msg_id": "c-1"}
+        seen: list[str] = []
+        wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), what="the line")
+        assert "".join(seen) == (
+            "coms-hermes-bridge: error handing on a coms envelope: RuntimeError('router gone')\n")
+    finally:
+        listener.stop()
+
+
+def test_a_question_not_stored_in_time_is_acked_anyway_and_said(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # W14: the Router is slow, not refusing
+    monkeypatch.setattr(peer_module, "ADMIT_TIMEOUT_S", 0.1)
+    served = Served(short_tmp, admit=lambda prompt, reply: None)  # never answers
+    try:
+        reply = json.loads(exchange(served.path, prompt_envelope(QID).to_line()))
+        assert reply == {"type": "ack", "msg_id": QID}
+        assert capfd.readouterr().err == (
+            f"coms-hermes-bridge: question {QID} is queued but was not stored within 0.1s;"
+            " acking it anyway\n")
+    finally:
+        served.stop()
+
+
+def test_an_envelope_whose_text_is_not_unicode_is_nacked_naming_the_field(
+    short_tmp: Path,
+) -> None:  # X12
+    served = Served(short_tmp)
+    try:
+        line = prompt_envelope(QID).to_line().replace(b'"msg_id":"', b'"msg_id":"\\ud800', 1)
+        reply = json.loads(exchange(served.path, line))
+        assert reply["type"] == "nack"
+        assert reply["error"] == "invalid prompt envelope: msg_id is not valid Unicode"
+    finally:
+        served.stop()
+
+
+def test_a_line_is_taken_whole_up_to_the_limit_and_refused_past_it() -> None:  # W12
+    take = peer_module._take_line
+    assert take(b"x" * MAX_LINE, False) == (None, False)  # at the limit: more may come
+    assert take(b"\n \n", False) == (None, False)  # blank lines only: wait for a real one
+    assert take(b"\n \nping\n", False) == (b"ping", True)
+    assert take(b"tail", True) == (b"tail", True)
+    for too_long in (b"x" * (MAX_LINE + 1), b"x" * (MAX_LINE + 1) + b"\n"):
+        with pytest.raises(peer_module._LineTooLarge):
+            take(too_long, False)

@@ -34,10 +34,12 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
+from coms_hermes_bridge.actors.responses import ResponsePool
 from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
     ChildFailed,
     Heartbeat,
+    HeartbeatDue,
     LogEvent,
     NewQuestion,
     SendResponse,
@@ -457,7 +459,7 @@ def test_crash_then_restart_serves_the_same_endpoint(identity: PeerIdentity) -> 
     wait_for(identity.entry_path.exists)
     ref.tell(object())
     failed = supervisor.expect(ChildFailed)
-    assert failed.child == "peer" and "does not take object" in failed.error
+    assert failed.child == "peer" and failed.error.startswith("UnknownMessage: peer does not take object: ")
     assert not identity.endpoint.exists()  # released: the successor can bind
     start(identity, supervisor=supervisor)
     wait_for(identity.entry_path.exists, what="entry after restart")
@@ -688,3 +690,177 @@ def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity)
     identity.endpoint.write_text("not a socket")
     assert unpublish_if_left(identity)
     assert not identity.entry_path.exists() and identity.endpoint.read_text() == "not a socket"
+
+
+# -- what the peer says when a response cannot go, and its heartbeat's bookkeeping --------
+
+
+def test_a_response_that_cannot_be_written_is_said_logged_and_settled(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W15: it would never serialise, so it is not owed for ever
+    logger = FakeRef("logger")
+    settled: list[tuple[str, str | None]] = []
+    ref = start(identity, logger=logger, settle=lambda qid, owner: settled.append((qid, owner)))
+    ref.tell(SendResponse(prompt_envelope(sender_endpoint="/tmp/none.sock"), float("nan"),
+                          owner="question:q:1"))
+    record = logger.expect(LogEvent).record
+    assert (record.qid, record.event) == (QID, "response_failed")
+    assert isinstance(record.detail, dict)
+    reason = record.detail["error"]
+    assert reason.startswith("ValueError(")
+    handled(ref)
+    assert settled == [(QID, "question:q:1")]
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
+
+
+def test_a_response_for_a_msg_id_that_is_no_qid_is_logged_without_one(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logger = FakeRef("logger")
+    ref = start(identity, logger=logger)
+    prompt = prompt_envelope(sender_endpoint="/tmp/none.sock").model_copy(update={"msg_id": "m-1"})
+    ref.tell(SendResponse(prompt, float("nan")))
+    record = logger.expect(LogEvent).record
+    assert (record.qid, record.event) == ("0" * 26, "response_failed")  # the log's no-qid
+    handled(ref)
+    assert capfd.readouterr().err.startswith(
+        "coms-hermes-bridge: error: could not deliver response for m-1: ValueError(")
+
+
+def test_a_response_the_full_pool_refuses_stays_owed_and_is_said(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:
+    settled: list[tuple[str, str | None]] = []
+    ref = start(identity, responses=ResponsePool(capacity=0),
+                settle=lambda qid, owner: settled.append((qid, owner)))
+    ref.tell(SendResponse(prompt_envelope(sender_endpoint="/tmp/none.sock"), "yes", owner="q"))
+    handled(ref)
+    assert settled == []  # owed: sent again at the next start
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: response for {QID} not sent now: 0 responses are already"
+        " being sent (the limit); it stays owed in the state database and is sent at the next"
+        " start\n")
+
+
+def test_a_settle_that_fails_is_said(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def settle(qid: str, owner: str | None) -> None:
+        raise RuntimeError("store shut")
+
+    ref = start(identity, settle=settle)
+    ref.tell(SendResponse(prompt_envelope(sender_endpoint="/tmp/none.sock"), float("nan")))
+    handled(ref)
+    assert capfd.readouterr().err.endswith(
+        f"coms-hermes-bridge: could not record the response for {QID} as sent:"
+        " RuntimeError('store shut')\n")
+
+
+def test_the_dead_askers_line_is_an_error_with_the_reason(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W15
+    logger = FakeRef("logger")
+    ref = start(identity, logger=logger)
+    wait_for(identity.entry_path.exists)
+    ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes"))
+    reason = logger.expect(LogEvent).record.detail["error"]  # type: ignore[index]
+    seen: list[str] = []
+    wait_for(lambda: seen.append(capfd.readouterr().err) or "\n" in "".join(seen),
+             what="the line")
+    assert "".join(seen) == (
+        f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
+
+
+def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
+    identity: PeerIdentity,
+) -> None:  # W6
+    asks: list[Any] = []
+    supervisor = FakeRef("supervisor")
+    ref = PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef("questions"),
+                          depth=asks.append)
+    wait_for(identity.entry_path.exists)
+
+    def depth() -> int:
+        handled(ref)
+        entry = read_entry(identity.entry_path)
+        assert entry is not None
+        return entry.queue_depth
+
+    ref.tell(HeartbeatDue())
+    ref.tell(HeartbeatDue())  # not answered yet: beats with the last count, asks nothing more
+    assert depth() == 0 and len(asks) == 1
+    asks[0](5)  # the Router answers
+    assert depth() == 5
+    ref.tell(HeartbeatDue())  # answered, so it asks again
+    ref.tell(HeartbeatDue())
+    assert depth() == 5 and len(asks) == 2
+    supervisor.assert_nothing()
+
+
+def test_a_registry_entry_that_cannot_be_written_is_said_once_and_again_when_it_can(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # W6: never a crash, restarting would not help
+    from coms_hermes_bridge.actors import peer as peer_module
+
+    supervisor = FakeRef("supervisor")
+    ref = start(identity, supervisor=supervisor)
+    wait_for(identity.entry_path.exists)
+    real = peer_module.write_entry
+
+    def full(path: Path, entry: RegistryEntry) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(peer_module, "write_entry", full)
+    ref.tell(Heartbeat(3))
+    ref.tell(Heartbeat(4))
+    handled(ref)
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: cannot write the registry entry {identity.entry_path}:"
+        " [Errno 28] No space left on device; trying again at every heartbeat\n")
+    monkeypatch.setattr(peer_module, "write_entry", real)
+    ref.tell(Heartbeat(5))
+    handled(ref)
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: info: registry entry {identity.entry_path} written again\n")
+    supervisor.assert_nothing()
+
+
+def test_a_heartbeat_after_the_listener_stopped_fails_the_peer(identity: PeerIdentity) -> None:
+    supervisor = FakeRef("supervisor")
+    ref = start(identity, supervisor=supervisor)
+    wait_for(identity.entry_path.exists)
+    listener = ref._actor_weakref()._listener  # type: ignore[attr-defined, union-attr]
+    listener._broken = True  # white-box: its socket could no longer be watched
+    ref.tell(Heartbeat(1))
+    failed = supervisor.expect(ChildFailed)
+    assert (failed.child, failed.error) == ("peer", "RuntimeError: the coms listener stopped")
+
+
+def test_release_closes_the_listener_and_minds_a_socket_already_gone(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W8
+    ref = start(identity)
+    wait_for(identity.entry_path.exists)
+    listener = ref._actor_weakref()._listener  # type: ignore[attr-defined, union-attr]
+    identity.endpoint.unlink()  # removed by hand before the stop
+    ref.stop()
+    assert listener._server.fileno() == -1  # the listening socket is closed, not leaked
+    assert not identity.entry_path.exists()
+    assert capfd.readouterr().err == ""
+
+
+def test_a_release_that_fails_is_said_and_never_raised(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from coms_hermes_bridge.actors import peer as peer_module
+
+    def refuse(path: Path, session_id: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    ref = start(identity)
+    wait_for(identity.entry_path.exists)
+    monkeypatch.setattr(peer_module, "remove_entry_if_ours", refuse)
+    ref.stop()
+    assert capfd.readouterr().err == (
+        "coms-hermes-bridge: peer release: PermissionError(13, 'Permission denied')\n")
