@@ -26,7 +26,12 @@ from coms_hermes_bridge.actors.peer import (
     bind_endpoint,
 )
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
-from coms_hermes_bridge.messages.commands import ChildFailed, NewQuestion, SendResponse
+from coms_hermes_bridge.messages.commands import (
+    ChildFailed,
+    NewQuestion,
+    QueueDepthQuery,
+    SendResponse,
+)
 from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
 from tests.fakes import FakeRef, handled, prompt_envelope, wait_for
 
@@ -448,3 +453,36 @@ def test_a_line_is_taken_whole_up_to_the_limit_and_refused_past_it() -> None:  #
     for too_long in (b"x" * (MAX_LINE + 1), b"x" * (MAX_LINE + 1) + b"\n"):
         with pytest.raises(peer_module._LineTooLarge):
             take(too_long, False)
+
+
+def test_without_a_depth_callable_a_ping_asks_the_router(short_tmp: Path) -> None:  # W17
+    path = short_tmp / "l.sock"
+    questions = FakeRef("questions")
+    listener = Listener(bind_endpoint(path), questions, card)
+    listener.start()
+    try:
+        replies: list[bytes] = []
+        pinger = threading.Thread(target=lambda: replies.append(exchange(path, PING)))
+        pinger.start()
+        questions.expect(QueueDepthQuery).reply(4)
+        pinger.join(5)
+        assert json.loads(replies[0])["agent_card"]["queue_depth"] == 4
+    finally:
+        listener.stop()
+
+
+def test_a_listening_socket_that_cannot_be_watched_is_said_and_not_serving(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # the Peer's next heartbeat then fails it, and its restart binds afresh
+    server = bind_endpoint(short_tmp / "l.sock")
+    listener = Listener(server, FakeRef("questions"), card, None, lambda reply: reply(0))
+    server.close()  # closed before the loop could watch it
+    listener.start()
+    try:
+        wait_for(lambda: not listener.serving, what="not serving")
+        assert capfd.readouterr().err == (
+            "coms-hermes-bridge: error: cannot listen for coms connections: Invalid file"
+            " descriptor: -1\n")
+    finally:
+        listener.stop()
+

@@ -42,6 +42,7 @@ from coms_hermes_bridge.messages.commands import (
     HeartbeatDue,
     LogEvent,
     NewQuestion,
+    QueueDepthQuery,
     SendResponse,
 )
 from coms_hermes_bridge.messages.contract import iso
@@ -468,7 +469,9 @@ def test_crash_then_restart_serves_the_same_endpoint(identity: PeerIdentity) -> 
     assert entry is not None and entry.session_id == identity.session_id
 
 
-def test_endpoint_owned_by_someone_else_fails_the_start(identity: PeerIdentity) -> None:  # W11
+def test_endpoint_owned_by_someone_else_fails_the_start(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W11
     owner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     owner.bind(str(identity.endpoint))
     owner.listen(1)
@@ -479,6 +482,7 @@ def test_endpoint_owned_by_someone_else_fails_the_start(identity: PeerIdentity) 
         assert f"endpoint already in use ({identity.endpoint})" in failed.error
         assert identity.endpoint.exists()  # not ours to remove
         assert not identity.entry_path.exists()
+        assert "peer release" not in capfd.readouterr().err  # undone cleanly, half begun
     finally:
         owner.close()
 
@@ -864,3 +868,46 @@ def test_a_release_that_fails_is_said_and_never_raised(
     ref.stop()
     assert capfd.readouterr().err == (
         "coms-hermes-bridge: peer release: PermissionError(13, 'Permission denied')\n")
+
+
+def test_without_a_depth_callable_the_router_is_asked(identity: PeerIdentity) -> None:  # W6
+    questions = FakeRef("questions")
+    ref = PeerActor.start(supervisor=FakeRef("supervisor"), identity=identity,
+                          questions=questions)
+    wait_for(identity.entry_path.exists)
+    ref.tell(HeartbeatDue())
+    questions.expect(QueueDepthQuery).reply(7)
+    handled(ref)
+    entry = read_entry(identity.entry_path)
+    assert entry is not None and entry.queue_depth == 7
+    questions.assert_nothing()
+
+
+def test_the_peer_beats_every_30_s_and_gives_an_asker_10_s(identity: PeerIdentity) -> None:
+    # W6's heartbeat; W15's per-attempt bound on a response
+    ref = PeerActor.start(supervisor=FakeRef("supervisor"), identity=identity,
+                          questions=FakeRef("questions"), depth=lambda reply: reply(0))
+    actor = ref._actor_weakref()  # type: ignore[attr-defined]
+    assert (actor.heartbeat_s, actor.response_timeout_s) == (30.0, 10.0)
+
+
+def test_what_a_heartbeat_heals_it_says(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W6
+    supervisor = FakeRef("supervisor")
+    ref = start(identity, supervisor=supervisor)
+    wait_for(identity.entry_path.exists)
+    import shutil
+
+    shutil.rmtree(identity.agents_dir)
+    shutil.rmtree(identity.endpoint.parent)
+    capfd.readouterr()
+    ref.tell(Heartbeat(1))
+    handled(ref)
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: warning: {identity.agents_dir} was gone; made it again (0700)\n"
+        f"coms-hermes-bridge: warning: {identity.endpoint.parent} was gone; made it again"
+        " (0700)\n"
+        f"coms-hermes-bridge: warning: {identity.endpoint} was gone; listening on it again\n")
+    assert ping(identity.endpoint)["type"] == "pong"
+    supervisor.assert_nothing()
