@@ -486,3 +486,75 @@ def test_a_listening_socket_that_cannot_be_watched_is_said_and_not_serving(
     finally:
         listener.stop()
 
+
+
+def test_stop_from_another_thread_waits_for_the_shut_but_not_for_ever(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from coms_hermes_bridge.actors.edge import Edge
+
+    edge = Edge("test-listener")
+    try:
+        path = short_tmp / "l.sock"
+        listener = Listener(bind_endpoint(path), FakeRef("questions"), card, None,
+                            lambda reply: reply(0), edge=edge)
+        listener.start()
+        assert json.loads(exchange(path, PING))["type"] == "pong"
+        began = time.monotonic()
+        listener.stop()  # the loop is free: shut at once, quietly
+        assert time.monotonic() - began < peer_module.JOIN_TIMEOUT_S
+        with pytest.raises(ConnectionRefusedError):
+            exchange(path, PING)
+        second = Listener(bind_endpoint(short_tmp / "m.sock"), FakeRef("questions"), card,
+                          None, lambda reply: reply(0), edge=edge)
+        second.start()
+        edge.call(time.sleep, 3 * peer_module.JOIN_TIMEOUT_S)  # the loop is busy
+        began = time.monotonic()
+        second.stop()  # gives up waiting after JOIN_TIMEOUT_S; the loop shuts it later
+        assert peer_module.JOIN_TIMEOUT_S <= time.monotonic() - began < 2 * peer_module.JOIN_TIMEOUT_S
+        assert capfd.readouterr().err == ""
+    finally:
+        edge.close()
+
+
+def test_a_listener_stopped_during_a_pause_for_descriptors_stays_stopped(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from coms_hermes_bridge.actors.edge import Edge
+
+    edge = Edge("test-listener")
+    path = short_tmp / "l.sock"
+    ShortOfDescriptors.calls = 0
+    server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.fails = 10**9
+    server.bind(str(path))
+    server.listen(8)
+    listener = Listener(server, FakeRef("questions"), card, None, lambda reply: reply(0),
+                        edge=edge)
+    try:
+        listener.start()
+        waiting = connect(path)  # accept() fails: the listener pauses
+        wait_for(lambda: ShortOfDescriptors.calls >= 1, what="a failed accept")
+        listener.stop()
+        resumed = threading.Event()
+        edge.after(2 * peer_module.ACCEPT_PAUSE_S, resumed.set)  # after the pause's end
+        assert resumed.wait(5)
+        assert listener.serving  # not watched again, so never found broken either
+        assert capfd.readouterr().err == (
+            "coms-hermes-bridge: warning: cannot accept a coms connection: Too many open files;"
+            " retrying every 0.1s\n")
+        waiting.close()
+    finally:
+        edge.close()
+
+
+def test_an_actor_that_stopped_is_told_nothing_and_nothing_fails() -> None:
+    ref = FakeRef("gone")
+
+    def dead(message: object) -> None:
+        import pykka
+
+        raise pykka.ActorDeadError("gone")
+
+    ref.tell = dead  # type: ignore[method-assign]
+    peer_module._tell(ref, object())  # from the edge: no error for the loop
