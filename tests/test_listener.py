@@ -548,6 +548,38 @@ def test_a_listener_stopped_during_a_pause_for_descriptors_stays_stopped(
         edge.close()
 
 
+def test_a_socket_replaced_during_a_pause_for_descriptors_is_not_watched_again(
+    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # the heartbeat re-binds a deleted path while accept() waits out a shortage
+    from coms_hermes_bridge.actors.edge import Edge
+
+    edge = Edge("test-listener")
+    path = short_tmp / "l.sock"
+    ShortOfDescriptors.calls = 0
+    server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.fails = 10**9
+    server.bind(str(path))
+    server.listen(8)
+    listener = Listener(server, FakeRef("questions"), card, None, lambda reply: reply(0),
+                        edge=edge)
+    try:
+        listener.start()
+        waiting = connect(path)
+        wait_for(lambda: ShortOfDescriptors.calls >= 1, what="a failed accept")
+        path.unlink()
+        listener.replace_server(bind_endpoint(path))
+        resumed = threading.Event()
+        edge.after(2 * peer_module.ACCEPT_PAUSE_S, resumed.set)  # after the old pause's end
+        assert resumed.wait(5)
+        assert listener.serving
+        assert json.loads(exchange(path, PING))["type"] == "pong"  # the new one answers
+        assert "cannot listen" not in capfd.readouterr().err
+        waiting.close()
+    finally:
+        listener.stop()
+        edge.close()
+
+
 def test_an_actor_that_stopped_is_told_nothing_and_nothing_fails() -> None:
     ref = FakeRef("gone")
 
