@@ -147,6 +147,19 @@ def wait_for(
         time.sleep(0.005)
 
 
+def said(capture: Any, what: str = "a line on stderr") -> str:
+    """What has been said on stderr (a pytest capsys/capfd) once something has: for a
+    line said just after the event the test waits on (a connection already closed)."""
+    seen: list[str] = []
+
+    def some() -> bool:
+        seen.append(capture.readouterr().err)
+        return "\n" in "".join(seen)
+
+    wait_for(some, what=what)
+    return "".join(seen)
+
+
 def read_ndjson(path: Path) -> list[Any]:
     """Every whole record of an ndjson file (none if it is not there yet). Lines end at
     "\n" only: str.splitlines() would also cut at U+2028 inside a string, which JSON

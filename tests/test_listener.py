@@ -14,9 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 
 from coms_hermes_bridge.actors import peer as peer_module
+from coms_hermes_bridge.actors.edge import Edge
 from coms_hermes_bridge.actors.peer import (
     BUSY,
     MAX_LINE,
@@ -33,7 +35,7 @@ from coms_hermes_bridge.messages.commands import (
     SendResponse,
 )
 from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
-from tests.fakes import FakeRef, handled, prompt_envelope, wait_for
+from tests.fakes import FakeRef, handled, prompt_envelope, said, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 PING = b'{"type":"ping","msg_id":"p"}\n'
@@ -383,9 +385,7 @@ def test_a_fault_while_serving_a_connection_is_said_and_the_listener_goes_on(
     listener.start()
     try:
         assert exchange(path, PING) == b""  # no reply it could stand behind
-        seen: list[str] = []  # said just after the connection closed
-        wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), what="the line")
-        assert "".join(seen) == (
+        assert said(capfd) == (  # said just after the connection closed
             "coms-hermes-bridge: error serving a coms connection: RuntimeError('no card')\n")
         assert listener.serving
     finally:
@@ -408,9 +408,7 @@ def test_a_cancel_that_cannot_be_handed_on_is_said_after_its_ack(
                              "to": "user-remote", "created_at": "2026-12-02T06:00:00.000Z",
                              "ref_msg_id": QID}).encode() + b"\n"
         assert json.loads(exchange(path, cancel)) == {"type": "ack", "msg_id": "c-1"}
-        seen: list[str] = []
-        wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), what="the line")
-        assert "".join(seen) == (
+        assert said(capfd) == (
             "coms-hermes-bridge: error handing on a coms envelope: RuntimeError('router gone')\n")
     finally:
         listener.stop()
@@ -491,8 +489,6 @@ def test_a_listening_socket_that_cannot_be_watched_is_said_and_not_serving(
 def test_stop_from_another_thread_waits_for_the_shut_but_not_for_ever(
     short_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from coms_hermes_bridge.actors.edge import Edge
-
     edge = Edge("test-listener")
     try:
         path = short_tmp / "l.sock"
@@ -517,75 +513,69 @@ def test_stop_from_another_thread_waits_for_the_shut_but_not_for_ever(
         edge.close()
 
 
-def test_a_listener_stopped_during_a_pause_for_descriptors_stays_stopped(
-    short_tmp: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    from coms_hermes_bridge.actors.edge import Edge
+class Paused:
+    """A listener on an edge of its own whose accept() has failed for want of
+    descriptors, so that it waits out ACCEPT_PAUSE_S; `pause_over()` returns after."""
 
-    edge = Edge("test-listener")
-    path = short_tmp / "l.sock"
-    ShortOfDescriptors.calls = 0
-    server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.fails = 10**9
-    server.bind(str(path))
-    server.listen(8)
-    listener = Listener(server, FakeRef("questions"), card, None, lambda reply: reply(0),
-                        edge=edge)
-    try:
-        listener.start()
-        waiting = connect(path)  # accept() fails: the listener pauses
+    def __init__(self, tmp: Path) -> None:
+        self.edge = Edge("test-listener")
+        self.path = tmp / "l.sock"
+        ShortOfDescriptors.calls = 0
+        server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.fails = 10**9
+        server.bind(str(self.path))
+        server.listen(8)
+        self.listener = Listener(server, FakeRef("questions"), card, None,
+                                 lambda reply: reply(0), edge=self.edge)
+        self.listener.start()
+        self.waiting = connect(self.path)  # accept() fails: the listener pauses
         wait_for(lambda: ShortOfDescriptors.calls >= 1, what="a failed accept")
-        listener.stop()
+
+    def pause_over(self) -> None:
         resumed = threading.Event()
-        edge.after(2 * peer_module.ACCEPT_PAUSE_S, resumed.set)  # after the pause's end
+        self.edge.after(2 * peer_module.ACCEPT_PAUSE_S, resumed.set)  # after its end
         assert resumed.wait(5)
-        assert listener.serving  # not watched again, so never found broken either
-        assert capfd.readouterr().err == (
-            "coms-hermes-bridge: warning: cannot accept a coms connection: Too many open files;"
-            " retrying every 0.1s\n")
-        waiting.close()
-    finally:
-        edge.close()
+
+    def close(self) -> None:
+        self.waiting.close()
+        self.listener.stop()
+        self.edge.close()
+
+
+@pytest.fixture
+def paused(short_tmp: Path, capfd: pytest.CaptureFixture[str]) -> Iterator[Paused]:
+    # capfd first: what the pause says is the test's to read
+    made = Paused(short_tmp)
+    yield made
+    made.close()
+
+
+def test_a_listener_stopped_during_a_pause_for_descriptors_stays_stopped(
+    paused: Paused, capfd: pytest.CaptureFixture[str]
+) -> None:
+    paused.listener.stop()
+    paused.pause_over()
+    assert paused.listener.serving  # not watched again, so never found broken either
+    assert capfd.readouterr().err == (
+        "coms-hermes-bridge: warning: cannot accept a coms connection: Too many open files;"
+        " retrying every 0.1s\n")
 
 
 def test_a_socket_replaced_during_a_pause_for_descriptors_is_not_watched_again(
-    short_tmp: Path, capfd: pytest.CaptureFixture[str]
+    paused: Paused, capfd: pytest.CaptureFixture[str]
 ) -> None:  # the heartbeat re-binds a deleted path while accept() waits out a shortage
-    from coms_hermes_bridge.actors.edge import Edge
-
-    edge = Edge("test-listener")
-    path = short_tmp / "l.sock"
-    ShortOfDescriptors.calls = 0
-    server = ShortOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.fails = 10**9
-    server.bind(str(path))
-    server.listen(8)
-    listener = Listener(server, FakeRef("questions"), card, None, lambda reply: reply(0),
-                        edge=edge)
-    try:
-        listener.start()
-        waiting = connect(path)
-        wait_for(lambda: ShortOfDescriptors.calls >= 1, what="a failed accept")
-        path.unlink()
-        listener.replace_server(bind_endpoint(path))
-        resumed = threading.Event()
-        edge.after(2 * peer_module.ACCEPT_PAUSE_S, resumed.set)  # after the old pause's end
-        assert resumed.wait(5)
-        assert listener.serving
-        assert json.loads(exchange(path, PING))["type"] == "pong"  # the new one answers
-        assert "cannot listen" not in capfd.readouterr().err
-        waiting.close()
-    finally:
-        listener.stop()
-        edge.close()
+    paused.path.unlink()
+    paused.listener.replace_server(bind_endpoint(paused.path))
+    paused.pause_over()
+    assert paused.listener.serving
+    assert json.loads(exchange(paused.path, PING))["type"] == "pong"  # the new one answers
+    assert "cannot listen" not in capfd.readouterr().err
 
 
 def test_an_actor_that_stopped_is_told_nothing_and_nothing_fails() -> None:
     ref = FakeRef("gone")
 
     def dead(message: object) -> None:
-        import pykka
-
         raise pykka.ActorDeadError("gone")
 
     ref.tell = dead  # type: ignore[method-assign]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +48,15 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
-from tests.fakes import Asker, FakeRef, edge_caught_up, handled, prompt_envelope, wait_for
+from tests.fakes import (
+    Asker,
+    FakeRef,
+    edge_caught_up,
+    handled,
+    prompt_envelope,
+    said,
+    wait_for,
+)
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -769,10 +778,7 @@ def test_the_dead_askers_line_is_an_error_with_the_reason(
     wait_for(identity.entry_path.exists)
     ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes"))
     reason = logger.expect(LogEvent).record.detail["error"]  # type: ignore[index]
-    seen: list[str] = []
-    wait_for(lambda: seen.append(capfd.readouterr().err) or "\n" in "".join(seen),
-             what="the line")
-    assert "".join(seen) == (
+    assert said(capfd) == (
         f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
 
 
@@ -897,8 +903,6 @@ def test_what_a_heartbeat_heals_it_says(
     supervisor = FakeRef("supervisor")
     ref = start(identity, supervisor=supervisor)
     wait_for(identity.entry_path.exists)
-    import shutil
-
     shutil.rmtree(identity.agents_dir)
     shutil.rmtree(identity.endpoint.parent)
     capfd.readouterr()

@@ -391,6 +391,12 @@ def owe_many(store: Store, count: int) -> list[str]:
     return owners
 
 
+def timed(path: Path) -> tuple[Store, list[Callable[[], None]]]:
+    """A store whose settle timers the test fires itself, in the order they were set."""
+    timers: list[Callable[[], None]] = []
+    return Store.open(path, schedule=lambda delay, action: timers.append(action)), timers
+
+
 def test_settles_arriving_together_share_one_commit(path: Path) -> None:
     # issue 14: one commit per settled response cost as much as the close itself
     timers: list[tuple[float, Callable[[], None]]] = []
@@ -434,8 +440,7 @@ def test_settles_are_applied_as_one_batch(path: Path, monkeypatch: pytest.Monkey
     real = sqlite3.connect
     monkeypatch.setattr(store_module.sqlite3, "connect",
                         lambda *a, **k: real(*a, **k, factory=_Statements))
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     try:
         owe_many(store, 8)
         conn = store._conn
@@ -453,8 +458,7 @@ def test_settles_are_applied_as_one_batch(path: Path, monkeypatch: pytest.Monkey
 
 
 def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path) -> None:
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     try:
         owe_many(store, 1)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -470,8 +474,7 @@ def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path
 
 
 def test_a_full_batch_of_settles_is_committed_at_once(path: Path) -> None:
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     try:
         owe_many(store, 1)
         store._settles = [(f"q{i}", "o") for i in range(SETTLE_BATCH - 1)]
@@ -510,8 +513,7 @@ def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: 
 def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     try:
         owe_many(store, 2)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -533,8 +535,7 @@ def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
 def test_settles_taken_by_a_write_that_fails_wait_for_the_next(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, _ = timed(path)
     try:
         owe_many(store, 2)
         store.put_open(spec(QID), owner="q")
@@ -569,8 +570,7 @@ def test_a_settle_with_no_timer_to_wait_for_is_committed_at_once(path: Path) -> 
 def test_a_timer_that_cannot_commit_says_so_and_the_next_settle_waits_again(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     owe_many(store, 2)
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
     assert store._conn is not None
@@ -589,8 +589,7 @@ def test_a_timer_that_cannot_commit_says_so_and_the_next_settle_waits_again(
 def test_a_timer_firing_after_shutdown_is_silent(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     owe_many(store, 1)
     store.shutdown()
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # too late to be recorded: stays owed
@@ -602,8 +601,7 @@ def test_a_timer_firing_after_shutdown_is_silent(
 def test_a_settle_before_any_write_still_gets_its_timer(path: Path) -> None:
     owe_many(earlier := Store.open(path), 1)  # owed by the daemon before a restart
     earlier.shutdown()
-    timers: list[Callable[[], None]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append(action))
+    store, timers = timed(path)
     try:
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # its first call
         assert len(timers) == 1
