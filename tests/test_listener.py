@@ -507,7 +507,8 @@ def test_stop_from_another_thread_waits_for_the_shut_but_not_for_ever(
         edge.call(time.sleep, 3 * peer_module.JOIN_TIMEOUT_S)  # the loop is busy
         began = time.monotonic()
         second.stop()  # gives up waiting after JOIN_TIMEOUT_S; the loop shuts it later
-        assert peer_module.JOIN_TIMEOUT_S <= time.monotonic() - began < 2 * peer_module.JOIN_TIMEOUT_S
+        elapsed = time.monotonic() - began  # the loop stays busy for 3 s: never waited out
+        assert peer_module.JOIN_TIMEOUT_S <= elapsed < 2.5 * peer_module.JOIN_TIMEOUT_S
         assert capfd.readouterr().err == ""
     finally:
         edge.close()
