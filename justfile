@@ -60,7 +60,7 @@ install-service project *flags: venv
 venv:
     @scripts/ensure-venv
 
-# Scores and surviving mutants go to .mutate/report.txt; docs/testing.md says more.
+# Scores and surviving mutants go to mutants/report.txt; docs/testing.md says more.
 # Mutation testing (mutmut) of the contract rules, the question actor and the supervisors.
 mutate *modules: venv
     scripts/mutate "$@"

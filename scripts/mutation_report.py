@@ -6,7 +6,7 @@ the reason. `scripts/mutation_equivalents.txt` is that list: one mutant key per
 line, then ` # why`. A listed key that no longer exists is reported, so the list
 cannot silently go stale when the code moves.
 
-Usage: python scripts/mutation_report.py STAGE_DIR MODULE.py [MODULE.py ...]
+Usage: python scripts/mutation_report.py MODULE.py [MODULE.py ...]   (after scripts/mutate)
 """
 
 from __future__ import annotations
@@ -43,11 +43,10 @@ def equivalents() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    stage = Path(argv[0])
-    modules = argv[1:]
+    modules = argv
     known = equivalents()
     seen_keys: set[str] = set()
     worst = 100.0
@@ -57,7 +56,7 @@ def main(argv: list[str]) -> int:
         f"{'score':>7}"
     )
     for module in modules:
-        meta = stage / "mutants" / "coms_hermes_bridge" / f"{module}.meta"
+        meta = ROOT / "mutants" / f"{module}.meta"
         if not meta.exists():
             print(f"{module:<32} no mutation data (no test covers it, or it was not run)")
             worst = 0.0
@@ -93,8 +92,8 @@ def main(argv: list[str]) -> int:
         print("\nsurvivors (kill each with a test, or list it as equivalent with the reason):")
         for key in survivors:
             shown = subprocess.run(
-                [str(Path(sys.executable).parent / "mutmut"), "show", key],
-                cwd=stage, capture_output=True, text=True, check=False,
+                [sys.executable, str(ROOT / "scripts" / "mutmut_tree.py"), "--", "show", key],
+                cwd=ROOT, capture_output=True, text=True, check=False,
             )
             print(f"\n## {key}\n{shown.stdout.strip()}")
     print(f"\nlowest module score: {worst:.1f}%")

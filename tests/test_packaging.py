@@ -1,4 +1,4 @@
-"""What `pip install .` puts in site-packages (issue 11.4)."""
+"""What `pip install .` puts in site-packages."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.bridge_process import ROOT
 
 # Build litter and local state never belong in a copy that is built.
 _SKIP = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".mutate", "mutants"
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "mutants"
 )
 
 
@@ -30,7 +30,7 @@ def fresh() -> Iterator[Path]:
 
 @pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_pip_install_puts_one_import_package_in_site_packages(fresh: Path) -> None:
-    # issue 11.4: no `actors` or `messages` in site-packages; python -m coms_hermes_bridge works
+    # no `actors` or `messages` in site-packages; python -m coms_hermes_bridge works
     source = fresh / "src"
     shutil.copytree(ROOT, source, symlinks=True, ignore=_SKIP)  # the build must not litter ROOT
     venv = fresh / "venv"

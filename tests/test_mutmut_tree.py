@@ -1,0 +1,79 @@
+"""scripts/mutmut_tree.py: mutmut on the checkout, with setup.cfg's package_dir.
+
+A wrong name here does not fail loudly: every mutant would be keyed apart from the
+module its trampoline reports, or would load unmutated from the checkout, and a run
+would count survivors that no test ever met.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launcher() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutmut_tree", ROOT / "scripts" / "mutmut_tree.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mapping_is_setup_cfgs_package_dir() -> None:
+    assert launcher().package_dirs(ROOT / "setup.cfg") == {
+        "coms_hermes_bridge": "coms_hermes_bridge",
+        "coms_hermes_bridge.actors": "actors",
+        "coms_hermes_bridge.messages": "messages",
+    }
+
+
+def test_a_mutant_is_keyed_by_the_name_its_module_is_imported_as() -> None:
+    name = launcher().mutant_name
+    assert name(Path("actors/router.py"), "x_f__mutmut_1") == "coms_hermes_bridge.actors.router.x_f__mutmut_1"
+    assert name(Path("messages/wire.py"), "x_g__mutmut_2") == "coms_hermes_bridge.messages.wire.x_g__mutmut_2"
+    assert name(Path("coms_hermes_bridge/ops.py"), "x_h__mutmut_3") == "coms_hermes_bridge.ops.x_h__mutmut_3"
+    # a package's own module is the package (as mutmut names it)
+    assert name(Path("actors/__init__.py"), "x_i__mutmut_4") == "coms_hermes_bridge.actors.x_i__mutmut_4"
+    # a folder outside package_dir keeps mutmut's own naming
+    assert name(Path("other/thing.py"), "x_j__mutmut_5") == "other.thing.x_j__mutmut_5"
+
+
+def test_the_mapped_packages_load_from_the_mutants_copy(tmp_path: Path) -> None:
+    for folder in ("coms_hermes_bridge", "actors", "messages"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "actors" / "probe.py").write_text("WHERE = 'mutants'\n")
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+        "import mutmut_tree\n"
+        f"sys.meta_path.insert(0, mutmut_tree.MutantsFinder(__import__('pathlib').Path({str(tmp_path)!r})))\n"
+        "import coms_hermes_bridge.actors.probe as p, coms_hermes_bridge.messages as m\n"
+        "print(p.WHERE, p.__file__, m.__file__)\n"
+        "print(mutmut_tree.MutantsFinder(None).find_spec('json', None))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert done.stdout.splitlines() == [
+        f"mutants {tmp_path / 'actors' / 'probe.py'} {tmp_path / 'messages' / '__init__.py'}",
+        "None",
+    ]
+
+
+def test_the_wait_for_a_mutant_goes_past_a_child_that_is_not_one() -> None:
+    results = iter([KeyError(4452), KeyError(4453), "mutant result"])
+
+    def wait_for_result(runner: object, timeout: float | None = None) -> object:
+        result = next(results)
+        if isinstance(result, Exception):
+            raise result
+        return (runner, timeout, result)
+
+    wait = launcher().reaping(wait_for_result)
+    assert wait("runner", 5.0) == ("runner", 5.0, "mutant result")
