@@ -102,7 +102,7 @@ class _GatedOs:
 
 def test_a_burst_is_written_in_a_few_batches_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # C20, issue 14: one write per batch, not one open and write per line
+) -> None:  # C20: one write per batch, not one open and write per line
     gated = _GatedOs()
     monkeypatch.setattr(logger_module, "os", gated)
     log_path = tmp_path / "log.ndjson"
@@ -164,3 +164,143 @@ def test_lines_still_batched_when_the_logger_crashes_are_written(tmp_path: Path)
     ref.tell("not a LogEvent")  # queued behind them: the batch is still open when it fails
     supervisor.next()  # the failure, reported once the actor has released
     assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")
+
+
+def test_an_unknown_message_names_the_logger_and_what_it_was_told(tmp_path: Path) -> None:
+    supervisor = FakeRef("supervisor")
+    ref = LoggerActor.start(supervisor=supervisor, log_path=tmp_path / "log.ndjson")
+    ref.tell(["not", "a", "LogEvent"])
+    failed = supervisor.next()
+    assert "logger does not take list: ['not', 'a', 'LogEvent']" in repr(failed)
+
+
+def test_a_log_file_left_loose_is_tightened_when_the_logger_starts(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # the log holds the conversation: 0600 before the first new line
+    log_path = tmp_path / "log.ndjson"
+    log_path.write_text("")
+    log_path.chmod(0o644)
+    ref = start(log_path)
+    ref.ask(LogEvent(log_record(AT, QID, "question_received")))  # begin has run
+    assert stat.S_IMODE(log_path.stat().st_mode) == 0o600
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: {log_path} was mode 0644; tightened to 0600\n"
+    )
+
+
+def test_a_log_directory_that_cannot_be_made_is_said_at_start(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20: said, and the bridge goes on without its log
+    (tmp_path / "blocked").write_text("a file where the log's directory should be")
+    log_path = tmp_path / "blocked" / "log.ndjson"
+    ref = start(log_path)
+    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
+    first = capfd.readouterr().err.splitlines()[0]
+    assert first == (
+        f"coms-hermes-bridge: cannot prepare {log_path}: {log_path.parent} is not a directory"
+    )
+    assert ref.is_alive()
+
+
+def test_a_log_directory_removed_meanwhile_is_made_again_and_said(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20
+    directory = tmp_path / "logs"
+    log_path = directory / "log.ndjson"
+    ref = start(log_path)
+    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
+    log_path.unlink()
+    directory.rmdir()
+    capfd.readouterr()
+    second = log_record(AT, QID, "delivered")
+    ref.ask(LogEvent(second))
+    assert log_path.read_text(encoding="utf-8") == second.to_line()
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: warning: {directory} was gone; made it again (0700)\n"
+    )
+
+
+def test_the_log_file_stays_open_between_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # a burst of lines costs no open per batch: the path is only looked at
+    opened: list[Path] = []
+    real_open = logger_module.open_private
+
+    def counting_open(path: Path, flags: int) -> int:
+        opened.append(path)
+        return real_open(path, flags)
+
+    monkeypatch.setattr(logger_module, "open_private", counting_open)
+    log_path = tmp_path / "log.ndjson"
+    ref = start(log_path)
+    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(5)]
+    for record in records:
+        ref.ask(LogEvent(record))  # each one alone: five batches
+    assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")
+    assert opened == [log_path]
+
+
+class _CloseFailsOs:
+    """The `os` module as the logger sees it, with `close` failing as on a lost NFS mount
+    (the descriptor is released all the same)."""
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+        raise OSError(5, "Input/output error")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+def test_a_close_that_fails_does_not_stop_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C20: the rotated file is let go of, whatever close says
+    monkeypatch.setattr(logger_module, "os", _CloseFailsOs())
+    log_path = tmp_path / "log.ndjson"
+    supervisor = FakeRef("supervisor")
+    ref = LoggerActor.start(supervisor=supervisor, log_path=log_path)
+    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
+    log_path.rename(tmp_path / "log.ndjson.1")
+    second = log_record(AT, QID, "delivered")
+    ref.ask(LogEvent(second))
+    assert log_path.read_text(encoding="utf-8") == second.to_line()
+    assert ref.is_alive()
+    supervisor.assert_nothing()  # the ask above ran after all it was told
+
+
+def _line_of(size: int, i: int) -> LogEvent:
+    """A record whose line is exactly `size` characters long."""
+    bare = log_record(AT, QID, "delivered", {"to": f"{i:02d}:"})
+    record = log_record(AT, QID, "delivered", {"to": f"{i:02d}:" + "x" * (size - len(bare.to_line()))})
+    assert len(record.to_line()) == size
+    return LogEvent(record)
+
+
+def test_a_batch_is_written_when_it_reaches_batch_chars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # the bound on one write: lines are counted in characters, from zero per batch
+    eighth = logger_module.BATCH_CHARS // 8  # a line under the log's own bound on one line
+    started = threading.Event()
+    real_begin = LoggerActor.begin
+
+    def held_begin(self: LoggerActor) -> None:
+        started.wait(10)  # every record is in the mailbox before the first is taken
+        real_begin(self)
+
+    monkeypatch.setattr(LoggerActor, "begin", held_begin)
+    gated = _GatedOs()
+    gated.gate.set()
+    monkeypatch.setattr(logger_module, "os", gated)
+    log_path = tmp_path / "log.ndjson"
+    ref = start(log_path)
+    # one character short of the bound after eight lines: written at the ninth;
+    # again from zero; then exactly the bound after eight lines: written at once
+    sizes = [eighth - 1] + [eighth] * 8 + [eighth - 1] + [eighth] * 8 + [eighth] * 9
+    events = [_line_of(size, i) for i, size in enumerate(sizes)]
+    for event in events:
+        ref.tell(event)
+    started.set()
+    expected = "".join(e.record.to_line() for e in events).encode("utf-8")
+    wait_for(lambda: log_path.exists() and log_path.read_bytes() == expected, what="27 lines")
+    assert [w.count(b"\n") for w in gated.writes] == [9, 9, 8, 1]
