@@ -213,7 +213,7 @@ class Bridge:
         return wait_for(found, timeout, f"log event {event} for {qid}")
 
     def state_path(self, project: str | None = None) -> Path:
-        """The project's own state file (issue 12.3)."""
+        """The project's own state file."""
         return self.bridge_dir / f"state-{project or self.project}.sqlite3"
 
     def owed(self, project: str | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The shipped systemd user unit under a real systemd user manager (issue 21.4).
+"""The shipped systemd user unit under a real systemd user manager.
 
 Run by tests/test_systemd.py as root inside a private mount namespace
 (`unshare -m --propagation private`), so that nothing it mounts is seen outside:

@@ -18,17 +18,17 @@ def test_defaults() -> None:
     assert (config.timeout_ms, config.poll_ms, config.send_timeout_ms) == (1_800_000, 1000, 60_000)
     assert config.notices == ()
     assert (config.max_open_per_asker, config.remind_before_ms) == (None, None)  # X9, X10: off
-    assert config.max_open == 10_000  # issue 9.10
+    assert config.max_open == 10_000
     assert config.coms_dir == Path("/home/op/.pi/coms")  # W1
     bridge = Path("/home/op/.pi/coms/hermes-bridge")  # W4: from HOME, not PI_COMS_DIR
     assert config.questions_dir == bridge / "questions"
     assert config.log_path == bridge / "log.ndjson"
-    assert config.state_path == bridge / "state-default.sqlite3"  # issue 12.3
+    assert config.state_path == bridge / "state-default.sqlite3"
     assert config.shared_state_path == bridge / "state.sqlite3"
 
 
 def test_state_is_kept_per_project() -> None:
-    # issue 12.3: two projects on one HOME never share a state file
+    # two projects on one HOME never share a state file
     a = parse_config(["--project", "a"], ENV)
     b = parse_config(["--project", "b"], ENV)
     assert a.state_path.name == "state-a.sqlite3" and b.state_path.name == "state-b.sqlite3"

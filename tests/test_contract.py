@@ -350,7 +350,7 @@ def test_valid_answer_is_accepted() -> None:
         (NAME, b"not json", {OTHER}, Rejected("foreign_qid", QID)),
         (NAME, b"not json", set(), Rejected("foreign_qid", QID)),
         (NAME, body(answer=5, qid=OTHER), {QID}, Rejected("invalid_schema", QID)),
-        # issue 9.5: a file over the size limit is not read (content None); its
+        # a file over the size limit is not read (content None); its
         # name alone decides up to foreign_qid, and an open qid's is invalid_schema
         (NAME, None, {QID}, Rejected("invalid_schema", QID)),
         (NAME, None, {OTHER}, Rejected("foreign_qid", QID)),

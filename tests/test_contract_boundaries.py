@@ -133,11 +133,11 @@ def test_a_file_seen_again_while_its_question_answers_is_not_validated_twice() -
     assert triage_answer(NAME, {QID: True}, {}) == Answering(QID)
 
 
-# -- issue 9.10, C13, C14 ------------------------------------------------------------
+# -- C13, C14 ------------------------------------------------------------
 
 
 def test_max_open_is_reached_at_max_open_not_after() -> None:
-    # issue 9.10: --max-open N admits N questions, and refuses the N+1st
+    # --max-open N admits N questions, and refuses the N+1st
     assert over_capacity(1, 2) is None
     assert over_capacity(2, 2) == "bridge has 2 open questions; try again later"
 

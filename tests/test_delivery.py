@@ -225,7 +225,7 @@ def test_an_unknown_message_fails_loudly(hermes: FakeHermes) -> None:
     assert "delivery" in repr(supervisor.next())
 
 
-def test_hermes_output_is_kept_to_its_last_4_kib(hermes: FakeHermes) -> None:  # issue 9.5, C18
+def test_hermes_output_is_kept_to_its_last_4_kib(hermes: FakeHermes) -> None:  # C18
     hermes.configure(exit=1, flood=50_000_000, stderr="final reason")
     ref = start(str(hermes.path), send_timeout_ms=30_000)
     question = FakeRef("question")
@@ -237,7 +237,7 @@ def test_hermes_output_is_kept_to_its_last_4_kib(hermes: FakeHermes) -> None:  #
 
 
 def test_hermes_exit_decides_even_when_a_child_holds_its_pipes(hermes: FakeHermes) -> None:
-    # issue 9.6: exits 0 but leaves `sleep 30` behind holding stdout and stderr
+    # exits 0 but leaves `sleep 30` behind holding stdout and stderr
     hermes.configure(spawn=True)
     ref = start(str(hermes.path), send_timeout_ms=10_000)
     question = FakeRef("question")
@@ -333,7 +333,7 @@ def test_a_store_that_cannot_say_sends_the_reminder_and_says_why(
 
 def test_a_failed_send_is_one_error_line_for_the_operator(
     hermes: FakeHermes, capfd: pytest.CaptureFixture[str]
-) -> None:  # C18, issue 11.3: the level word journald and grep filter on
+) -> None:  # C18: the level word journald and grep filter on
     hermes.configure(exit=3, stderr="chat not found\n")
     ref = start(str(hermes.path))
     question = FakeRef("question")

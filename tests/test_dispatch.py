@@ -1,4 +1,4 @@
-"""The dispatcher: pooled pykka actors keep every promise a thread-per-actor gives (issue 14.1)."""
+"""The dispatcher: pooled pykka actors keep every promise a thread-per-actor gives."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Recorder(PooledActor):
 
 
 def test_messages_are_handled_in_mailbox_order_one_at_a_time() -> None:
-    # issue 14.1: ordering per actor, one turn at a time per actor
+    # ordering per actor, one turn at a time per actor
     logs: list[list[Any]] = [[] for _ in range(20)]
     refs = [Recorder.start(logs[i], busy=0.0005) for i in range(20)]
     senders = []
@@ -245,7 +245,7 @@ def test_a_pooled_child_hands_its_unread_mailbox_to_its_supervisor() -> None:
 
 
 def test_thread_count_stays_flat_with_thousands_of_actors() -> None:
-    # issue 14.1: 3,000 live actors, each handling mail, on the same few threads
+    # 3,000 live actors, each handling mail, on the same few threads
     before = thread_count()
     logs: list[list[Any]] = [[] for _ in range(3000)]
     refs = [Recorder.start(log) for log in logs]
@@ -299,7 +299,7 @@ def test_a_stopped_pooled_actor_wakes_whoever_waits_for_its_stop() -> None:
 
 
 def test_an_idle_mailbox_holds_no_queue() -> None:
-    # issue 14 (memory): thousands of idle questions must not each keep an empty deque
+    # thousands of idle questions must not each keep an empty deque
     log: list[Any] = []
     ref = Recorder.start(log)
     inbox = ref.actor_inbox

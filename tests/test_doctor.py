@@ -1,4 +1,4 @@
-"""`coms-hermes-bridge doctor` end to end: the real daemon, a fake hermes (issue 21.1)."""
+"""`coms-hermes-bridge doctor` end to end: the real daemon, a fake hermes."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def marks(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return {line.split(":", 1)[0][2:]: line[0] for line in done.stdout.splitlines()}
 
 
-def test_all_links_hold(bridge: Bridge) -> None:  # issue 21.1: the skill in place, bridge up
+def test_all_links_hold(bridge: Bridge) -> None:  # the skill in place, bridge up
     bridge.start("--project", "demo")
     where = skill(bridge)
     done = doctor(bridge, "--project", "demo", "--to", "telegram:-1001234567890:7")
@@ -60,7 +60,7 @@ def test_all_links_hold(bridge: Bridge) -> None:  # issue 21.1: the skill in pla
     assert [argv for argv in bridge.hermes.argvs()] == [["--version"]]  # nothing was sent
 
 
-def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:  # issue 21.1
+def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:
     bridge.start()
     done = doctor(bridge)
     assert done.returncode == 1
@@ -70,7 +70,7 @@ def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:  # issu
 
 
 def test_the_skill_is_looked_for_in_the_profile_or_hermes_home(bridge: Bridge) -> None:
-    # issue 21.1: `--hermes-profile X` -> ~/.hermes/profiles/X; else $HERMES_HOME
+    # `--hermes-profile X` -> ~/.hermes/profiles/X; else $HERMES_HOME
     bridge.start()
     profile = bridge.home / ".hermes" / "profiles" / "ops"
     skill(bridge, profile)
@@ -81,7 +81,7 @@ def test_the_skill_is_looked_for_in_the_profile_or_hermes_home(bridge: Bridge) -
     assert "✖ hermes profile: no profile 'nope' at" in done.stdout
 
 
-def test_no_hermes_on_path(bridge: Bridge) -> None:  # issue 21.1
+def test_no_hermes_on_path(bridge: Bridge) -> None:
     bridge.start()
     skill(bridge)
     done = doctor(bridge, PATH=os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
@@ -92,7 +92,7 @@ def test_no_hermes_on_path(bridge: Bridge) -> None:  # issue 21.1
         "or put hermes on the daemon's PATH")
 
 
-def test_a_stopped_bridge_fails_the_check(bridge: Bridge) -> None:  # issue 21.1
+def test_a_stopped_bridge_fails_the_check(bridge: Bridge) -> None:
     bridge.start()
     skill(bridge)
     assert doctor(bridge).returncode == 0
@@ -103,7 +103,7 @@ def test_a_stopped_bridge_fails_the_check(bridge: Bridge) -> None:  # issue 21.1
             "(`just run --project default --to …`, or its service)") in done.stdout.splitlines()
 
 
-def test_bad_links_are_each_named(bridge: Bridge) -> None:  # issue 21.1
+def test_bad_links_are_each_named(bridge: Bridge) -> None:
     bridge.start()
     skill(bridge)
     bridge.questions.chmod(0o755)
@@ -117,7 +117,7 @@ def test_bad_links_are_each_named(bridge: Bridge) -> None:  # issue 21.1
     assert "HERMES_DISABLE_LAZY_INSTALLS=1 forbids hermes to install it" in done.stdout
 
 
-def test_send_test_sends_one_message(bridge: Bridge) -> None:  # issue 21.1
+def test_send_test_sends_one_message(bridge: Bridge) -> None:
     bridge.start()
     skill(bridge)
     done = doctor(bridge, "--send-test", "--to", "telegram:42")
@@ -131,7 +131,7 @@ def test_send_test_sends_one_message(bridge: Bridge) -> None:  # issue 21.1
     assert done.stdout.splitlines()[-1] == "✖ test message: hermes send failed (2): chat not found"
 
 
-def test_hermes_home_is_read_as_hermes_reads_it(tmp_path: Path) -> None:  # issue 21.1
+def test_hermes_home_is_read_as_hermes_reads_it(tmp_path: Path) -> None:
     home = {"HOME": str(tmp_path)}
     assert hermes_home(home, None) == tmp_path / ".hermes"
     assert hermes_home(home, "ops") == tmp_path / ".hermes" / "profiles" / "ops"

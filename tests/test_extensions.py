@@ -1,4 +1,4 @@
-"""The extensions' pure rules, table by table (X1-X5; issues 10 and 12)."""
+"""The extensions' pure rules, table by table (X1-X5)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ OTHER = "01ARZ3NDEKTSV4RRFFQ69G5FAW"
 THIRD = "01J9Z8Y7X6W5V4T3S2R1Q0P9NM"
 
 
-# X4: `at` as JavaScript's Date.parse takes it (issue 12.1) ---------------------
+# X4: `at` as JavaScript's Date.parse takes it ---------------------
 
 ACCEPTED_AT = [
     "2026-11-30T18:00:00.000Z",  # what JavaScript itself writes
     "2026-11-30T18:00:00Z",
     "2026-11-30T18:00:00",
-    "2026-11-30 18:00:00",  # issue 12: space instead of T
+    "2026-11-30 18:00:00",  # space instead of T
     "2026-11-30T18:00:00+02:00",
     "2026-11-30T18:00:00+0200",
     "2026-11-30T18:00:00.123456789Z",  # more digits than microseconds
@@ -63,10 +63,10 @@ ACCEPTED_AT = [
     "2026-11",
     "2026",
     "20261130T180000Z",
-    "Mon, 30 Nov 2026 18:00:00 +0000",  # issue 12: RFC 2822, date -R
+    "Mon, 30 Nov 2026 18:00:00 +0000",  # RFC 2822, date -R
     "Mon, 30 Nov 2026 18:00:00 GMT",
     "30 Nov 2026 18:00:00 -0500",
-    "Mon Nov 30 18:00:00 UTC 2026",  # issue 12: date's default output
+    "Mon Nov 30 18:00:00 UTC 2026",  # date's default output
     "Mon Nov 30 18:00:00 EST 2026",
     "Mon Nov 30 18:00:00 CET 2026",  # a zone JavaScript does not know: kept, not lost
     "Mon Nov 30 2026 18:00:00 GMT+0100 (Central European Standard Time)",  # Date.toString()
@@ -95,7 +95,7 @@ REFUSED_AT = [
 
 @pytest.mark.parametrize("at", ACCEPTED_AT)
 def test_at_forms_javascript_accepts_are_accepted(at: str) -> None:
-    # X4, issue 12.1, C8
+    # X4, C8
     parse_timestamp(at)
     body = {"qid": QID, "answer": "yes", "answered_by": "telegram:alice", "at": at}
     verdict = validate_answer(f"{QID}.answer.json", json.dumps(body).encode(), {QID})
@@ -104,7 +104,7 @@ def test_at_forms_javascript_accepts_are_accepted(at: str) -> None:
 
 @pytest.mark.parametrize("at", REFUSED_AT)
 def test_garbage_at_is_refused(at: str) -> None:
-    # X4, issue 12.1, C9: invalid_schema
+    # X4, C9: invalid_schema
     with pytest.raises(ValueError):
         parse_timestamp(at)
     body = {"qid": QID, "answer": "yes", "answered_by": "telegram:alice", "at": at}
@@ -119,7 +119,7 @@ def test_garbage_at_is_refused(at: str) -> None:
     "2026-11-30T24:00:00Z",
 ])
 def test_quick_iso_reading_agrees_with_the_general_one(at: str) -> None:
-    # X4, issue 14: the quick path for plain ISO reads the same instant dateutil reads
+    # X4: the quick path for plain ISO reads the same instant dateutil reads
     text = at.strip()
     try:
         general = dateutil_parser.parse(text, default=datetime(2000, 1, 1), tzinfos=_zone)
@@ -146,7 +146,7 @@ def test_at_is_read_as_javascript_reads_it(at: str, iso: str) -> None:
     assert parse_timestamp(at).isoformat() == iso
 
 
-# X3: only the bridge writes markers (issue 10.3) ----------------------------
+# X3: only the bridge writes markers ----------------------------
 
 # A lenient reading of a marker, independent of the code under test: what a
 # matcher that normalises, ignores case and invisible characters would find.
@@ -271,7 +271,7 @@ def test_defusing_keeps_the_budget() -> None:
     assert text.encode("utf-16-le").decode("utf-16-le") == text
 
 
-# X4: the project line (issue 12.2) ----------------------------------------
+# X4: the project line ----------------------------------------
 
 INSTRUCTION = f"\n\n↩ Reply to this message, or type: HUB-Q:{QID}: <answer>"
 
@@ -331,7 +331,7 @@ def test_tiny_limit_still_ends_with_the_reply_line() -> None:
     assert utf16_len(text) <= 80 and text.endswith(INSTRUCTION)
 
 
-# X5: the asker's own timeout (issue 12.4) --------------------------------
+# X5: the asker's own timeout --------------------------------
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
@@ -358,7 +358,7 @@ def test_effective_timeout(raw: object, expected: float) -> None:
     assert effective_timeout_ms(prompt_envelope(reply_timeout_ms=raw), 1_800_000) == expected
 
 
-# X2: ownership (issue 10.1, 10.2) -------------------------------------------
+# X2: ownership -------------------------------------------
 
 A = prompt_envelope(text="Ship?")
 
@@ -389,7 +389,7 @@ def test_admission(
 
 
 def test_duplicate_error_text() -> None:
-    # X2, issue 10.1
+    # X2
     assert duplicate_error(QID) == f"qid {QID} is already in use"
 
 
@@ -411,7 +411,7 @@ def cancel(sender: str) -> CancelEnvelope:
     ],
 )
 def test_only_the_asker_cancels(sender: str, asker: str, honoured: bool) -> None:
-    # X2, issue 10.2
+    # X2
     assert may_cancel(cancel(sender), prompt_envelope(sender_name=asker)) is honoured
 
 

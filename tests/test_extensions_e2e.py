@@ -1,4 +1,4 @@
-"""The extensions end to end (issues 10 and 12): the real daemon, real sockets and inotify."""
+"""The extensions end to end: the real daemon, real sockets and inotify."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def refused(qid: str) -> dict[str, Any]:
     return {"type": "nack", "msg_id": qid, "error": f"qid {qid} is already in use"}
 
 
-# issue 10.1: open qids are owned ----------------------------------------------
+# open qids are owned ----------------------------------------------
 
 
 def test_replayed_qid_is_refused_and_the_answer_goes_to_its_asker(
@@ -96,7 +96,7 @@ def test_identical_resend_by_its_asker_is_acked_and_changes_nothing(bridge: Brid
     bridge.asker.no_response()  # one response
 
 
-# issue 10.2: only the asker cancels --------------------------------------------
+# only the asker cancels --------------------------------------------
 
 
 def test_cancel_from_another_sender_is_ignored_and_the_askers_own_works(bridge: Bridge) -> None:
@@ -122,7 +122,7 @@ def test_cancel_from_another_sender_is_ignored_and_the_askers_own_works(bridge: 
     bridge.asker.no_response()
 
 
-# issue 10.3: only the bridge writes markers ----------------------------------
+# only the bridge writes markers ----------------------------------
 
 STRICT = re.compile(r"HUB-Q\s*:\s*([0-9A-HJKMNP-TV-Z]{26})")
 
@@ -156,7 +156,7 @@ def test_spoofed_markers_are_defused_and_options_still_map(
     assert env["response"] == {"kind": "selection", "selections": [titles[selected]]}
 
 
-# issue 12.1, 12.2: `at` and the project line ------------------------------------
+# `at` and the project line ------------------------------------
 
 AT_FORMS = [
     "Mon Nov 30 18:00:00 UTC 2026",
@@ -190,7 +190,7 @@ def test_answers_stamped_as_the_real_writers_stamp_them_are_delivered(bridge: Br
     )
 
 
-# issue 12.4: the asker's own timeout ---------------------------------------------
+# the asker's own timeout ---------------------------------------------
 
 
 def test_reply_timeout_ms_is_the_questions_timeout(bridge: Bridge) -> None:
@@ -210,7 +210,7 @@ def test_reply_timeout_ms_is_the_questions_timeout(bridge: Bridge) -> None:
     assert "timeout" not in bridge.events(patient)
 
 
-# issue 12.3: several bridges, one wire ------------------------------------------
+# several bridges, one wire ------------------------------------------
 
 
 def open_qids(path: Path) -> set[str]:
@@ -219,7 +219,7 @@ def open_qids(path: Path) -> set[str]:
 
 
 def test_bridges_of_two_projects_keep_their_state_apart(bridge: Bridge) -> None:
-    # issue 12.3: a restart of one does not restore the other's questions
+    # a restart of one does not restore the other's questions
     second = Bridge(bridge.base)
     try:
         bridge.start("--project", "a")
@@ -241,7 +241,7 @@ def test_bridges_of_two_projects_keep_their_state_apart(bridge: Bridge) -> None:
 
 
 def test_two_bridges_on_one_home_lose_no_answer(bridge: Bridge) -> None:
-    # issue 12.3 with X6: five questions each, all answered at once -> 10 of 10
+    # with X6: five questions each, all answered at once -> 10 of 10
     second = Bridge(bridge.base)
     try:
         bridge.start("--project", "a", "--poll-ms", "100")

@@ -1,4 +1,4 @@
-"""Private directories whatever the umask, and never a chmod of what is not ours (issue 9.4)."""
+"""Private directories whatever the umask, and never a chmod of what is not ours."""
 
 from __future__ import annotations
 

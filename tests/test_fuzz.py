@@ -33,7 +33,7 @@ from tests.tree_rig import Tree, running_tree
 
 MISSING = object()
 
-# The bridge's own refusals (W13, W14, X2, X12, issue 9.10); anything else in a nack,
+# The bridge's own refusals (W13, W14, X2, X12); anything else in a nack,
 # an exception's text above all, is a leak.
 OUR_WORDS = re.compile(
     r"invalid json|line too large|bridge accepts prompts, cancels, and pings"

@@ -1,4 +1,4 @@
-"""The real daemon against ordinary faults: floods, leftovers, limits (issue 9)."""
+"""The real daemon against ordinary faults: floods, leftovers, limits."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def bridge() -> Iterator[Bridge]:
     b.close()
 
 
-def test_50_mb_of_hermes_stderr_makes_short_lines(bridge: Bridge) -> None:  # issue 9.5, C18, W13
+def test_50_mb_of_hermes_stderr_makes_short_lines(bridge: Bridge) -> None:  # C18, W13
     bridge.hermes.configure(exit=1, flood=50_000_000, stderr="final reason")
     bridge.start()
     qid = bridge.ask("Anyone?")
@@ -83,7 +83,7 @@ def round_trip(bridge: Bridge, text: str) -> None:
 
 
 @pytest.mark.slow  # seconds of real time: in `just test-slow`
-def test_200_trickling_clients_with_128_descriptors(bridge: Bridge) -> None:  # issue 9.1, W12
+def test_200_trickling_clients_with_128_descriptors(bridge: Bridge) -> None:  # W12
     bridge.start(preexec=_nofile(128), COMS_HERMES_BRIDGE_HEARTBEAT_MS="500")
     assert bridge.proc is not None
     endpoint = bridge.endpoint
@@ -151,7 +151,7 @@ def test_registry_dir_deleted_comes_back_within_one_heartbeat(bridge: Bridge) ->
     assert any("agents was gone; made it again (0700)" in line for line in bridge.stderr_lines)
 
 
-def test_umask_000_still_makes_private_files(bridge: Bridge) -> None:  # issue 9.4
+def test_umask_000_still_makes_private_files(bridge: Bridge) -> None:
     bridge.start(preexec=lambda: os.umask(0))
     round_trip(bridge, "Private?")
     bridge.wait_log("answered")
@@ -168,7 +168,7 @@ def test_umask_000_still_makes_private_files(bridge: Bridge) -> None:  # issue 9
     }
 
 
-def test_looser_private_files_are_tightened_at_start(bridge: Bridge) -> None:  # issue 9.4
+def test_looser_private_files_are_tightened_at_start(bridge: Bridge) -> None:
     bridge.start()
     round_trip(bridge, "First run")
     bridge.signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""The coms listener's limits over real unix sockets (issue 9.1, issue 14.3, W12)."""
+"""The coms listener's limits over real unix sockets (W12)."""
 
 from __future__ import annotations
 

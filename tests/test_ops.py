@@ -1,4 +1,4 @@
-"""The operator's verbs against a real daemon: status, answer, cancel (issue 11.1)."""
+"""The operator's verbs against a real daemon: status, answer, cancel."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def verb(bridge: Bridge, *args: str, timeout: float = 20.0) -> subprocess.Comple
 
 
 def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
-    # issue 11.1: status and status --json list both open questions, read-only while running
+    # status and status --json list both open questions, read-only while running
     bridge.start()
     plain = bridge.ask("Deploy now?")
     options = bridge.ask(OPTIONS_PROMPT)
@@ -103,7 +103,7 @@ def test_status_without_a_daemon_or_state(bridge: Bridge) -> None:
 
 
 def test_answer_by_number_reaches_the_asker_as_the_option(bridge: Bridge) -> None:
-    # issue 11.1, C11: `answer <qid> 2` on an options question is a selection of the second
+    # C11: `answer <qid> 2` on an options question is a selection of the second
     bridge.start()
     qid = bridge.ask(OPTIONS_PROMPT)
     bridge.wait_log("delivered", qid)
@@ -141,14 +141,14 @@ def test_answer_file_is_a_valid_gateway_file_written_while_no_daemon_runs(bridge
 
 
 def test_answer_refuses_unknown_closed_and_invalid_qids(bridge: Bridge) -> None:
-    # issue 11.1: non-zero and one line; nothing written
+    # non-zero and one line; nothing written
     bridge.start()
     qid = bridge.ask("Go?")
     bridge.wait_log("delivered", qid)
     unknown = new_qid()
     done = verb(bridge, "answer", unknown, "yes")
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == (  # issue 19.4: no --project: looked for in every project
+    assert done.stderr == (  # no --project: looked for in every project
         f"coms-hermes-bridge: no open question {unknown} in any project"
         f" (state files in {bridge.bridge_dir})\n"
     )
@@ -173,7 +173,7 @@ def test_answer_refuses_unknown_closed_and_invalid_qids(bridge: Bridge) -> None:
 
 
 def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
-    # issue 11.1, C13: closed as the console would: note to the human, no response to the asker
+    # C13: closed as the console would: note to the human, no response to the asker
     bridge.start()
     qid = bridge.ask(OPTIONS_PROMPT)
     other = bridge.ask("Keep me open")
@@ -226,7 +226,7 @@ def test_status_json_on_empty_state_file(bridge: Bridge, tmp_path: Path) -> None
 
 
 def test_the_verbs_find_the_project_without_being_told(bridge: Bridge) -> None:
-    # issue 19.4: `answer`, `cancel` and `status` with no --project, bridges on demo and ops
+    # `answer`, `cancel` and `status` with no --project, bridges on demo and ops
     second = Bridge(bridge.base)
     try:
         bridge.start("--project", "demo")

@@ -377,7 +377,7 @@ def test_response_to_a_dead_asker_is_reported_not_fatal(
     ref = start(identity, supervisor=supervisor, logger=logger)
     wait_for(identity.entry_path.exists)
     ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes"))
-    # issue 6: the asker being gone is logged too, and the question stays closed
+    # the asker being gone is logged too, and the question stays closed
     record = logger.expect(LogEvent).record
     assert record.qid == QID and record.event == "response_failed"
     assert isinstance(record.detail, dict) and record.detail["error"]
@@ -639,7 +639,7 @@ def test_crashed_holder_rule(coms_dir: Path) -> None:  # W10
         listening.close()
 
 
-def test_other_peers_with_fresh_heartbeat_are_kept(coms_dir: Path) -> None:  # W9, issue 9.9
+def test_other_peers_with_fresh_heartbeat_are_kept(coms_dir: Path) -> None:  # W9
     now = datetime.now(UTC)
     # e.g. a peer in another pid namespace: its pid is not visible here
     other = plant(coms_dir, "builder", pid=dead_pid(), endpoint="", heartbeat_at=iso(now))

@@ -108,7 +108,7 @@ def _row_state(store: Store) -> Any:
 
 def test_new_question_is_logged_and_stored(start: Any, tmp_path: Any) -> None:
     # C2, C19: none + question_received -> pending (the Router requests delivery);
-    # issue 13.3: the store row is the one record of the state
+    # the store row is the one record of the state
     store = Store.open(tmp_path / "state.sqlite3")
     rig = start(store=store)
     assert rig.events(1) == [("question_received", {"from": "builder"})]
@@ -335,7 +335,7 @@ class SnapshotDelivery(FakeRef):
 def test_the_note_is_owed_in_the_closing_transaction(
     start: Any, tmp_path: Any, ending: str
 ) -> None:
-    # issue 9.7: the note is stored with the state change that causes it, before
+    # the note is stored with the state change that causes it, before
     # Delivery is told, and stays owed until hermes has run it
     store = Store.open(tmp_path / "state.sqlite3")
     rig = start(store=store, timeout_s=0.3 if ending == "timeout" else 60)
@@ -390,7 +390,7 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart() -> None:
 
 
 def test_two_thousand_open_questions_run_on_a_few_threads(tmp_path: Any) -> None:
-    # issue 14.1: every question an actor with its own mailbox and deadline, yet the
+    # every question an actor with its own mailbox and deadline, yet the
     # thread count stays flat (<= 40 for the process, as /proc/self/status counts)
     store = Store.open(tmp_path / "state.sqlite3")
     fakes = {n: FakeRef(n) for n in QUESTION_ROLES}

@@ -1,4 +1,4 @@
-"""QuestionSupervisor with fake questions: restarts from the row, replay, poison (issue 13.2)."""
+"""QuestionSupervisor with fake questions: restarts from the row, replay, poison."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 
 def test_crashed_question_gets_its_unread_messages_in_order(rig: Rig) -> None:
-    # issue 13.4: replayed to the restarted question, ahead of what came later
+    # replayed to the restarted question, ahead of what came later
     release = threading.Event()
     before = rig.slot.ref
     for message in (Hold(release), Boom(), "m1", "m2", "m3"):
@@ -113,7 +113,7 @@ def test_crashed_question_gets_its_unread_messages_in_order(rig: Rig) -> None:
 
 
 def test_a_restarted_question_resumes_from_its_row(rig: Rig) -> None:
-    # issue 13.3: the store row is the one record of the state
+    # the store row is the one record of the state
     before = rig.slot.ref
     rig.slot.tell(Boom())
     rig.restarted(before)
@@ -122,7 +122,7 @@ def test_a_restarted_question_resumes_from_its_row(rig: Rig) -> None:
 
 
 def test_poison_question_is_closed_with_an_error_and_the_rest_lives_on(rig: Rig) -> None:
-    # issue 13.2: past its own intensity the question is closed, its asker told,
+    # past its own intensity the question is closed, its asker told,
     # the event logged, the row gone (not restored), and the supervisor alive
     for _ in range(3):
         before = rig.slot.ref
@@ -159,7 +159,7 @@ def test_restarts_spread_over_time_are_not_poison(rig: Rig) -> None:
 
 
 def test_a_shortage_is_retried_with_backoff_not_counted(rig: Rig) -> None:
-    # issue 9.2 for questions: e.g. no thread for it
+    # a shortage (no thread for it, say) is retried after a backoff, as for any child
     release = threading.Event()
     for attempt in range(5):
         before = rig.slot.ref
@@ -230,7 +230,7 @@ def test_the_error_a_poison_questions_asker_reads_is_kept_to_500_characters() ->
 
 
 def test_each_question_has_an_intensity_of_its_own(rig: Rig) -> None:
-    # issue 13.2: another question's crashes do not count toward this one's bound
+    # another question's crashes do not count toward this one's bound
     other_qid = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
     other_child = f"question:{other_qid}:run.1"
     other_prompt = PROMPT.model_copy(update={"msg_id": other_qid})

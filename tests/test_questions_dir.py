@@ -1,5 +1,5 @@
 """The questions directory against a real daemon: it heals, stays private, bounds what
-it reads, and tells the human when their answer could not be read (issue 9.3-9.5, X7)."""
+it reads, and tells the human when their answer could not be read (X7)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def body(qid: str, **fields: object) -> bytes:
                        "at": "2026-11-30T12:01:00.000Z", **fields}).encode()
 
 
-def test_deleted_directory_heals_without_a_crash_loop(bridge: Bridge) -> None:  # issue 9.3
+def test_deleted_directory_heals_without_a_crash_loop(bridge: Bridge) -> None:
     # Eight deletions within two seconds: under the old restart-on-loss this
     # exhausted the restart bound (5 in 10 s) and the daemon exited 1.
     bridge.start("--poll-ms", "200")
@@ -63,7 +63,7 @@ def test_deleted_directory_heals_without_a_crash_loop(bridge: Bridge) -> None:  
     assert (env["msg_id"], env["response"]) == (qid, {"kind": "freeform", "text": "yes"})
 
 
-def test_directory_is_private_whatever_the_umask(bridge: Bridge) -> None:  # issue 9.4
+def test_directory_is_private_whatever_the_umask(bridge: Bridge) -> None:
     old = os.umask(0)
     try:
         bridge.start()  # the daemon inherits umask 000
@@ -74,7 +74,7 @@ def test_directory_is_private_whatever_the_umask(bridge: Bridge) -> None:  # iss
     assert bridge.questions.stat().st_mode & 0o777 == 0o700
 
 
-def test_a_looser_directory_is_tightened_at_start(bridge: Bridge) -> None:  # issue 9.4
+def test_a_looser_directory_is_tightened_at_start(bridge: Bridge) -> None:
     bridge.questions.mkdir(parents=True)
     bridge.questions.chmod(0o777)
     bridge.start()
@@ -83,7 +83,7 @@ def test_a_looser_directory_is_tightened_at_start(bridge: Bridge) -> None:  # is
     assert bridge.questions.stat().st_mode & 0o777 == 0o700
 
 
-def test_huge_answer_files_are_never_read(bridge: Bridge) -> None:  # issue 9.5, X6, X7
+def test_huge_answer_files_are_never_read(bridge: Bridge) -> None:  # X6, X7
     bridge.start()
     qid = bridge.ask("Big?")
     bridge.wait_log("delivered", qid)

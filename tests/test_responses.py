@@ -1,4 +1,4 @@
-"""The response sender over real unix sockets (W15, issue 9.1, issue 14.3).
+"""The response sender over real unix sockets (W15).
 
 Each test stands up a real asker socket that behaves one way (acks, nacks,
 stays silent, is gone, has a full backlog) and checks what the pool reports

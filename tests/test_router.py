@@ -1,4 +1,4 @@
-"""QuestionRouter with fake collaborators: admission, routing, late notes, restore (issue 13.2)."""
+"""QuestionRouter with fake collaborators: admission, routing, late notes, restore."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def make(tmp_path: Path) -> Iterator[Any]:
 
 
 def test_triage_decides_from_the_name_alone() -> None:
-    # issue 13.2: late, foreign and "already answering" before any parsing
+    # late, foreign and "already answering" before any parsing
     a, b, c, d = QIDS[:4]
     answering = {a: False, b: True}
     closed = {c: "answered"}
@@ -99,7 +99,6 @@ def test_triage_decides_from_the_name_alone() -> None:
 
 
 def test_over_capacity() -> None:
-    # issue 9.10
     assert over_capacity(2, 3) is None
     assert over_capacity(3, 3) == "bridge has 3 open questions; try again later"
     assert over_capacity(4, 3) == "bridge has 4 open questions; try again later"
@@ -126,7 +125,7 @@ def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Any)
 
 
 def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> None:
-    # issue 9.10: nacked at once with the count; the open ones are untouched
+    # nacked at once with the count; the open ones are untouched
     rig = make(max_open=3)
     for qid in QIDS[:3]:
         rig.opened(prompt_envelope(qid))
@@ -153,7 +152,7 @@ def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Any) -> N
 
 
 def test_an_answer_reaches_its_question_once(make: Any) -> None:
-    # issue 13.5: Watcher -> Router -> Question; the second sighting is dropped
+    # Watcher -> Router -> Question; the second sighting is dropped
     # until the question restarts
     rig = make()
     start = rig.opened(prompt_envelope(QIDS[0]))
@@ -236,7 +235,7 @@ def test_the_file_that_answered_a_question_is_not_late(make: Any) -> None:
 
 
 def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: Any) -> None:
-    # issue 14: a rescan re-offering the answering file between the close and its
+    # a rescan re-offering the answering file between the close and its
     # removal logged a spurious late_answer and sent a late note to the human
     rig = make()
     start = rig.opened(prompt_envelope(QIDS[0]))
@@ -286,7 +285,7 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(mak
 
 
 def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None:
-    # restore: pending questions are sent again, owed notes and responses too (issue 9.7)
+    # restore: pending questions are sent again, owed notes and responses too
     first = make()
     first.opened(prompt_envelope(QIDS[0]))
     second_start = first.opened(prompt_envelope(QIDS[1]))
@@ -307,7 +306,7 @@ def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None
     assert rig.store.open_spec(QIDS[1], starts[1].child) is not None
 
 
-# -- late files: each judged once, within a bounded memory (C15, issue 9.7) ----------
+# -- late files: each judged once, within a bounded memory (C15) ----------
 
 
 def _late_notes(rig: RouterRig, count: int) -> list[SendText]:

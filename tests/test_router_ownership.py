@@ -97,7 +97,7 @@ def test_only_the_asker_cancels(rig: RouterRig) -> None:
              what="the asker's cancel reaches the question")
 
 
-def test_a_restarted_question_gets_its_answer_file_offered_again(rig: RouterRig) -> None:  # issue 14.4
+def test_a_restarted_question_gets_its_answer_file_offered_again(rig: RouterRig) -> None:
     # the watcher hands a file on once; if the question handling it restarts,
     # the Router asks for it again instead of waiting for the watcher's re-offer
     assert rig.admit(prompt_envelope(QID)) is None

@@ -1,5 +1,5 @@
 """The daemon under a service manager: sd_notify, the earned watchdog, stderr lines for
-journald, SIGUSR1 stack dumps (issue 11.2, 11.3, issue 13.6)."""
+journald, SIGUSR1 stack dumps."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class NotifySocket:
 
 
 def test_sd_notify_ready_watchdog_stopping(bridge: Bridge) -> None:
-    # issue 11.2: READY=1 after the registry entry exists, WATCHDOG=1 at half of
+    # READY=1 after the registry entry exists, WATCHDOG=1 at half of
     # WATCHDOG_USEC (>= 2 in 2.5 s at 1 s), STATUS= with the open count, STOPPING=1 on SIGTERM
     notify = NotifySocket(bridge.base / "notify.sock")
     try:
@@ -101,7 +101,7 @@ def test_sd_notify_ready_watchdog_stopping(bridge: Bridge) -> None:
 
 
 def test_no_watchdog_ping_while_the_tree_does_not_answer(coms_dir: Path) -> None:
-    # issue 11.2: the ping is earned by a bounded ask, not sent by a bare timer
+    # the ping is earned by a bounded ask, not sent by a bare timer
     notify = NotifySocket(coms_dir / "n.sock")
     healthy = threading.Event()
     asked: list[float] = []
@@ -145,7 +145,7 @@ def test_service_link_without_systemd_does_nothing() -> None:
 
 @pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
-    # issue 11.3: start, ready, stop, a delivery error, a rejected answer file, each one line
+    # start, ready, stop, a delivery error, a rejected answer file, each one line
     bridge.hermes.configure(exit=3, stderr="chat not found\n")
     bridge.start()
     qid = bridge.ask("Anyone?")
@@ -166,7 +166,7 @@ def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
 
 
 def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) -> None:
-    # issue 11.3: under systemd (JOURNAL_STREAM names our stderr) each line starts with <N>
+    # under systemd (JOURNAL_STREAM names our stderr) each line starts with <N>
     out = tmp_path / "journal"
     code = (
         "from coms_hermes_bridge.actors.base import report\n"
@@ -193,7 +193,7 @@ def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) 
 
 
 def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
-    # issue 13.6: pykka.debug's dump, as Mopidy wires it; the daemon carries on
+    # pykka.debug's dump, as Mopidy wires it; the daemon carries on
     bridge.start()
     assert bridge.proc is not None
     bridge.proc.send_signal(signal.SIGUSR1)
@@ -215,7 +215,7 @@ def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
 
 
 def test_scripts_dev_run_ends_with_the_daemons_own_status(bridge: Bridge) -> None:
-    # issue 11.5: `scripts/dev run` becomes the daemon (exec), so SIGTERM to what was
+    # `scripts/dev run` becomes the daemon (exec), so SIGTERM to what was
     # started is SIGTERM to the daemon, and its exit 0 is the status (not just's 143)
     bridge.start(command=(str(ROOT / "scripts" / "dev"), "run"))
     assert bridge.proc is not None and bridge.entry["pid"] == bridge.proc.pid
@@ -224,7 +224,7 @@ def test_scripts_dev_run_ends_with_the_daemons_own_status(bridge: Bridge) -> Non
 
 
 def test_scripts_dev_without_a_recipe_lists_them(bridge: Bridge) -> None:
-    # issue 11.5: no argument prints the recipes instead of starting the daemon
+    # no argument prints the recipes instead of starting the daemon
     done = subprocess.run(
         [str(ROOT / "scripts" / "dev")], capture_output=True, text=True, timeout=120,
         env=bridge.env(), stdin=subprocess.DEVNULL, check=False,
@@ -238,7 +238,6 @@ def test_scripts_dev_without_a_recipe_lists_them(bridge: Bridge) -> None:
 
 
 def test_help_lists_the_environment_the_daemon_reads(bridge: Bridge) -> None:
-    # issue 11.5
     done = bridge.run("--help")
     assert done.returncode == 0
     for name in ("HOME", "PI_COMS_DIR", "PI_COMS_TIMEOUT_MS", "NOTIFY_SOCKET", "WATCHDOG_USEC",

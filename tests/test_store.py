@@ -177,7 +177,7 @@ def test_closed_memory_is_trimmed_to_the_newest(store: Store) -> None:
 
 
 def test_closed_table_is_trimmed_in_batches_and_stays_bounded(store: Store) -> None:
-    # issue 14.5: no trim on every close, yet never more than one batch over the memory
+    # no trim on every close, yet never more than one batch over the memory
     counts = []
     for i in range(CLOSED_MEMORY + 3 * CLOSED_TRIM_BATCH + 7):
         store.close(f"Q{i}", "answered")
@@ -187,7 +187,7 @@ def test_closed_table_is_trimmed_in_batches_and_stays_bounded(store: Store) -> N
 
 
 def test_writes_never_scan_a_table_for_its_order(store: Store) -> None:
-    # issue 14.5: put_open took MAX(seq) over an unindexed table (1.5 ms at 10,000 rows)
+    # put_open took MAX(seq) over an unindexed table (1.5 ms at 10,000 rows)
     statements: list[str] = []
     assert store._conn is not None
     store._conn.set_trace_callback(statements.append)
@@ -398,7 +398,7 @@ def timed(path: Path) -> tuple[Store, list[Callable[[], None]]]:
 
 
 def test_settles_arriving_together_share_one_commit(path: Path) -> None:
-    # issue 14: one commit per settled response cost as much as the close itself
+    # one commit per settled response cost as much as the close itself
     timers: list[tuple[float, Callable[[], None]]] = []
     store = Store.open(path, schedule=lambda delay, action: timers.append((delay, action)))
     try:
@@ -804,7 +804,7 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
         assert conn.execute("SELECT value FROM meta").fetchall() == [(str(SCHEMA_VERSION),)]
 
 
-# issue 12.3: state per project; the old shared file is adopted once ---------
+# state per project; the old shared file is adopted once ---------
 
 
 @pytest.mark.parametrize("version", [2, 3])

@@ -1,4 +1,4 @@
-"""Supervision promises with fake children: the root, slots, hand-over, backoff (issue 13).
+"""Supervision promises with fake children: the root, slots, hand-over, backoff.
 
 The children here are tiny actors that forward whatever they read to a FakeRef,
 so a test sees exactly which messages each incarnation got, in which order. The
@@ -147,7 +147,7 @@ def _held_then_crash(rig: Rig, name: str, unread: list[Any], crash: Any = None) 
     ],
 )
 def test_resource_shortages_are_told_from_bugs(exc: BaseException | None, shortage: bool) -> None:
-    # issue 9.2: which crashes back off instead of counting toward the bound
+    # which crashes back off instead of counting toward the bound
     assert is_resource_shortage(exc) is shortage
 
 
@@ -205,7 +205,7 @@ def test_backoff_doubles_to_its_cap_and_starts_over_after_a_quiet_spell() -> Non
 
 
 def test_bind_replays_unread_then_held_in_order(rig: Callable[..., Rig]) -> None:
-    # issue 13.4: what the dead child had not read comes first, then what was
+    # what the dead child had not read comes first, then what was
     # told to the slot while it was down, each in the order it was told
     r = rig(("a",))
     seen = r.seen["a"]
@@ -221,7 +221,7 @@ def test_bind_replays_unread_then_held_in_order(rig: Callable[..., Rig]) -> None
 
 
 def test_bind_to_a_dead_child_keeps_the_messages_held() -> None:
-    # issue 13.4: the child died before it was bound; nothing is lost, nothing raises,
+    # the child died before it was bound; nothing is lost, nothing raises,
     # and the rebind its ChildFailed brings delivers everything in order
     seen = FakeRef("seen")
     slot = Slot("x")
@@ -274,7 +274,7 @@ def test_detaching_a_slot_that_points_nowhere_changes_nothing() -> None:
 
 
 def test_a_crashing_child_detaches_its_slot_before_handing_over() -> None:
-    # issue 13.4: a tell racing with the hand-over is held for the successor,
+    # a tell racing with the hand-over is held for the successor,
     # never put into the dead mailbox after it was drained
     supervisor = FakeRef("supervisor")
     seen = FakeRef("seen")
@@ -297,7 +297,7 @@ def test_a_crashing_child_detaches_its_slot_before_handing_over() -> None:
 
 
 def test_crashed_permanent_child_gets_its_unread_messages_in_order(rig: Callable[..., Rig]) -> None:
-    # issue 13.4: the mailbox of the crashed child is replayed to its successor,
+    # the mailbox of the crashed child is replayed to its successor,
     # ahead of anything told after the crash
     r = rig()
     b = r.slots["b"].ref
@@ -322,7 +322,7 @@ def test_crash_loop_past_the_intensity_is_fatal(rig: Callable[..., Rig]) -> None
 
 
 def test_restarts_older_than_the_window_are_forgotten(rig: Callable[..., Rig]) -> None:
-    # issue 13 mutant: a window that never expires would give up here
+    # a window that never expires would give up here
     r = rig(max_restarts=2, window_s=10)
     r.crash("a")
     r.crash("a")
@@ -337,7 +337,7 @@ def test_restarts_older_than_the_window_are_forgotten(rig: Callable[..., Rig]) -
 def test_shortage_backs_off_and_is_not_counted(
     rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # issue 9.2: EMFILE and the like are retried after 0.1 s, 0.2 s, ... (a message
+    # EMFILE and the like are retried after 0.1 s, 0.2 s, ... (a message
     # scheduled for later, not a sleep), reported once, and never end the daemon
     r = rig(("a",), max_restarts=1)
     release = threading.Event()
@@ -378,7 +378,7 @@ def test_temporary_child_is_not_restarted(rig: Callable[..., Rig]) -> None:
 
 
 def test_a_factory_that_cannot_start_a_thread_backs_off(rig: Callable[..., Rig]) -> None:
-    # issue 9.10: a thread that cannot be started is a shortage, not a crash loop
+    # a thread that cannot be started is a shortage, not a crash loop
     slot = Slot("flaky")
     seen = FakeRef("seen")
     attempts: list[int] = []
@@ -438,7 +438,7 @@ def test_stop_goes_in_reverse_start_order() -> None:
 
 
 def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> None:
-    # issue 13.4: the send cut short and the queued one both reach hermes, in order
+    # the send cut short and the queued one both reach hermes, in order
     hermes = FakeHermes(tmp_path / "bin", sleep=30)
     slot = Slot("delivery")
     question_a, question_b = FakeRef("a"), FakeRef("b")
@@ -484,7 +484,7 @@ def test_operator_lines_from_threads_at_once_never_run_together(
 
 
 def test_no_tell_through_a_slot_is_lost_while_its_child_crashes(rig: Callable[..., Rig]) -> None:
-    # issue 13.4: four threads tell through the slot while the child crashes again
+    # four threads tell through the slot while the child crashes again
     # and again; every message is read exactly once, by one incarnation or the next,
     # and each thread's messages in the order it told them
     r = rig(("a",), max_restarts=1000)
@@ -511,13 +511,13 @@ def test_no_tell_through_a_slot_is_lost_while_its_child_crashes(rig: Callable[..
     assert r.fatal == []
 
 
-# -- what the operator reads, and the end of the line (issue 11.3, 9.2, 13.1) ------
+# -- what the operator reads, and the end of the line ------
 
 
 def test_giving_up_is_one_error_line_and_nothing_restarts_after_it(
     rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # issue 13.1: past the intensity the root gives up once, for good; issue 11.3:
+    # past the intensity the root gives up once, for good, and
     # the operator's line carries the level journald and grep filter on
     r = rig(max_restarts=1)
     r.crash("a")
@@ -540,7 +540,7 @@ def test_giving_up_is_one_error_line_and_nothing_restarts_after_it(
 def test_each_child_short_of_a_resource_has_its_own_backoff_and_episode(
     rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # issue 9.2: the backoff is per child: one child's shortage does not lengthen
+    # the backoff is per child: one child's shortage does not lengthen
     # another's first delay or hide its warning line
     r = rig(("a", "b"))
     r.slots["a"].tell(Short())
@@ -555,7 +555,7 @@ def test_each_child_short_of_a_resource_has_its_own_backoff_and_episode(
 
 
 def test_a_backoff_episode_lasts_until_the_cap_has_passed_since_the_last_delay() -> None:
-    # issue 9.2: one warning per episode; a shortage exactly `max_s` after the last
+    # one warning per episode; a shortage exactly `max_s` after the last
     # delay ran out is still the same episode, one later starts a new one
     clock = FakeClock()
     backoff = Backoff(clock, first_s=1.0, max_s=8.0)
@@ -567,7 +567,7 @@ def test_a_backoff_episode_lasts_until_the_cap_has_passed_since_the_last_delay()
 
 
 def test_the_default_schedule_runs_a_restart_later_and_can_be_cancelled() -> None:
-    # issue 9.2: the backoff delay is a message for later on the one timer service
+    # the backoff delay is a message for later on the one timer service
     from coms_hermes_bridge.actors.supervisor import timer_schedule
 
     fired, cancelled = threading.Event(), threading.Event()
@@ -579,7 +579,7 @@ def test_the_default_schedule_runs_a_restart_later_and_can_be_cancelled() -> Non
 
 
 def test_a_crash_of_the_root_itself_is_fatal_with_its_reason(rig: Callable[..., Rig]) -> None:
-    # issue 13.1: nothing supervises the root; its own failure ends the daemon, saying why
+    # nothing supervises the root; its own failure ends the daemon, saying why
     r = rig(("a",))
     r.ref.tell("no such message")
     wait_for(lambda: r.fatal, what="the root gives up")

@@ -1,4 +1,4 @@
-"""Supervision and hardening through the real daemon (issues 9.7, 9.8, 9.10, 13)."""
+"""Supervision and hardening through the real daemon."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def bridge() -> Iterator[Bridge]:
 
 
 def test_max_open_refuses_the_fourth_prompt_and_keeps_the_three(bridge: Bridge) -> None:
-    # issue 9.10: nacked at once with the count, nothing stored, the others answered
+    # nacked at once with the count, nothing stored, the others answered
     bridge.start("--max-open", "3")
     qids = [bridge.ask(f"question {n}?") for n in range(3)]
     fourth = bridge.asker.prompt_envelope("one too many?")
@@ -49,7 +49,7 @@ def test_max_open_refuses_the_fourth_prompt_and_keeps_the_three(bridge: Bridge) 
 
 
 def test_a_note_owed_at_sigkill_is_sent_after_restart(bridge: Bridge) -> None:
-    # issue 9.7: the cancel note is stored with the cancel; hermes is still
+    # the cancel note is stored with the cancel; hermes is still
     # sending it when the daemon is killed; the next start sends it
     bridge.start()
     qid = bridge.ask("Cancel me?")
@@ -80,7 +80,7 @@ def test_a_note_owed_at_sigkill_is_sent_after_restart(bridge: Bridge) -> None:
 
 
 def test_a_row_nested_100000_deep_does_not_block_the_start(bridge: Bridge) -> None:
-    # issue 9.8: a row too deep for the bounded decoder is dropped (one stderr line); the
+    # a row too deep for the bounded decoder is dropped (one stderr line); the
     # rest lives
     store = Store.open(bridge.state_path())
     store.shutdown()

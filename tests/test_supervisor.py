@@ -85,7 +85,7 @@ def test_restart_bound_exceeded_is_fatal(tree: Tree) -> None:
     assert tree.fatal[0].startswith("logger crashed 4 times within 10s")
 
 
-def test_deleted_questions_directory_heals(tree: Tree) -> None:  # issue 9.3
+def test_deleted_questions_directory_heals(tree: Tree) -> None:
     # the watcher makes its directory again and watches it anew, without
     # failing: deleting it repeatedly must not become a crash loop
     qid = tree.ask("after the directory is gone?")
@@ -104,7 +104,7 @@ def test_deleted_questions_directory_heals(tree: Tree) -> None:  # issue 9.3
 def test_open_question_survives_a_crash_of_the_router_or_question_supervisor(
     tree: Tree, child: str
 ) -> None:
-    # issue 13.2: the table is rebuilt from the store; the questions start again from their rows
+    # the table is rebuilt from the store; the questions start again from their rows
     qid = tree.ask("still open after the crash?")
     wait_for(lambda: tree.state(qid) == "delivered", what="delivered")
     tree.crash(child)
@@ -116,7 +116,7 @@ def test_open_question_survives_a_crash_of_the_router_or_question_supervisor(
 
 
 def test_poison_question_is_closed_with_an_error_and_the_daemon_lives_on(tree: Tree) -> None:
-    # issue 13.2: a question that keeps crashing exhausts its own restarts (3 in 10 s),
+    # a question that keeps crashing exhausts its own restarts (3 in 10 s),
     # not the root's; its asker hears why, and every other question carries on
     poison, other = tree.ask("poison?"), tree.ask("healthy?")
     wait_for(lambda: all(tree.state(q) == "delivered" for q in (poison, other)),

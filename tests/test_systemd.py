@@ -1,4 +1,4 @@
-"""The systemd user unit and its installer (issue 11.2)."""
+"""The systemd user unit and its installer."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ def settings(text: str) -> dict[str, list[str]]:
 
 
 def test_unit_promises_notify_watchdog_restart_and_hardening() -> None:
-    # issue 11.2
     unit = settings(TEMPLATE.read_text())
     assert unit["Type"] == ["notify"]
     assert unit["NotifyAccess"] == ["main"]
@@ -65,7 +64,7 @@ def fake_hermes(directory: Path) -> Path:
 
 
 def test_install_writes_the_unit_and_the_instance_settings(tmp_path: Path) -> None:
-    # issue 11.2: `just install-service PROJECT --to ...` (here without systemctl)
+    # `just install-service PROJECT --to ...` (here without systemctl)
     home = tmp_path / "home"
     home.mkdir()
     tools = fake_hermes(tmp_path / "tools")
@@ -115,7 +114,7 @@ def test_install_refuses_a_bad_project(tmp_path: Path) -> None:
 
 
 def test_installed_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    # issue 11.2: the unit as installed, checked by systemd itself
+    # the unit as installed, checked by systemd itself
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed (.ci/run installs it where it can)")
@@ -146,7 +145,7 @@ def test_installed_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_unit_under_a_real_user_manager() -> None:
-    # issue 21.4: the shipped unit, installed by the installer, run by systemd 252's own
+    # the shipped unit, installed by the installer, run by systemd 252's own
     # user manager: READY, a question answered, SIGKILL -> restarted, stop -> exit 0
     manager = Path("/lib/systemd/systemd")
     if os.geteuid() != 0 or not manager.exists() or shutil.which("unshare") is None:

@@ -150,7 +150,7 @@ def test_a_file_written_while_stopped_is_picked_up_by_the_start_scan(tmp_path: P
 
 def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # issue 14.4
+) -> None:
     reads: list[int] = []
     real = watcher_module._read_at_most
     monkeypatch.setattr(watcher_module, "_read_at_most", lambda fd, n: reads.append(fd) or real(fd, n))
@@ -175,7 +175,7 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
 
 def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
     tmp_path: Path,
-) -> None:  # issue 14.4
+) -> None:
     clock = FakeClock()
     (tmp_path / "questions").mkdir()
     write(tmp_path / "questions" / NAME, ANSWER)  # before the start: no event still to come
@@ -195,7 +195,7 @@ def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
 
 def test_an_inotify_overflow_brings_a_deep_rescan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # issue 14.4: events lost, so every file is looked at again
+) -> None:  # events lost, so every file is looked at again
     overflow = threading.Event()
 
     class OverflowingINotify(watcher_module.INotify):  # type: ignore[misc]
@@ -220,7 +220,7 @@ def test_an_inotify_overflow_brings_a_deep_rescan(
     assert rig.seen().signature == FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:  # issue 14.4
+def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:
     clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
@@ -579,14 +579,14 @@ def test_offer_again_lifts_the_judgement_of_a_version_that_could_not_go(
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)  # offered again, as any
 
 
-# -- the directory: private, and it heals (issue 9.3, 9.4) -----------------------
+# -- the directory: private, and it heals -----------------------
 
 
 def mode(path: Path) -> int:
     return os.stat(path).st_mode & 0o777
 
 
-def test_start_makes_the_directory_0700_whatever_the_umask(tmp_path: Path) -> None:  # issue 9.4
+def test_start_makes_the_directory_0700_whatever_the_umask(tmp_path: Path) -> None:
     old = os.umask(0)
     try:
         rig = start(tmp_path)
@@ -598,7 +598,7 @@ def test_start_makes_the_directory_0700_whatever_the_umask(tmp_path: Path) -> No
 
 def test_start_tightens_a_looser_directory_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # issue 9.4
+) -> None:
     directory = tmp_path / "questions"
     directory.mkdir()
     directory.chmod(0o777)
@@ -610,7 +610,7 @@ def test_start_tightens_a_looser_directory_and_says_so(
 
 def test_a_deleted_directory_is_made_again_and_watched_without_a_restart(
     tmp_path: Path,
-) -> None:  # issue 9.3
+) -> None:
     rig = start(tmp_path)
     rig.sync()
     for round_ in range(8):
@@ -623,7 +623,7 @@ def test_a_deleted_directory_is_made_again_and_watched_without_a_restart(
     rig.supervisor.assert_nothing()  # never failed, so never restarted
 
 
-def test_a_file_written_while_the_watch_is_remade_is_found(tmp_path: Path) -> None:  # issue 9.3
+def test_a_file_written_while_the_watch_is_remade_is_found(tmp_path: Path) -> None:
     rig = start(tmp_path)
     rig.sync()
     shutil.rmtree(rig.dir)
@@ -665,7 +665,7 @@ def watched_inodes(rig: Rig) -> list[int]:
 
 def test_a_directory_that_cannot_be_made_is_retried_not_crashed_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # issue 9.3
+) -> None:
     rig = start(tmp_path, poll_ms=50)
     rig.sync()
     for _ in range(100):  # the watcher races to make it again; put a file in the way first
@@ -704,7 +704,7 @@ def test_a_directory_that_cannot_be_made_at_start_fails_the_start(tmp_path: Path
     assert "NotADirectoryError" in repr(rig.supervisor.next())
 
 
-# -- bounded reads (issue 9.5) ---------------------------------------------------
+# -- bounded reads ---------------------------------------------------
 
 
 def sparse(path: Path, size: int) -> FileSignature:
@@ -714,7 +714,7 @@ def sparse(path: Path, size: int) -> FileSignature:
     return FileSignature(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def test_a_file_over_the_limit_is_handed_on_unread(tmp_path: Path) -> None:  # issue 9.5
+def test_a_file_over_the_limit_is_handed_on_unread(tmp_path: Path) -> None:
     rig = start(tmp_path)
     rig.sync()
     signature = sparse(tmp_path / "big", 200 * 1024 * 1024)
@@ -726,7 +726,7 @@ def test_a_file_over_the_limit_is_handed_on_unread(tmp_path: Path) -> None:  # i
     assert rig.seen(content).name == at_limit  # up to the limit it is read
 
 
-def test_an_oversized_answer_is_rejected_with_its_size(tmp_path: Path) -> None:  # issue 9.5
+def test_an_oversized_answer_is_rejected_with_its_size(tmp_path: Path) -> None:
     rig = start(tmp_path)
     rig.sync()
     signature = sparse(rig.dir / NAME, ANSWER_FILE_LIMIT + 1)
@@ -741,7 +741,7 @@ def test_an_oversized_answer_is_rejected_with_its_size(tmp_path: Path) -> None: 
     assert not (rig.dir / NAME).exists()
 
 
-def test_reads_stop_past_the_limit() -> None:  # issue 9.5: a file that grows while read
+def test_reads_stop_past_the_limit() -> None:  # a file that grows while read
     for size, expected in [(0, b""), (10, b"x" * 10), (100, b"x" * 100), (101, None)]:
         read_end, write_end = os.pipe()
         os.write(write_end, b"x" * size)

@@ -228,16 +228,16 @@ def test_prompt_descriptive_fields_are_taken_as_they_come() -> None:
     assert env.reply_timeout_ms == "30000" and env.conversation_id == 12
 
 
-# -- bounded lines (issue 9.5, W13) ---------------------------------------------
+# -- bounded lines (W13) ---------------------------------------------
 
 
-def test_a_line_that_fits_is_written_exactly_as_dumps_writes_it() -> None:  # issue 9.5
+def test_a_line_that_fits_is_written_exactly_as_dumps_writes_it() -> None:
     body = {"a": "x" * 1000, "b": [1, "é"]}
     assert fit_line(body) == dumps(body) + "\n"
 
 
 @pytest.mark.parametrize("unit", ["x", "é", "\n", "😀", '"'])
-def test_long_texts_are_cut_with_an_ellipsis_under_64_kib(unit: str) -> None:  # issue 9.5
+def test_long_texts_are_cut_with_an_ellipsis_under_64_kib(unit: str) -> None:
     body = {"msg_id": QID, "error": "hermes send failed (1): " + unit * 200_000,
             "response": {"answer": unit * 100_000}}
     line = fit_line(body)
@@ -250,7 +250,7 @@ def test_long_texts_are_cut_with_an_ellipsis_under_64_kib(unit: str) -> None:  #
     assert len(line.encode("utf-8")) > LINE_LIMIT - 200  # cut to the limit, not far below
 
 
-def test_an_oversize_response_envelope_stays_one_valid_line() -> None:  # issue 9.5, W13
+def test_an_oversize_response_envelope_stays_one_valid_line() -> None:  # W13
     env = ResponseEnvelope(msg_id=QID, sender_session="s", sender_endpoint="/e",
                            timestamp="2026-11-30T12:00:00.000Z", response=None,
                            error="x" * 70_000)
@@ -260,7 +260,7 @@ def test_an_oversize_response_envelope_stays_one_valid_line() -> None:  # issue 
     assert parsed["type"] == "response" and parsed["error"].endswith("…")
 
 
-def test_an_oversize_log_record_stays_one_valid_line() -> None:  # issue 9.5, C20
+def test_an_oversize_log_record_stays_one_valid_line() -> None:  # C20
     record = LogRecord(at="2026-11-30T12:00:00.000Z", qid=QID, event="delivery_error",
                        detail={"phase": "question", "error": "e" * 100_000})
     line = record.to_line()
@@ -276,7 +276,7 @@ def test_a_cancel_line_keeps_its_wire_field_names() -> None:  # W16
 
 
 def test_the_json_text_is_made_once_and_a_copy_makes_its_own() -> None:
-    # issue 14: a prompt's text is written twice (its row, then the response owed)
+    # a prompt's text is written twice (its row, then the response owed)
     envelope = PromptEnvelope(msg_id="x", sender_endpoint="/e", hops=0, prompt="first")
     text = envelope.to_json()
     assert envelope.to_json() is text
