@@ -9,6 +9,7 @@ from typing import Any
 
 import pykka
 import pytest
+from pykka._envelope import Envelope
 
 from coms_hermes_bridge.actors.base import PooledChild
 from coms_hermes_bridge.actors.dispatch import Dispatcher, PooledActor, PoolInbox, StopFlag
@@ -279,8 +280,95 @@ def test_a_busy_actor_does_not_starve_the_others() -> None:
 def test_the_inbox_is_pykkas_mailbox_protocol() -> None:
     inbox = PoolInbox()
     assert inbox.empty()
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=r"^get from an empty mailbox$"):
         inbox.get()
+
+
+class _Submits:
+    """A dispatcher that records the turns asked of it and runs none."""
+
+    def __init__(self) -> None:
+        self.turns: list[PoolInbox] = []
+
+    def submit(self, inbox: PoolInbox) -> None:
+        self.turns.append(inbox)
+
+
+class _Reads:
+    """What a mailbox's turn calls on its actor: here, read `per_turn` messages."""
+
+    def __init__(self, inbox: PoolInbox, per_turn: int) -> None:
+        self.inbox, self.per_turn = inbox, per_turn
+        self.read: list[Any] = []
+
+    def _turn(self) -> None:
+        for _ in range(self.per_turn):
+            envelope = self.inbox.take()
+            if envelope is not None:
+                self.read.append(envelope.message)
+
+
+def test_a_mailbox_asks_for_one_turn_at_a_time() -> None:
+    # one turn at a time per actor: a turn is asked for when mail comes to an idle
+    # mailbox, never while one is due, and again after a turn that left mail
+    inbox, dispatcher = PoolInbox(), _Submits()
+    inbox.put(Envelope("early"))  # before the actor runs: held, no turn asked for
+    assert inbox.qsize() == 1
+    actor = _Reads(inbox, per_turn=2)
+    inbox.attach(actor, dispatcher)  # type: ignore[arg-type]
+    assert dispatcher.turns == [inbox]  # the first turn (on_start, then the mail)
+    inbox.put(Envelope("a"))
+    inbox.put(Envelope("b"))
+    assert dispatcher.turns == [inbox] and inbox.qsize() == 3  # that turn is still due
+    inbox.run_turn()  # reads two, leaves one: asks for the next turn itself
+    assert actor.read == ["early", "a"] and dispatcher.turns == [inbox, inbox]
+    inbox.put(Envelope("c"))
+    assert dispatcher.turns == [inbox, inbox]
+    inbox.run_turn()  # reads the last two: idle
+    assert actor.read == ["early", "a", "b", "c"] and inbox.qsize() == 0
+    assert dispatcher.turns == [inbox, inbox]
+    inbox.put(Envelope("d"))  # mail to an idle mailbox: one turn more
+    inbox.put(Envelope("e"))  # and that turn is due: no other
+    assert dispatcher.turns == [inbox, inbox, inbox]
+
+
+def test_a_stop_flag_is_an_events_interface() -> None:
+    # is_set, set, clear and wait as threading.Event has them, the event made on demand
+    flag = StopFlag()
+    assert flag.is_set() is False
+    flag.clear()  # nobody waits yet: no event to clear
+    flag.set()
+    assert flag.is_set() is True
+    flag.clear()
+    assert flag.is_set() is False
+    assert flag.wait(0) is False  # a waiter: its event is made
+    flag.set()
+    assert flag.wait(0) is True
+    flag.clear()
+    assert flag.is_set() is False and flag.wait(0) is False  # its event cleared too
+
+
+class _Fatal(BaseException):
+    """Not an Exception: as for SystemExit, pykka stops every actor."""
+
+
+class _Doomed(PooledActor):
+    dispatcher = Recorder.dispatcher
+
+    def on_receive(self, message: Any) -> Any:
+        raise _Fatal(message)
+
+
+def test_a_base_exception_stops_every_actor_without_blocking_the_pool() -> None:
+    # the stops are asked for, not waited for: the other actor's stop runs on this
+    # same loop, after the turn that asked for it
+    log: list[Any] = []
+    other = Recorder.start(log)
+    doomed = _Doomed.start()
+    doomed.tell("fatal")
+    wait_for(lambda: not doomed.is_alive() and not other.is_alive(), what="every actor stopped")
+    turns_over(other)
+    assert log == [("stopped", ["start", "stop"])]
 
 
 def test_a_stopped_pooled_actor_wakes_whoever_waits_for_its_stop() -> None:
@@ -322,6 +410,7 @@ def test_a_dispatcher_runs_turns_on_its_edges_thread_and_survives_a_faulty_one(
 ) -> None:
     edge = Edge("test-turns")
     dispatcher = Dispatcher(edge, "turns")
+    assert Dispatcher(edge).name == "actors"  # what its lines say when it is given no name
     ran: list[str] = []
 
     class Inbox:  # what the dispatcher calls on a mailbox, and no more
