@@ -236,6 +236,23 @@ def test_a_line_that_fits_is_written_exactly_as_dumps_writes_it() -> None:
     assert fit_line(body) == dumps(body) + "\n"
 
 
+def test_a_line_of_exactly_the_limit_is_kept_and_one_byte_more_is_cut() -> None:  # W13
+    # the limit counts the newline: `limit` bytes in all is a line that fits
+    overhead = len(dumps({"text": ""})) + 1
+    exact = {"text": "x" * (100 - overhead)}
+    assert fit_line(exact, limit=100) == dumps(exact) + "\n"
+    assert len(fit_line(exact, limit=100).encode("utf-8")) == 100
+    over = {"text": "x" * (101 - overhead)}
+    cut = fit_line(over, limit=100)
+    assert len(cut.encode("utf-8")) <= 100 and json.loads(cut)["text"].endswith("…")
+
+
+def test_a_line_with_no_text_to_cut_is_written_whole() -> None:  # W13
+    # numbers and one-character texts cannot be shortened: the line is not mangled
+    body = {"n": list(range(60)), "t": ["a"] * 30}
+    assert fit_line(body, limit=50) == dumps(body) + "\n"
+
+
 @pytest.mark.parametrize("unit", ["x", "é", "\n", "😀", '"'])
 def test_long_texts_are_cut_with_an_ellipsis_under_64_kib(unit: str) -> None:
     body = {"msg_id": QID, "error": "hermes send failed (1): " + unit * 200_000,
