@@ -41,18 +41,13 @@ def package_dirs(setup_cfg: Path) -> dict[str, str]:
 
 
 PACKAGES = package_dirs(ROOT / "setup.cfg")
-# Longest folder first, so a nested folder would win over its parent.
-FOLDERS = sorted(((folder, name) for name, folder in PACKAGES.items()), key=lambda p: -len(p[0]))
+PACKAGE_OF_FOLDER = {folder: name for name, folder in PACKAGES.items()}
 
 
 def import_name(relative_path: Path) -> str:
     """The module a file under the checkout is imported as (`actors/x.py` -> `….actors.x`)."""
-    parts = relative_path.with_suffix("").parts
-    for folder, package in FOLDERS:
-        depth = len(Path(folder).parts)
-        if parts[:depth] == Path(folder).parts:
-            return ".".join((package, *parts[depth:]))
-    return ".".join(parts)
+    folder, *rest = relative_path.with_suffix("").parts
+    return ".".join((PACKAGE_OF_FOLDER.get(folder, folder), *rest))
 
 
 def mutant_name(relative_source_path: Path, mutant_method_name: str) -> str:
@@ -84,15 +79,15 @@ def reaping(wait_for_result: Callable[..., Any]) -> Callable[..., Any]:
     The tests run in mutmut's own process before the mutants are forked from it, and
     a test's `hermes` or helper process can end after its test did. mutmut reaps any
     child (`os.wait()`) and takes it for a mutant worker, failing on its pid; that
-    child is already gone, so the wait goes on for the next.
+    child is already gone, so its pid is said and the wait goes on for the next.
     """
 
     def wait(runner: Any, timeout: float | None = None) -> Any:
         while True:
             try:
                 return wait_for_result(runner, timeout)
-            except KeyError:
-                continue
+            except KeyError as stray:
+                print(f"mutmut_tree: reaped pid {stray.args[0]}, not a mutant", file=sys.stderr)
 
     return wait
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,7 +57,7 @@ def test_the_mapped_packages_load_from_the_mutants_copy(tmp_path: Path) -> None:
         f"sys.meta_path.insert(0, mutmut_tree.MutantsFinder(__import__('pathlib').Path({str(tmp_path)!r})))\n"
         "import coms_hermes_bridge.actors.probe as p, coms_hermes_bridge.messages as m\n"
         "print(p.WHERE, p.__file__, m.__file__)\n"
-        "print(mutmut_tree.MutantsFinder(None).find_spec('json', None))\n"
+        f"print(mutmut_tree.MutantsFinder(__import__('pathlib').Path({str(tmp_path)!r})).find_spec('json', None))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
@@ -66,7 +68,9 @@ def test_the_mapped_packages_load_from_the_mutants_copy(tmp_path: Path) -> None:
     ]
 
 
-def test_the_wait_for_a_mutant_goes_past_a_child_that_is_not_one() -> None:
+def test_the_wait_for_a_mutant_goes_past_a_child_that_is_not_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     results = iter([KeyError(4452), KeyError(4453), "mutant result"])
 
     def wait_for_result(runner: object, timeout: float | None = None) -> object:
@@ -77,3 +81,6 @@ def test_the_wait_for_a_mutant_goes_past_a_child_that_is_not_one() -> None:
 
     wait = launcher().reaping(wait_for_result)
     assert wait("runner", 5.0) == ("runner", 5.0, "mutant result")
+    assert capsys.readouterr().err == (
+        "mutmut_tree: reaped pid 4452, not a mutant\nmutmut_tree: reaped pid 4453, not a mutant\n"
+    )
