@@ -20,13 +20,19 @@ from types import FrameType
 
 import pykka
 
-from .base import report, utc_now
 from .config import BridgeConfig, UsageError, parse_config
-from .peer import IdentityError, PeerActor, resolve_identity
-from .registry import PeerIdentity, read_entry, remove_entry_if_ours
+from .peer import PeerActor
+from .registry import (
+    IdentityError,
+    PeerIdentity,
+    read_entry,
+    remove_entry_if_ours,
+    resolve_identity,
+)
+from .runtime import report, utc_now
 from .service import ServiceLink, dump_thread_stacks
 from .store import Store, adopt_shared_state
-from .tree import start_tree
+from .supervisor import start_tree
 
 SHUTDOWN_BUDGET_S = 1.5
 

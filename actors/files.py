@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ulid import ULID
 
-from .base import report
+from .runtime import report
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

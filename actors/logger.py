@@ -11,12 +11,14 @@ import contextlib
 import os
 import stat
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..messages.commands import Address, LogEvent, UnknownMessage
-from .base import PooledService, report
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
+from .runtime import PooledChild, report
+
+if TYPE_CHECKING:
+    from .supervisor import Wiring
 
 # A batch is written once the mailbox is empty, or at these bounds (the size in
 # characters, which bounds the bytes to four times as many).
@@ -25,7 +27,7 @@ BATCH_CHARS = 256 * 1024
 BATCH_AGE_S = 0.2
 
 
-class LoggerActor(PooledService):
+class LoggerActor(PooledChild):
     """Appends one JSON line per LogEvent, and never lets a write failure escape.
 
     Lines are written in batches: each record joins a batch that is written
@@ -38,9 +40,9 @@ class LoggerActor(PooledService):
     the file was opened per record.
     """
 
-    def __init__(self, *, supervisor: Address, log_path: Path, name: str = "logger") -> None:
+    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "logger") -> None:
         super().__init__(name, supervisor)
-        self.log_path = log_path
+        self.log_path = wiring.config.log_path
         self._batch: list[str] = []
         self._batch_size = 0
         self._batch_since = 0.0  # when its first line came

@@ -1,10 +1,10 @@
-"""The PeerActor: the bridge's face in the coms pool (W3, W5-W8, W11-W17).
+"""The bridge's face in the coms pool (W3, W5-W8, W11-W17): the PeerActor, the listener
+that reads every client on the loop, and the sends of responses to askers.
 
-It owns the listening socket, the registry entry and the heartbeat, and it
-sends response envelopes to askers. Everything that waits (accepting and
-reading clients, waiting for the Router's word, connecting to an asker, the
-heartbeat's beat) runs on the I/O edge, so the actor's own mailbox only ever
-holds quick work: rewriting the entry and handing a response to the sender.
+The actor owns the identity: the listening socket, the registry entry and its
+heartbeat, and the responses it sends. Whatever waits (a client trickling its
+line, the Router's word on a prompt, an asker's ack) waits on the loop, so a
+slow or hostile peer never reaches the actor's mailbox and costs no thread.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import json
 import os
 import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pykka
 from pydantic import ValidationError
 
 from ..messages.commands import (
@@ -35,7 +35,6 @@ from ..messages.commands import (
     UnknownMessage,
 )
 from ..messages.contract import NOT_ADMITTED, iso, log_record
-from ..messages.model import is_valid_qid
 from ..messages.wire import (
     Ack,
     AgentCard,
@@ -47,36 +46,25 @@ from ..messages.wire import (
     ResponseEnvelope,
     WireModel,
     invalid_text,
+    is_valid_qid,
     loads,
 )
-from .base import Episode, PooledService, report, utc_now
-from .edge import Edge, Timer, awaited, shared_edge
 from .files import private_dir
 from .registry import (
     PROBE_TIMEOUT_S,
-    IdentityError,
     PeerIdentity,
     endpoint_accepts,
     remove_entry_if_ours,
-    resolve_identity,
     write_entry,
 )
-from .responses import ResponsePool, send_envelope, shared_responses
+from .runtime import Edge, Episode, PooledChild, Slot, Timer, awaited, report, shared_edge
 
-__all__ = [
-    "EndpointInUse",
-    "IdentityError",
-    "Listener",
-    "PeerActor",
-    "PeerIdentity",
-    "ResponsePool",
-    "bind_endpoint",
-    "resolve_identity",
-    "send_envelope",
-]
+if TYPE_CHECKING:
+    from .supervisor import Wiring
 
 MODEL = "hermes-bridge"
 COLOR = "#38BDF8"
+PURPOSE = "Remote human via Hermes/Telegram"
 MAX_LINE = 65536
 LINE_DEADLINE_S = 10.0  # for a whole request line, however it trickles in
 REPLY_GRACE_S = 5.0  # for writing the reply once the line is in
@@ -86,6 +74,8 @@ DEPTH_TIMEOUT_S = 2.0  # for the Router's open count; the last one seen is used 
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
 ACCEPT_BATCH = 64
 JOIN_TIMEOUT_S = 1.0
+RESPONSE_TIMEOUT_S = 10.0  # for an asker to ack one attempt
+RETRY_PAUSES_S = (2.0, 10.0)
 
 LINE_TOO_LARGE = "line too large"
 INVALID_JSON = "invalid json"
@@ -93,6 +83,14 @@ NOT_TAKEN = "bridge accepts prompts, cancels, and pings"
 INVALID_PROMPT = "invalid prompt envelope"
 INVALID_CANCEL = "invalid cancel envelope"
 BUSY = "bridge is busy: too many connections; try again"
+RESTARTING = "bridge is restarting; try again"
+
+_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+Admit = Callable[[PromptEnvelope, Callable[[str | None], None]], None]
+"""Hand a prompt to admission; the callback gets None (ack) or the nack's error."""
+Depth = Callable[[Callable[[int], None]], None]
+"""Ask for the open count; the callback gets it."""
 
 
 class EndpointInUse(RuntimeError):
@@ -104,11 +102,8 @@ class _LineTooLarge(Exception):
 
 
 def _take_line(buffer: bytes, eof: bool) -> tuple[bytes | None, bool]:
-    """(the first non-blank line, done) from what a client sent so far.
-
-    Done with no line: the client sent nothing but blank lines before EOF.
-    Not done: more bytes are needed. The tail at EOF counts as a line (W12).
-    """
+    """(the first non-blank line, done) from what a client sent so far: done with no
+    line when it sent only blank lines; the tail at EOF counts as a line (W12)."""
     while b"\n" in buffer:
         line, _, buffer = buffer.partition(b"\n")
         if len(line) > MAX_LINE:
@@ -123,8 +118,7 @@ def _take_line(buffer: bytes, eof: bool) -> tuple[bytes | None, bool]:
 
 
 def _refusal(kind: str, exc: ValidationError) -> str:
-    """The nack for an envelope that is not one: `kind`, and the field when its text
-    is not valid Unicode (X12); other faults keep the pool's plain words (W14)."""
+    """`kind`, naming the field when its text is not valid Unicode (X12)."""
     why = invalid_text(exc)
     return kind if why is None else f"{kind}: {why}"
 
@@ -134,48 +128,40 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"not JSON: {name}")
 
 
-_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
-Admit = Callable[[PromptEnvelope, Callable[[str | None], None]], None]
-"""Hand a prompt to admission; the callback gets None (ack) or the nack's error."""
-Depth = Callable[[Callable[[int], None]], None]
-"""Ask for the open count; the callback gets it."""
+def admit_through(router: Address) -> Admit:
+    """Admission by the Router; while it restarts, the asker is told to try again."""
+    def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+        if isinstance(router, Slot) and router.ref is None:
+            reply(RESTARTING)
+        else:
+            router.tell(NewQuestion(prompt, reply))
+    return admit
 
 
 class Listener:
-    """Reads request lines for every client on the edge and answers each (W12-W17).
+    """Reads one request line from every client on the loop and answers it (W12-W17).
 
-    Kept apart from the actor so that a slow or hostile client never reaches
-    the actor's mailbox. Every limit is fixed: at most `max_connections` open
-    at once (the next one gets a `bridge is busy` nack and is closed at once),
-    and a whole request line within `line_deadline_s` (a client trickling one
-    byte a second is dropped when it runs out, however often it sends). A
-    client costs a descriptor, its buffer and a task on the loop: no thread.
+    Every limit is fixed: at most `max_connections` at once (the next gets a `busy`
+    nack and is closed), and a whole line within `line_deadline_s`, however it
+    trickles in. A client costs a descriptor, its buffer and a task: no thread.
     """
 
-    def __init__(
-        self,
-        server: socket.socket,
-        questions: Address,
-        pong_card: Callable[[int | None], AgentCard],
-        admit: Admit | None = None,
-        depth: Depth | None = None,
-        *,
-        edge: Edge | None = None,
-        max_connections: int = MAX_CONNECTIONS,
-        line_deadline_s: float = LINE_DEADLINE_S,
-    ) -> None:
+    def __init__(self, server: socket.socket, router: Address,
+                 pong_card: Callable[[int | None], AgentCard], admit: Admit | None = None,
+                 depth: Depth | None = None, *, edge: Edge | None = None,
+                 max_connections: int = MAX_CONNECTIONS,
+                 line_deadline_s: float = LINE_DEADLINE_S) -> None:
         server.setblocking(False)  # accept() in a batch must never wait
         self._server = server
-        self._questions = questions
+        self._router = router
         self._pong_card = pong_card
-        self._admit = admit or (lambda prompt, reply: questions.tell(NewQuestion(prompt, reply)))
-        self._depth = depth or (lambda reply: questions.tell(QueueDepthQuery(reply)))
+        self._admit = admit or admit_through(router)
+        self._depth = depth or (lambda reply: router.tell(QueueDepthQuery(reply)))
         self.edge = edge or shared_edge()
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
         self._clients: set[asyncio.Task[None]] = set()
-        self._broken = False  # the listening socket could not be watched: restart the Peer
+        self._broken = False  # the socket could not be watched: the Peer must restart
         self._stopped = False
         self._refused = Episode()  # connections refused while the cap was reached
         self._short = Episode()  # accept() out of descriptors
@@ -186,16 +172,15 @@ class Listener:
 
     @property
     def serving(self) -> bool:
-        """False once the listening socket could not be watched (the heartbeat then fails
-        the Peer, and its restart binds afresh); a pause for descriptors is still serving."""
+        """False once the socket could not be watched (a pause for descriptors still serves)."""
         return not self._broken
 
     def start(self) -> None:
         self.edge.call(self._listen, self._server)
 
     def stop(self) -> None:
-        """Stop listening and drop every client, on the loop (waiting briefly for it when
-        called from another thread)."""
+        """Stop listening and drop every client, on the loop (waited for briefly when called
+        from another thread)."""
         done = concurrent.futures.Future[None]()
         if self.edge.on_loop():
             self._shut(done)
@@ -209,7 +194,7 @@ class Listener:
         server.setblocking(False)
         self.edge.call(self._swap, server)
 
-    # -- on the loop ----------------------------------------------------------
+    # -- on the loop --------------------------------------------------------
 
     def _listen(self, server: socket.socket) -> None:
         if self._stopped:
@@ -254,15 +239,15 @@ class Listener:
                            f"retrying every {ACCEPT_PAUSE_S:g}s", "warning")
                 elif exc.errno not in _SHORTAGE:
                     report(f"cannot accept a coms connection: {exc}", "warning")
-                self._unlisten_for(server, ACCEPT_PAUSE_S)
+                self.edge.loop.remove_reader(server.fileno())  # its backlog waits meanwhile
+                self.edge.loop.call_later(ACCEPT_PAUSE_S, self._resume, server)
                 return
             if self._short.over():
                 report("accepting coms connections again", "info")
             if len(self._clients) >= self.max_connections:
                 self._refuse(conn)
                 continue
-            refused = self._refused.over()
-            if refused:
+            if refused := self._refused.over():
                 report(f"refused {refused} coms connection(s) while "
                        f"{self.max_connections} were open", "warning")
             conn.setblocking(False)
@@ -270,19 +255,12 @@ class Listener:
             self._clients.add(task)
             task.add_done_callback(self._clients.discard)
 
-    def _unlisten_for(self, server: socket.socket, pause: float) -> None:
-        """Stop reading the listening socket for a while (its backlog waits meanwhile)."""
-        loop = self.edge.loop
-        loop.remove_reader(server.fileno())
-
-        def resume() -> None:
-            if server is self._server and not self._stopped:
-                self._listen(server)
-
-        loop.call_later(pause, resume)
+    def _resume(self, server: socket.socket) -> None:
+        if server is self._server and not self._stopped:
+            self._listen(server)
 
     def _refuse(self, conn: socket.socket) -> None:
-        """Past the connection cap: a nack if it fits in the socket buffer, then close."""
+        """Past the cap: a nack if it fits in the socket buffer, then close."""
         if self._refused.happened():
             report(f"{self.max_connections} coms connections open; refusing more until some close",
                    "warning")
@@ -317,17 +295,15 @@ class Listener:
         except Exception as exc:
             report(f"error serving a coms connection: {exc!r}")
         finally:
-            # a well-formed cancel is handled even if its sender left before the ack
-            if then is not None:
+            if then is not None:  # a well-formed cancel counts even if its sender left
                 try:
                     then()
                 except Exception as exc:
                     report(f"error handing on a coms envelope: {exc!r}")
 
     @staticmethod
-    async def _read_line(
-        loop: asyncio.AbstractEventLoop, conn: socket.socket
-    ) -> bytes | type[_LineTooLarge] | None:
+    async def _read_line(loop: asyncio.AbstractEventLoop, conn: socket.socket
+                         ) -> bytes | type[_LineTooLarge] | None:
         buffer = bytearray()
         while True:
             chunk = await loop.sock_recv(conn, MAX_LINE)
@@ -342,12 +318,8 @@ class Listener:
                 return found
 
     async def reply_to(self, line: bytes) -> tuple[WireModel, Callable[[], None] | None]:
-        """The reply for one line, and what to do once it is written.
-
-        A prompt is admitted (stored) before its ack, so an ack means the
-        question survives a crash; a cancel is acked first and handled after
-        (C12).
-        """
+        """The reply for one line, and what to do once it is written: a prompt is acked
+        once stored (an ack means it survives a crash); a cancel is acked first (C12)."""
         try:
             body = loads(line.decode("utf-8"), parse_constant=_reject_constant)
         except ValueError:  # UnicodeDecodeError is one
@@ -360,12 +332,9 @@ class Listener:
                 prompt = PromptEnvelope.model_validate(body)
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
-            def admit(reply: Callable[[str | None], None]) -> None:
-                self._admit(prompt, reply)
-
             error: str | None
             try:
-                error = await awaited(admit, ADMIT_TIMEOUT_S)
+                error = await awaited(lambda reply: self._admit(prompt, reply), ADMIT_TIMEOUT_S)
             except TimeoutError:
                 report(f"question {prompt.msg_id} is queued but was not stored within "
                        f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
@@ -381,7 +350,7 @@ class Listener:
                 cancel = CancelEnvelope.model_validate(body)
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_CANCEL, exc)), None
-            return Ack(msg_id=cancel.msg_id), lambda: self._questions.tell(CancelQuestion(cancel))
+            return Ack(msg_id=cancel.msg_id), lambda: self._router.tell(CancelQuestion(cancel))
         if kind == "ping":
             try:
                 depth: int | None = await awaited(self._depth, DEPTH_TIMEOUT_S)
@@ -389,6 +358,179 @@ class Listener:
                 depth = None
             return Pong(msg_id=msg_id, agent_card=self._pong_card(depth)), None
         return Nack(msg_id=msg_id, error=NOT_TAKEN), None
+
+
+# -- responses to askers (W15) ----------------------------------------------------
+
+MAX_REPLY = 65536  # bytes of reply read before judging it (a reply is one short line)
+# Responses waiting or being sent, retries included: every question --max-open allows
+# (10,000 by default) answered at once, plus as many owed from the last run.
+RESPONSE_QUEUE = 20_000
+FLIGHTS = 64  # sends holding a socket at once; the rest wait their turn
+# A full listen backlog makes a non-blocking connect fail at once (EAGAIN) where a
+# blocking one would wait: it is tried again this often until the attempt's deadline.
+CONNECT_RETRY_S = 0.005
+_GONE = frozenset({errno.ECONNREFUSED, errno.ENOENT, errno.ENOTDIR})  # final, no retry
+
+Outcome = tuple[str | None, bool]
+"""(why it failed, or None on an ack; whether that is final, i.e. not worth a retry)."""
+
+
+def judge_reply(reply: bytes) -> Outcome:
+    """What the asker's reply says: an ack, a nack, silence, or something else."""
+    text = reply.partition(b"\n")[0].decode("utf-8", "replace")
+    if not text.strip():
+        return "connection closed without a reply", False
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+        return f"unexpected reply: {text[:200]}", True
+    if isinstance(body, dict) and body.get("type") == "ack":
+        return None, True
+    if isinstance(body, dict) and body.get("type") == "nack":
+        return f"nack: {body.get('error')}", True
+    return f"unexpected reply: {text[:200]}", True
+
+
+def _failure(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
+    """One request line to a peer's socket and its reply up to the first newline (at most
+    MAX_REPLY bytes), blocking at most `timeout` per step (W12), for one-off callers
+    (the `cancel` and `doctor` commands). Raises OSError."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(endpoint)
+        conn.sendall(line)
+        reply = b""
+        while b"\n" not in reply and len(reply) <= MAX_REPLY:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return reply
+
+
+def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
+    """`exchange` judged: an ack, a nack, or a socket refused or missing are final; a
+    timeout, a full backlog or a dropped connection may pass."""
+    try:
+        reply = exchange(endpoint, line, timeout)
+    except TimeoutError:
+        return "timed out", False
+    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        return _failure(exc), True  # gone, or a path no socket can have (unencodable)
+    except OSError as exc:
+        return _failure(exc), False
+    return judge_reply(reply)
+
+
+class ResponsePool:
+    """Every response being sent, with its retries, as a task on the loop: any number of
+    slow askers cost no thread and at most `flights` descriptors. Not tied to one Peer's
+    life: a restarted Peer must not drop a response mid-retry. `done(reason)` is called
+    on the loop once per response (None when acked), and must be quick."""
+
+    def __init__(self, capacity: int = RESPONSE_QUEUE, flights: int = FLIGHTS,
+                 edge: Edge | None = None) -> None:
+        self.capacity = capacity
+        self.edge = edge or shared_edge()
+        self._sends: set[asyncio.Task[None]] = set()
+        self._flights: asyncio.Semaphore | None = None  # made on the loop
+        self._flight_count = flights
+        self._taken = 0  # submitted and not done, counted where submit is called
+        self._closed = False
+
+    def submit(self, qid: str, endpoint: str, line: bytes, timeout: float,
+               pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
+        """Queue a send; False (nothing queued) past `capacity`, or once closed."""
+        if self._closed or self._taken >= self.capacity:
+            return False
+        self._taken += 1
+        self.edge.call(self._start, qid, endpoint, line, timeout, pauses, done)
+        return True
+
+    def _start(self, qid: str, endpoint: str, line: bytes, timeout: float,
+               pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
+        if self._closed:
+            return
+        task = self.edge.loop.create_task(self._send(qid, endpoint, line, timeout, pauses, done))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send(self, qid: str, endpoint: str, line: bytes, timeout: float,
+                    pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
+        if self._flights is None:
+            self._flights = asyncio.Semaphore(self._flight_count)
+        try:
+            for pause in (*pauses, None):
+                async with self._flights:  # a socket is held only while an attempt runs
+                    reason, final = await _attempt(endpoint, line, timeout)
+                if final or pause is None:
+                    break
+                await asyncio.sleep(pause)
+        finally:
+            self._taken -= 1
+        try:
+            done(reason)
+        except Exception as exc:
+            report(f"response for {qid}: {exc!r}")
+
+    def close(self) -> None:
+        """Drop every send (a pool of a test's or a tool's own): what was not sent stays owed."""
+        self._closed = True
+        self.edge.call(self._drop)
+
+    def _drop(self) -> None:
+        for task in list(self._sends):
+            task.cancel()
+
+
+async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
+    """Connect, write the line, read the reply, all within `timeout`."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK
+                         | socket.SOCK_CLOEXEC)
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    sock.connect(endpoint)
+                    break
+                except BlockingIOError:  # a full backlog: room comes as the asker accepts
+                    await asyncio.sleep(CONNECT_RETRY_S)
+            await loop.sock_sendall(sock, line)
+            reply = bytearray()
+            while b"\n" not in reply and len(reply) <= MAX_REPLY:
+                chunk = await loop.sock_recv(sock, 4096)
+                if not chunk:
+                    break
+                reply += chunk
+        return judge_reply(bytes(reply))
+    except TimeoutError:
+        return "timed out", False
+    except OSError as exc:
+        return _failure(exc), exc.errno in _GONE
+    except Exception as exc:  # a path no socket can have, say: final, it stays so
+        return _failure(exc), True
+    finally:
+        sock.close()
+
+
+_SHARED: ResponsePool | None = None
+
+
+def shared_responses() -> ResponsePool:
+    """The process's response sender, made on first use: it outlives every Peer."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = ResponsePool()
+    return _SHARED
+
+
+# -- the actor --------------------------------------------------------------------------
 
 
 def _is_socket(path: Path) -> bool:
@@ -415,63 +557,39 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
     return server
 
 
-class PeerActor(PooledService):
+class PeerActor(PooledChild):
     """Owns the coms identity: socket, registry entry, heartbeat, outgoing responses."""
 
-    def __init__(
-        self,
-        *,
-        supervisor: Address,
-        identity: PeerIdentity,
-        questions: Address,
-        depth: Depth | None = None,
-        admit: Admit | None = None,
-        settle: Callable[[str, str | None], None] | None = None,
-        logger: Address | None = None,
-        name: str = "peer",
-        purpose: str = "Remote human via Hermes/Telegram",
-        heartbeat_s: float = 30.0,
-        response_timeout_s: float = 10.0,
-        retry_pauses_s: tuple[float, ...] = (2.0, 10.0),
-        responses: ResponsePool | None = None,
-        edge: Edge | None = None,
-    ) -> None:
+    def __init__(self, wiring: Wiring, *, supervisor: Address, identity: PeerIdentity,
+                 depth: Depth | None = None, admit: Admit | None = None, name: str = "peer",
+                 responses: ResponsePool | None = None) -> None:
         super().__init__(name, supervisor)
+        self.w = wiring
         self.identity = identity
-        self.questions = questions
-        self.edge = edge or shared_edge()
-        self.depth = depth or (lambda reply: questions.tell(QueueDepthQuery(reply)))
-        self.admit = admit
-        self.settle = settle
-        self.logger = logger
-        self.purpose = purpose
-        self.heartbeat_s = heartbeat_s
-        self.response_timeout_s = response_timeout_s
-        self.retry_pauses_s = retry_pauses_s
+        self.depth = depth or (lambda reply: wiring.router.tell(QueueDepthQuery(reply)))
+        self.admit = admit or admit_through(wiring.router)
+        self.heartbeat_s = wiring.config.heartbeat_ms / 1000
+        self.response_timeout_s = RESPONSE_TIMEOUT_S
+        self.retry_pauses_s = RETRY_PAUSES_S
         self.responses = responses or shared_responses()
         self._last_depth = 0
         self._listener: Listener | None = None
-        self._bound = False
-        self._published = False
+        self._bound = self._published = self._asked_depth = self._released = False
         self._beat: Timer | None = None
-        self._asked_depth = False  # a depth asked for and not answered yet
-        self._released = False
         self._failing = Episode()  # the registry entry cannot be written
-
-    # -- life ---------------------------------------------------------------
 
     def begin(self) -> None:
         """Listen first and publish last: the entry's appearance means "ready" (W7)."""
         self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.questions, self._card, self.admit, self.depth)
+        self._listener = Listener(server, self.w.router, self._card, self.admit, self.depth)
         self._listener.start()
         self._publish(self._last_depth)
-        self._next_beat()
+        self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
 
     def release(self) -> None:
-        """Undo on_start in reverse: unpublish before the socket stops answering (W8)."""
+        """Undo begin in reverse: unpublish before the socket stops answering (W8)."""
         if self._released:
             return
         self._released = True
@@ -490,18 +608,16 @@ class PeerActor(PooledService):
         except Exception as exc:  # release must never raise: it runs inside failure handling
             report(f"peer release: {exc!r}")
 
-    # -- mailbox ------------------------------------------------------------
-
     def on_receive(self, message: Any) -> Any:
         match message:
             case HeartbeatDue():
-                self._next_beat()
+                self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
                 if self._asked_depth:  # the Router is slow: beat with the last count
                     self._heartbeat(self._last_depth)
                 else:
                     self._asked_depth = True
                     me = self.actor_ref
-                    self.depth(lambda depth: _tell(me, Heartbeat(depth)))
+                    self.depth(lambda depth: me.tell(Heartbeat(depth)))
             case Heartbeat(queue_depth=depth):
                 self._asked_depth = False
                 self._last_depth = depth
@@ -512,38 +628,20 @@ class PeerActor(PooledService):
                 raise UnknownMessage(self.child_name, message)
         return None
 
-    # -- helpers ------------------------------------------------------------
-
     def _publish(self, depth: int) -> None:
         """W5, W6: (re)write our entry atomically with a fresh heartbeat."""
         ident = self.identity
-        entry = RegistryEntry(
-            session_id=ident.session_id,
-            name=ident.name,
-            purpose=self.purpose,
-            model=MODEL,
-            color=COLOR,
-            pid=ident.pid,
-            endpoint=str(ident.endpoint),
-            cwd=ident.cwd,
-            started_at=ident.started_at,
-            explicit=False,
-            version=1,
-            context_used_pct=0,
-            queue_depth=depth,
-            heartbeat_at=iso(utc_now()),
-        )
-        write_entry(ident.entry_path, entry)
+        write_entry(ident.entry_path, RegistryEntry(
+            session_id=ident.session_id, name=ident.name, purpose=PURPOSE, model=MODEL,
+            color=COLOR, pid=ident.pid, endpoint=str(ident.endpoint), cwd=ident.cwd,
+            started_at=ident.started_at, explicit=False, version=1, context_used_pct=0,
+            queue_depth=depth, heartbeat_at=iso(self.w.now())))
         self._published = True
 
     def _heartbeat(self, depth: int) -> None:
-        """W6, healing what was deleted under us; a failed write waits for the next beat.
-
-        A registry or sockets directory removed by hand (or by a clean-up job)
-        is made again, and a deleted socket path is bound again, so the pool
-        finds us within one beat. A write that fails (out of descriptors, disk
-        full) is reported once, never a crash: restarting would not help.
-        """
+        """W6, healing what was deleted under us (the directories, the socket path), so
+        the pool finds us within a beat. A write that fails (no descriptors, disk full)
+        is said once and tried at every beat: restarting would not help."""
         if self._listener is not None and not self._listener.serving:
             raise RuntimeError("the coms listener stopped")
         try:
@@ -568,84 +666,50 @@ class PeerActor(PooledService):
             report(f"{ident.endpoint} was gone; listening on it again", "warning")
 
     def _card(self, depth: int | None) -> AgentCard:
-        """W17: our agent card for a pong (on the edge), with the Router's count or,
-        when it did not answer in time, the last one seen."""
+        """W17, on the loop: the Router's count, or the last one seen when it is slow."""
         if depth is None:
             depth = self._last_depth
         else:
             self._last_depth = depth
-        return AgentCard(
-            name=self.identity.name,
-            purpose=self.purpose,
-            model=MODEL,
-            color=COLOR,
-            context_used_pct=0,
-            queue_depth=depth,
-        )
-
-    def _next_beat(self) -> None:
-        """W6: the next heartbeat, `heartbeat_s` from now."""
-        me = self.actor_ref
-        self._beat = self.edge.after(self.heartbeat_s, lambda: _tell(me, HeartbeatDue()))
+        return AgentCard(name=self.identity.name, purpose=PURPOSE, model=MODEL, color=COLOR,
+                         context_used_pct=0, queue_depth=depth)
 
     def _settle(self, qid: str, owner: str | None) -> None:
-        """The response is no longer owed: take it out of the durable outbox."""
-        if self.settle is None:
-            return
+        """The response is no longer owed: out of the durable outbox."""
         try:
-            self.settle(qid, owner)
+            self.w.store.settle(qid, owner)
         except Exception as exc:
             report(f"could not record the response for {qid} as sent: {exc!r}")
 
     def _undelivered(self, qid: str, reason: str) -> None:
-        """The asker is gone: say so on stderr and in the bridge log; the question stays closed."""
+        """The asker is gone: said on stderr and in the log; the question stays closed."""
         report(f"could not deliver response for {qid}: {reason}", "error")
-        if self.logger is not None:
-            record = log_record(
-                utc_now(), qid if is_valid_qid(qid) else None, "response_failed", {"error": reason}
-            )
-            self.logger.tell(LogEvent(record))
+        record = log_record(self.w.now(), qid if is_valid_qid(qid) else None, "response_failed",
+                            {"error": reason})
+        self.w.logger.tell(LogEvent(record))
 
-    def _send_response(
-        self, prompt: PromptEnvelope, response: Any, error: str | None, owner: str | None
-    ) -> None:
-        """W15, through the response pool: an asker's socket must never stall our mailbox."""
-        try:
-            envelope = ResponseEnvelope(
-                msg_id=prompt.msg_id,
-                sender_session=self.identity.session_id,
-                sender_endpoint=str(self.identity.endpoint),
-                hops=0,
-                timestamp=iso(utc_now()),
-                response=response,
-                error=error,
-            )
-            line = envelope.to_line()
-        except Exception as exc:  # it will never serialise: do not owe it forever
-            self._undelivered(prompt.msg_id, repr(exc))
-            self._settle(prompt.msg_id, owner)
-            return
+    def _send_response(self, prompt: PromptEnvelope, response: Any, error: str | None,
+                       owner: str | None) -> None:
+        """W15, through the pool: an asker's socket must never stall our mailbox."""
         qid = prompt.msg_id
-        endpoint = prompt.sender_endpoint
-        timeout = self.response_timeout_s
+        try:
+            line = ResponseEnvelope(
+                msg_id=qid, sender_session=self.identity.session_id,
+                sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.w.now()),
+                response=response, error=error).to_line()
+        except Exception as exc:  # it will never serialise: do not owe it forever
+            self._undelivered(qid, repr(exc))
+            self._settle(qid, owner)
+            return
 
         def settled(reason: str | None) -> None:
             if reason is not None:
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
-        if not self.responses.submit(qid, endpoint, line, timeout, self.retry_pauses_s, settled):
-            # Refused, never dropped: it stays in the outbox (not settled) and
-            # is sent again at the next start.
-            report(
-                f"response for {qid} not sent now: {self.responses.capacity} responses are "
-                f"already being sent (the limit); it stays owed in the state database and "
-                "is sent at the next start",
-                "error",
-            )
-
-
-def _tell(ref: Any, message: Any) -> None:
-    """From the edge: an actor that stopped meanwhile needs to hear nothing more."""
-    with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(message)
+        if not self.responses.submit(qid, prompt.sender_endpoint, line, self.response_timeout_s,
+                                     self.retry_pauses_s, settled):
+            # refused, never dropped: it stays owed and is sent at the next start
+            report(f"response for {qid} not sent now: {self.responses.capacity} responses are "
+                   "already being sent (the limit); it stays owed in the state database and "
+                   "is sent at the next start", "error")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import pykka.debug
 
-from .base import report
+from .runtime import report
 
 # A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
 PROBE_TIMEOUT_S = 2.0

@@ -34,11 +34,9 @@ from ..messages.commands import (
     SendResponse,
     SendText,
 )
-from ..messages.model import ParsedPrompt, State
-from ..messages.wire import PromptEnvelope, dumps, has_lone_surrogate, loads
-from .base import report
-from .edge import shared_edge
+from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
+from .runtime import later, report
 
 SCHEMA_VERSION = 4
 CLOSED_MEMORY = 1000
@@ -298,7 +296,7 @@ class Store:
         schedule: Callable[[float, Callable[[], None]], object] | None = None,
     ) -> None:
         self.path = path
-        self._schedule = schedule or _after
+        self._schedule = schedule or later
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
         # The next `seq` of each table, kept here so that no write scans a table
@@ -786,11 +784,6 @@ class Store:
                 conn.close()
             except sqlite3.Error as exc:
                 report(f"state database {self.path}: could not close cleanly: {exc!r}")
-
-
-def _after(delay_s: float, action: Callable[[], None]) -> object:
-    """Run `action` on the I/O edge in `delay_s` seconds."""
-    return shared_edge().after(delay_s, action)
 
 
 def remind_note_id(qid: str) -> str:

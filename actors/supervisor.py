@@ -1,64 +1,70 @@
-"""The root supervisor: starts its children from child specs and restarts what crashes.
+"""The root supervisor and the tree it starts.
 
-Shaped like an OTP supervisor with the `one_for_one` strategy. It holds no
-business state (no questions, no files): only the specs, one slot per child,
-the restart history and the pending backoff timers. Everything it does is
-driven by messages, so it is tested with fake children and a fake clock.
+    RootSupervisor (one_for_one, one intensity over all children: 5 in 10 s)
+      logger    LoggerActor      log.ndjson (only writer)
+      delivery  DeliveryActor    hermes send, one at a time, in order
+      router    QuestionRouter   the question table; runs a QuestionActor per open qid
+      watcher   WatcherActor     questions/: inotify, rescan, grace
+      peer      PeerActor        socket, registry entry, heartbeat, responses
 
-- **Restart types.** `permanent` children are always restarted after a crash,
-  `transient` ones too (a crash is never a normal exit; a child that stops
-  normally sends nothing), `temporary` ones never.
-- **Intensity.** One bound over all children, as OTP's MaxR in MaxT: more than
-  `max_restarts` restarts within `window_s` seconds means a crash loop, and
-  the daemon gives up (`on_fatal`), so that its service manager starts it
-  afresh.
-- **Resource shortages** (out of file descriptors, threads, memory or disk)
-  are not crash loops: restarting at once would fail the same way. Such a
-  child is restarted after an exponential backoff (0.1 s doubling up to 30 s),
-  reported once per episode, and its restarts are not counted. The delay is a
-  message scheduled for later, never a sleep in the supervisor's turn.
-- **Hand-over.** A crashed child's unread messages (and the work it had taken
-  out of its mailbox) come back in its ChildFailed and are replayed, in order,
-  to its successor ahead of anything told to the slot meanwhile.
+Shaped like an OTP supervisor: child specs, restart types, one intensity with
+backoff for resource shortages (runtime.RestartPolicy), and no business state.
+Children start top to bottom and stop bottom to top: the Peer goes first (no
+new questions, the registry entry leaves, W8), and its entry, written last, is
+the daemon's readiness (W7). Every child is started with the `Wiring`: the
+settings, the store and the others' slots, made before anything starts, so any
+order of start is safe (what is told to a child not up yet waits in its slot).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 
 import pykka
 
-from ..messages.commands import Address, ChildFailed, RestartChild, UnknownMessage
-from .base import Slot, is_resource_shortage, report
-from .edge import shared_edge
+from ..messages.commands import Address, ChildFailed, QueueDepthQuery, RestartChild, UnknownMessage
+from .config import BridgeConfig
+from .hermes import DeliveryActor, WatcherActor
+from .logger import LoggerActor
+from .peer import PeerActor
+from .questions import QuestionRouter
+from .runtime import GiveUp, RestartPolicy, Schedule, Slot, is_resource_shortage, later, report
+from .runtime import utc_now as _utc_now
+from .store import Store
 
 Restart = Literal["permanent", "transient", "temporary"]
-
-# (delay in seconds, what to run then) -> a function that cancels it
-Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]
-
-BACKOFF_FIRST_S = 0.1
-BACKOFF_MAX_S = 30.0
+CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
+DEPTH_TIMEOUT_S = 2.0
 
 
-def timer_schedule(delay: float, action: Callable[[], None]) -> Callable[[], None]:
-    """The default scheduler: a timer on the process's I/O edge (actors/edge.py)."""
-    return shared_edge().schedule(delay, action)
+@dataclass(frozen=True)
+class Wiring:
+    """What every actor of the daemon is started with (constructor injection, as
+    Mopidy's actors get their config and core): the settings, the state store, each
+    other's addresses, and the clocks, which tests pin."""
+
+    config: BridgeConfig
+    store: Store
+    logger: Address
+    delivery: Address
+    router: Address
+    watcher: Address
+    peer: Address
+    now: Callable[[], datetime] = _utc_now
+    clock: Callable[[], float] = time.time
+    run_tag: str = "run"  # makes question names unique across runs (the owner guard)
 
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """How to start one child: `start(supervisor, incarnation)` returns its ref.
-
-    `incarnation` counts starts from 0, so a child can tell its first start
-    (resume what the last run left) from a restart. Children are started in
-    the order of the specs and stopped in the reverse order, each given
-    `shutdown_s` to finish.
-    """
+    """How to start one child: `start(supervisor, incarnation)` returns its ref; the
+    incarnation counts starts from 0, so a child can tell its first start from a restart."""
 
     slot: Slot
     start: Callable[[Address, int], pykka.ActorRef[Any]]
@@ -70,154 +76,15 @@ class ChildSpec:
         return self.slot.name
 
 
-class Intensity:
-    """MaxR restarts in MaxT seconds, over a monotonic clock; pure and injectable."""
-
-    __slots__ = ("_times", "clock", "max_restarts", "window_s")
-
-    def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float]) -> None:
-        self.max_restarts = max_restarts
-        self.window_s = window_s
-        self.clock = clock
-        # A list, not a deque: it holds at most a few entries, and one Intensity
-        # per open question must not cost an empty deque's 600 bytes each.
-        self._times: list[tuple[float, str]] = []
-
-    def allow(self, who: str) -> bool:
-        """Record one restart (of `who`) now; False when it is one too many in the window."""
-        now = self.clock()
-        while self._times and now - self._times[0][0] >= self.window_s:
-            del self._times[0]
-        self._times.append((now, who))
-        return len(self._times) <= self.max_restarts
-
-    def verdict(self) -> str:
-        """Why the bound was passed, for the operator: who crashed how often, and how fast."""
-        whos = {who for _, who in self._times}
-        window = f"{self.window_s:g}s"
-        if len(whos) == 1:
-            return f"{whos.pop()} crashed {len(self._times)} times within {window}"
-        last = self._times[-1][1] if self._times else "?"
-        names = ", ".join(sorted(whos))
-        return f"{len(self._times)} crashes within {window} ({names}; last {last})"
-
-
-class Backoff:
-    """Delays for restarts after resource shortages, per child, with episodes.
-
-    The delay doubles from `first_s` up to `max_s`. An episode (one stderr
-    line) ends when the child has gone `max_s` past its last delay without
-    another shortage.
-    """
-
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        first_s: float = BACKOFF_FIRST_S,
-        max_s: float = BACKOFF_MAX_S,
-    ) -> None:
-        self.clock = clock
-        self.first_s = first_s
-        self.max_s = max_s
-        self._state: dict[str, tuple[int, float, float]] = {}  # id -> (attempt, at, delay)
-
-    def next(self, child: str) -> tuple[float, bool]:
-        """The delay before the next restart of `child`, and whether a new episode began."""
-        now = self.clock()
-        attempt, at, delay = self._state.get(child, (0, 0.0, 0.0))
-        fresh = child not in self._state or now - at > delay + self.max_s
-        attempt = 0 if fresh else attempt + 1
-        delay = min(self.first_s * (2**attempt), self.max_s)
-        self._state[child] = (attempt, now, delay)
-        return delay, fresh
-
-    def forget(self, child: str) -> None:
-        self._state.pop(child, None)
-
-
-@dataclass(frozen=True, slots=True)
-class GiveUp:
-    """Past the intensity: the child is not restarted; `verdict` says who crashed how often."""
-
-    verdict: str
-
-
-class RestartPolicy:
-    """The one restart decision both supervisors make, and the restarts it put off.
-
-    A crash from a resource shortage comes back after a backoff (reported once
-    per episode) and is not counted; any other crash counts toward an
-    intensity (one over all children for the root, one per child for the
-    question supervisor) and comes back at once, or never past its bound. A
-    restart put off is a RestartChild told to the supervisor later, never a
-    sleep in its turn.
-    """
-
-    def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float],
-                 schedule: Schedule, *, per_child: bool) -> None:
-        self.max_restarts = max_restarts
-        self.window_s = window_s
-        self.clock = clock
-        self.schedule = schedule
-        self.backoff = Backoff(clock)
-        self._shared = None if per_child else Intensity(max_restarts, window_s, clock)
-        self._each: dict[str, Intensity] = {}
-        self._pending: dict[str, Callable[[], None]] = {}
-
-    def crashed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool,
-                me: Address, who: str | None = None) -> Literal["now", "later"] | GiveUp:
-        """Restart `child` "now", or GiveUp: never. A shortage's restart is "later":
-        RestartChild(child, unread) comes to `me` after the backoff. `who` names the
-        child in the verdict, if not by its name."""
-        if shortage:
-            delay, fresh = self.backoff.next(child)
-            if fresh:
-                report(f"{child} ran short of a resource ({error}); restarting it with backoff "
-                       f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s", "warning")
-            self._pending[child] = self.schedule(
-                delay, lambda: me.tell(RestartChild(child, unread)))
-            return "later"
-        self.backoff.forget(child)
-        intensity = self._shared or self._each.setdefault(
-            child, Intensity(self.max_restarts, self.window_s, self.clock))
-        if not intensity.allow(who or child):
-            return GiveUp(intensity.verdict())
-        report(f"{child} crashed ({error}); restarting it", "warning")
-        return "now"
-
-    def restarting(self, child: str) -> None:
-        """The put-off restart of `child` is here."""
-        self._pending.pop(child, None)
-
-    def forget(self, child: str) -> None:
-        """`child` is gone for good: its history and any restart put off with it."""
-        self.backoff.forget(child)
-        self._each.pop(child, None)
-        cancel = self._pending.pop(child, None)
-        if cancel is not None:
-            cancel()
-
-    def cancel_all(self) -> None:
-        for cancel in self._pending.values():
-            cancel()
-        self._pending.clear()
-
-
 class RootSupervisor(pykka.ThreadingActor):
-    """one_for_one over child specs; the only business it knows is how to start them."""
+    """one_for_one over child specs. A thread of its own: its stop waits for each child's
+    (in order), which on the loop would wait for turns queued behind its own."""
 
     use_daemon_thread = True
 
-    def __init__(
-        self,
-        *,
-        specs: Sequence[ChildSpec],
-        on_fatal: Callable[[str], None],
-        max_restarts: int,
-        window_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        schedule: Schedule = timer_schedule,
-    ) -> None:
+    def __init__(self, *, specs: Sequence[ChildSpec], on_fatal: Callable[[str], None],
+                 max_restarts: int, window_s: float,
+                 clock: Callable[[], float] = time.monotonic, schedule: Schedule = later) -> None:
         super().__init__()
         self.specs = {spec.id: spec for spec in specs}
         self.order = [spec.id for spec in specs]
@@ -226,15 +93,12 @@ class RootSupervisor(pykka.ThreadingActor):
         self.incarnations: dict[str, int] = {}
         self._failed = False
 
-    # -- life ---------------------------------------------------------------
-
     def on_start(self) -> None:
         for child in self.order:
             self._start(child, ())
 
     def on_stop(self) -> None:
-        # No message is handled after this (pykka): no crash of a child stopped here
-        # can restart it.
+        # no message is handled after this: no crash of a child stopped here restarts it
         self.policy.cancel_all()
         for child in reversed(self.order):
             spec = self.specs[child]
@@ -246,15 +110,10 @@ class RootSupervisor(pykka.ThreadingActor):
                 except (pykka.ActorDeadError, pykka.Timeout):
                     pass
 
-    def on_failure(
-        self,
-        exception_type: type[BaseException] | None,
-        exception_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def on_failure(self, exception_type: type[BaseException] | None,
+                   exception_value: BaseException | None,
+                   traceback: TracebackType | None) -> None:
         self._fatal(f"supervisor failed: {exception_value!r}")
-
-    # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -268,9 +127,8 @@ class RootSupervisor(pykka.ThreadingActor):
                 raise UnknownMessage("supervisor", message)
         return None
 
-    def _child_failed(
-        self, child: str, error: str, unread: tuple[Any, ...], shortage: bool
-    ) -> None:
+    def _child_failed(self, child: str, error: str, unread: tuple[Any, ...],
+                      shortage: bool) -> None:
         spec = self.specs.get(child)
         if spec is None or self._failed:
             return
@@ -290,9 +148,9 @@ class RootSupervisor(pykka.ThreadingActor):
         self.incarnations[child] = incarnation + 1
         try:
             ref = spec.start(self.actor_ref, incarnation)
-        except Exception as exc:  # e.g. no thread for it: the same as a crash at start
-            error = f"{type(exc).__name__}: {exc}"
-            self._child_failed(child, error, unread, is_resource_shortage(exc))
+        except Exception as exc:  # no thread for it, say: the same as a crash at start
+            self._child_failed(child, f"{type(exc).__name__}: {exc}", unread,
+                               is_resource_shortage(exc))
             return
         spec.slot.bind(ref, unread)
 
@@ -301,3 +159,45 @@ class RootSupervisor(pykka.ThreadingActor):
             self._failed = True
             report(reason, "error")
             self.on_fatal(reason)
+
+
+@dataclass
+class Tree:
+    """The started root and the children's slots."""
+
+    root: pykka.ActorRef[RootSupervisor]
+    slots: dict[str, Slot] = field(default_factory=dict)
+
+    def queue_depth(self, timeout: float = DEPTH_TIMEOUT_S) -> int:
+        """How many questions are open (C21; the watchdog's proof of life); TimeoutError
+        if the Router does not answer in time. For non-actor threads only."""
+        router = self.slots["router"]
+        if router.ref is None:
+            raise TimeoutError("the router is restarting")
+        answer = concurrent.futures.Future[int]()
+        router.tell(QueueDepthQuery(answer.set_result))
+        return answer.result(timeout)
+
+
+def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
+               on_fatal: Callable[[str], None], max_restarts: int = 5, window_s: float = 10.0,
+               question_restarts: int = 3, now: Callable[[], datetime] = _utc_now,
+               clock: Callable[[], float] = time.time,
+               monotonic: Callable[[], float] = time.monotonic) -> Tree:
+    """Build the child specs and start the root; returns at once (children start in it)."""
+    slots = {name: Slot(name) for name in CHILDREN}
+    wiring = Wiring(config, store, now=now, clock=clock, run_tag=identity.session_id[-8:],
+                    **slots)
+    starts: dict[str, Callable[[Address, int], pykka.ActorRef[Any]]] = {
+        "logger": lambda sup, n: LoggerActor.start(wiring, supervisor=sup),
+        "delivery": lambda sup, n: DeliveryActor.start(wiring, supervisor=sup),
+        "router": lambda sup, n: QuestionRouter.start(
+            wiring, supervisor=sup, incarnation=n, question_restarts=question_restarts,
+            window_s=window_s, monotonic=monotonic),
+        "watcher": lambda sup, n: WatcherActor.start(wiring, supervisor=sup),
+        "peer": lambda sup, n: PeerActor.start(wiring, supervisor=sup, identity=identity),
+    }
+    root = RootSupervisor.start(
+        specs=[ChildSpec(slots[name], starts[name]) for name in CHILDREN], on_fatal=on_fatal,
+        max_restarts=max_restarts, window_s=window_s, clock=monotonic)
+    return Tree(root, slots)

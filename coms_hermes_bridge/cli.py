@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NoReturn
 
-from .actors.base import report
 from .actors.config import (
     DEFAULT_NAME,
     DEFAULT_PROJECT,
@@ -26,10 +25,10 @@ from .actors.config import (
     parse_config,
 )
 from .actors.registry import IdentityError, validate_project
+from .actors.runtime import report
 from .doctor import run_checks
 from .messages.contract import span
-from .messages.model import SelectionAnswer
-from .messages.wire import dumps
+from .messages.wire import SelectionAnswer, dumps
 from .ops import (
     OpsError,
     Status,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .actors.config import BridgeConfig
-from .actors.responses import exchange
+from .actors.peer import exchange
 from .actors.store import read_snapshot
 from .messages.wire import PingEnvelope
 from .ops import running_bridge

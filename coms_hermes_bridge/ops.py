@@ -22,12 +22,11 @@ from typing import Any
 
 from ulid import ULID
 
-from .actors.base import utc_now
 from .actors.config import BridgeConfig
 from .actors.files import private_dir, write_atomic
-from .actors.peer import MODEL
+from .actors.peer import MODEL, send_envelope
 from .actors.registry import IdentityError, agents_dir, is_live, read_entry, validate_project
-from .actors.responses import send_envelope
+from .actors.runtime import utc_now
 from .actors.store import (
     CLOSED_MEMORY,
     Snapshot,
@@ -37,8 +36,14 @@ from .actors.store import (
 )
 from .messages.commands import QuestionSpec
 from .messages.contract import answer_name, first_line, iso, map_answer
-from .messages.model import AnswerFile, MappedAnswer, State, is_valid_qid
-from .messages.wire import CancelEnvelope, RegistryEntry
+from .messages.wire import (
+    AnswerFile,
+    CancelEnvelope,
+    MappedAnswer,
+    RegistryEntry,
+    State,
+    is_valid_qid,
+)
 
 CANCEL_TIMEOUT_S = 5.0  # for the bridge's ack, and again for the question to close
 LOG_TAIL_BYTES = 256 * 1024  # how much of log.ndjson `status` reads for closing times

@@ -4,25 +4,23 @@ Each command is a frozen dataclass: cheap to build on every hop, typed, and
 matched by class in an actor's `on_receive`. Wire and file values inside them
 are the pydantic models of `messages.wire` and `messages.model`.
 
-Who sends what (see docs/architecture.md for the picture):
+Who sends what (docs/architecture.md draws the path of one question):
 
-    edge      -> Router     : NewQuestion, CancelQuestion, QueueDepthQuery (each
+    listener  -> Router     : NewQuestion, CancelQuestion, QueueDepthQuery (each
                               NewQuestion and QueueDepthQuery carries its reply callback)
     Router    -> Question   : AnswerArrived, CancelRequested
-    Router    -> QuestionSupervisor : StartQuestion, ResetQuestions
-    QuestionSupervisor -> Router    : QuestionRestarted, RestoreQuestions, QuestionClosed
-    Question  -> Router, QuestionSupervisor : QuestionClosed
+    Question  -> Router     : QuestionClosed, AnswerFileSeen (an answer it closed under)
     Question  -> Delivery   : SendText          Delivery -> Question : Delivered, DeliveryFailed
     Question  -> Peer       : SendResponse
     Question  -> Watcher    : RemoveAnswerFile
     Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : DisposeAnswerFile,
                                                                     RemoveAnswerFile, OfferAgain
-    Router    -> Delivery   : SendText (late notes, owed in the store)
+    Router    -> Delivery   : SendText (questions; late notes, owed in the store)
     Watcher   -> Delivery   : SendText (unreadable-answer notes)
     anyone    -> Logger     : LogEvent
-    child     -> its supervisor : ChildFailed
-    supervisor timers -> supervisor: RestartChild
-    the edge  -> the actor that asked : FilesChanged, Rescan, WatchEnded, WatchLost,
+    child     -> its supervisor (the root; the Router for questions) : ChildFailed
+    a supervisor's timer -> it : RestartChild
+    the loop  -> the actor that asked : FilesChanged, Rescan, WatchEnded, WatchLost,
                                         TimedOut, RemindDue, HermesRan, HeartbeatDue
 """
 
@@ -35,8 +33,7 @@ from typing import Any, Literal, Protocol
 from pydantic import JsonValue
 
 from .contract import OwnedElsewhere, Rejected
-from .model import AnswerFile, LogRecord, ParsedPrompt, State
-from .wire import CancelEnvelope, PromptEnvelope
+from .wire import AnswerFile, CancelEnvelope, LogRecord, ParsedPrompt, PromptEnvelope, State
 
 
 class Address(Protocol):
@@ -304,37 +301,6 @@ class RestartChild:
 
     child: str
     unread: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class StartQuestion:
-    """Router -> QuestionSupervisor: run a QuestionActor named `child` behind `slot`.
-
-    `spec` is what the store row held when the Router wrote or read it; a
-    restart reads the row again, which is the only record of the question.
-    """
-
-    spec: QuestionSpec
-    child: str
-    slot: Any  # a base.Slot; typed loosely to keep messages free of actor code
-
-
-@dataclass(frozen=True, slots=True)
-class ResetQuestions:
-    """Router -> QuestionSupervisor: stop every question; the Router restarts them from rows."""
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreQuestions:
-    """A restarted QuestionSupervisor has no children: the Router starts them again."""
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionRestarted:
-    """QuestionSupervisor -> Router: `child` crashed and runs again; offer its answer anew."""
-
-    qid: str
-    child: str
 
 
 @dataclass(frozen=True, slots=True)

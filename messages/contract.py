@@ -18,21 +18,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .model import (
+from .wire import (
+    ELLIPSIS,
     TERMINAL_STATES,
     AnswerFile,
+    CancelEnvelope,
     Event,
     FreeformAnswer,
     LogRecord,
     MappedAnswer,
     ParsedPrompt,
+    PromptEnvelope,
     QuestionOption,
     RejectReason,
     SelectionAnswer,
     State,
+    invalid_text,
     is_valid_qid,
+    loads,
 )
-from .wire import CancelEnvelope, PromptEnvelope, invalid_text, loads
 
 TELEGRAM_TEXT_LIMIT = 4096
 # An answer is one short JSON object; a file larger than this is never read (it
@@ -40,7 +44,6 @@ TELEGRAM_TEXT_LIMIT = 4096
 ANSWER_FILE_LIMIT = 64 * 1024
 DEFAULT_TIMEOUT_MS = 1_800_000
 ANSWER_SUFFIX = ".answer.json"
-ELLIPSIS = "…"
 INVALID_QID_ERROR = "prompt msg_id must be a 26-character Crockford ULID qid"
 NOT_ADMITTED = "bridge could not take the question (internal error)"
 

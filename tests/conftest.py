@@ -13,21 +13,21 @@ import pykka
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coms_hermes_bridge.actors import dispatch, responses
+from coms_hermes_bridge.actors import peer, runtime
 
 
 def _forget_shared_services() -> None:
-    """A forked test process starts without the parent's shared services (each edge
-    forgets its loop by itself: actors/edge.py).
+    """A forked test process starts without the parent's shared services.
 
     Mutation testing (mutmut) runs each mutant in a fork of a process that has
-    already run tests; the singletons it inherits would point at threads that
-    do not exist in the fork, and every pooled question would wait forever.
+    already run tests; the loop, the spawner and the response sender it inherits
+    would point at threads that do not exist in the fork, and every pooled actor
+    would wait forever. (The daemon itself never forks Python: Popen execs.)
     """
-    dispatch._SHARED_LOCK = threading.Lock()
-    dispatch._SHARED = None
-    responses._SHARED_LOCK = threading.Lock()
-    responses._SHARED = None
+    runtime._SHARED_LOCK = threading.Lock()
+    runtime._SHARED_EDGE = None
+    runtime._SPAWNER = None
+    peer._SHARED = None
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)

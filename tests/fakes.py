@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import itertools
@@ -20,15 +21,16 @@ from typing import Any, Generic, TypeVar
 import pykka
 from ulid import ULID
 
-from coms_hermes_bridge.actors.base import Supervised
-from coms_hermes_bridge.actors.edge import shared_edge
-from coms_hermes_bridge.actors.router import QuestionRouter
+from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.questions import QuestionRouter
+from coms_hermes_bridge.actors.runtime import Slot, Supervised, shared_edge, utc_now
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     NewQuestion,
+    QuestionSpec,
     QueueDepthQuery,
-    StartQuestion,
 )
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 
@@ -375,7 +377,10 @@ class ActorRig(Generic[A]):
 
     def __init__(self, actor_class: type[A], roles: Iterable[str], **options: Any) -> None:
         self.fakes = {role: FakeRef(role) for role in roles}
-        self.ref: pykka.ActorRef[A] = actor_class.start(**self.fakes, **options)
+        self.ref: pykka.ActorRef[A] = self.start(actor_class, options)
+
+    def start(self, actor_class: type[A], options: dict[str, Any]) -> pykka.ActorRef[A]:
+        return actor_class.start(**self.fakes, **options)
 
     def __getattr__(self, role: str) -> FakeRef:
         try:
@@ -401,31 +406,95 @@ class ActorRig(Generic[A]):
         return actor
 
 
-ROUTER_ROLES = ("supervisor", "questions", "peer", "delivery", "watcher", "logger")
+# -- the daemon's actors, wired ---------------------------------------------------------
+
+ROLES = ("supervisor", "logger", "delivery", "router", "watcher", "peer")
+NO_HOME = Path("/nonexistent-home-of-a-test")
 
 
-class RouterRig(ActorRig[QuestionRouter]):
-    """A QuestionRouter run for real on a real Store. `options` are the Router's own
-    (timeout_ms and run_tag at least)."""
+def bridge_config(home: Path = NO_HOME, **overrides: Any) -> BridgeConfig:
+    """The settings the daemon parses from no flags (HOME at `home`), with `overrides`."""
+    config = parse_config([], {"HOME": str(home)})
+    return dataclasses.replace(config, **overrides)
 
-    def __init__(self, store: Store, **options: Any) -> None:
-        super().__init__(QuestionRouter, ROUTER_ROLES, store=store, **options)
+
+class WiredRig(ActorRig[A]):
+    """One of the daemon's actors under test, started as the tree starts it: with a
+    Wiring whose every address is a FakeRef named for its role (the supervisor too),
+    unless `addresses` gives a real one; `store` (a real Store, or None where the
+    actor never touches it), `config` (settings: `bridge_config()` by default), and
+    the clocks. `options` are the actor's own keyword arguments."""
+
+    def __init__(self, actor_class: type[A], *, store: Any = None,
+                 config: BridgeConfig | None = None, now: Callable[[], Any] = utc_now,
+                 clock: Callable[[], float] = time.time, addresses: dict[str, Address] | None = None,
+                 **options: Any) -> None:
+        self.fakes = {role: FakeRef(role) for role in ROLES}
+        wired: dict[str, Any] = {role: self.fakes[role] for role in ROLES[1:]}
+        wired.update(addresses or {})
+        self.wiring = Wiring(config or bridge_config(), store, now=now, clock=clock, run_tag="t",
+                             **wired)
+        self.ref = actor_class.start(self.wiring, supervisor=self.fakes["supervisor"], **options)
+
+
+class RouterRig(WiredRig[QuestionRouter]):
+    """A QuestionRouter run for real on a real Store, its own address a Slot bound to it
+    (so its questions report back to it). Each question it starts is a FakeRef named
+    for it (`rig.started[qid]`), unless `start_question` says otherwise. `config` keys
+    (timeout_ms, max_open, ...) go to the settings; the rest are the Router's own."""
+
+    def __init__(self, store: Store, *, config: dict[str, Any] | None = None,
+                 **options: Any) -> None:
         self.store = store
+        self.me = Slot("router")
+        self.started: dict[str, list[tuple[QuestionSpec, str, FakeRef]]] = {}
+        options.setdefault("start_question", self._fake_question)
+        super().__init__(QuestionRouter, store=store, config=bridge_config(**(config or {})),
+                         addresses={"router": self.me}, **options)
+        self.me.bind(self.ref)
+
+    def _fake_question(self, wiring: Any, spec: QuestionSpec, child: str, slot: Slot) -> Any:
+        question = FakeRef(child)
+        self.started.setdefault(spec.qid, []).append((spec, child, question))
+        return _FakeChild(question)
+
+    def question(self, qid: str) -> FakeRef:
+        """What the question for `qid` (its last start) has been told."""
+        wait_for(lambda: qid in self.started, what=f"question {qid} started")
+        return self.started[qid][-1][2]
 
     def admit(self, envelope: PromptEnvelope) -> str | None:
         """NewQuestion's reply: None once it is stored (acked), else the nack's error."""
         reply: str | None = replied(self.ref, functools.partial(NewQuestion, envelope))
         return reply
 
-    def opened(self, envelope: PromptEnvelope) -> StartQuestion:
-        """Admit `envelope` (acked) and return the StartQuestion that runs it."""
+    def opened(self, envelope: PromptEnvelope) -> tuple[QuestionSpec, str, FakeRef]:
+        """Admit `envelope` (acked): the spec, name and fake of the question it runs."""
         assert self.admit(envelope) is None
-        return self.questions.expect(StartQuestion)
+        return self.started[envelope.msg_id][-1]
 
     def depth(self) -> int:
         """QueueDepthQuery's reply; handled in turn, so also a sign all told before is
         handled, and all it told meanwhile is in the FakeRefs."""
         return replied(self.ref, QueueDepthQuery)
+
+
+class _FakeChild:
+    """What the Router binds a question's slot to in a RouterRig: a ref-like that tells
+    the FakeRef, stops on demand, and is known by its name."""
+
+    def __init__(self, fake: FakeRef) -> None:
+        self.fake = fake
+        self.actor_urn = fake.name
+        self.actor_inbox = None
+        self.stops = 0
+
+    def tell(self, message: Any) -> None:
+        self.fake.tell(message)
+
+    def stop(self, block: bool = True, timeout: float | None = None) -> None:
+        self.stops += 1
+        self.fake.tell("stopped")
 
 
 # -- fake children for supervisor tests -----------------------------------------------

@@ -33,7 +33,7 @@ from coms_hermes_bridge.messages.contract import (
     undelivered_note,
     utf16_len,
 )
-from coms_hermes_bridge.messages.model import ParsedPrompt, QuestionOption
+from coms_hermes_bridge.messages.wire import ParsedPrompt, QuestionOption
 from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

@@ -24,7 +24,7 @@ from coms_hermes_bridge.messages.contract import (
     parse_prompt,
     utf16_len,
 )
-from coms_hermes_bridge.messages.model import ParsedPrompt, QuestionOption, SelectionAnswer
+from coms_hermes_bridge.messages.wire import ParsedPrompt, QuestionOption, SelectionAnswer
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

@@ -31,7 +31,7 @@ from coms_hermes_bridge.messages.contract import (
     utf16_len,
     validate_answer,
 )
-from coms_hermes_bridge.messages.model import (
+from coms_hermes_bridge.messages.wire import (
     FreeformAnswer,
     ParsedPrompt,
     QuestionOption,

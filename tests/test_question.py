@@ -35,7 +35,7 @@ from coms_hermes_bridge.messages.commands import (
     TimedOut,
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
-from coms_hermes_bridge.messages.model import AnswerFile, State
+from coms_hermes_bridge.messages.wire import AnswerFile, State
 from tests.fakes import (
     ActorRig,
     FakeClock,

@@ -45,7 +45,7 @@ from coms_hermes_bridge.messages.commands import (
     SendResponse,
     SendText,
 )
-from coms_hermes_bridge.messages.model import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
+from coms_hermes_bridge.messages.wire import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 from tests.fakes import wait_for
 

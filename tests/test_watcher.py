@@ -45,7 +45,7 @@ from coms_hermes_bridge.messages.contract import (
     Rejected,
     unreadable_note,
 )
-from coms_hermes_bridge.messages.model import LogRecord, RejectReason
+from coms_hermes_bridge.messages.wire import LogRecord, RejectReason
 from tests.fakes import ActorRig, FakeClock, FakeRef, edge_caught_up, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"

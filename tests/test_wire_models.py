@@ -8,7 +8,7 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from coms_hermes_bridge.messages.model import AnswerFile, LogRecord
+from coms_hermes_bridge.messages.wire import AnswerFile, LogRecord
 from coms_hermes_bridge.messages.wire import (
     LINE_LIMIT,
     MAX_JSON_DEPTH,

@@ -20,11 +20,11 @@ from typing import Any
 import pykka
 
 from coms_hermes_bridge.actors.config import parse_config
-from coms_hermes_bridge.actors.peer import resolve_identity
-from coms_hermes_bridge.actors.router import QuestionRouter
+from coms_hermes_bridge.actors.registry import resolve_identity
+from coms_hermes_bridge.actors.questions import QuestionRouter
 from coms_hermes_bridge.actors.store import Store
-from coms_hermes_bridge.actors.tree import Tree as ActorTree
-from coms_hermes_bridge.actors.tree import start_tree
+from coms_hermes_bridge.actors.supervisor import Tree as ActorTree
+from coms_hermes_bridge.actors.supervisor import start_tree
 from tests.bridge_process import request
 from tests.fakes import Asker, read_ndjson, wait_for
 from tests.hermes_fake import FakeHermes

@@ -1,52 +1,43 @@
-"""WatcherActor: the answer-file wire (C7-C10, C15, W21, X6, X7).
+"""The Hermes side: DeliveryActor runs `hermes send` (out), WatcherActor reads the
+gateway's answer files (in).
 
-It owns the questions directory: it keeps it in being (0700, made again when
-it is deleted or moved away), notices files (inotify, plus a slow rescan as a
-safety net for missed events), reads them within a size bound, and removes
-them. It does not know which questions are open; the router does, so every
-file with a well-formed name goes to the router, which answers with a verdict
-when the file is not an answer to an open question.
-
-Per name it remembers when the file was first seen (C10's grace runs from
-then) and which version it last handed on, so that a rescan re-reads only what
-changed or what waited long enough, not every file still there. A file whose
-qid a sibling bridge owns (X6) is left alone and looked at again only when it
-is due, like any file handed on. A plain rescan does not even stat a file handed on and not
-yet due: inotify reports every new version of it (a write closed, a rename or
-a creation over it; a version made otherwise is looked at again when it is
-due, after `reoffer_s`), and only when inotify overflowed (events lost) does
-the next rescan look at every file. Both memories are
-bounded.
-
-Paths are plain strings (the directory's path plus a name), not `Path`s: with
-thousands of answers at once, pathlib's joining was a tenth of the daemon's time.
+Delivery is the only caller of hermes (W20, C18): sends run one at a time, in
+the order asked, so a note never overtakes the question it follows in the
+chat; a wedged hermes costs at most one send timeout, then its whole process
+group is killed. The Watcher owns the questions directory (C7-C10, C15, W21,
+X6, X7): it keeps it in being (0700, made again when deleted), notices files
+(inotify, plus a slow rescan as a safety net), reads them within a size bound
+and removes them. It does not know which questions are open; the Router does,
+so every file with a well-formed name goes there, and a verdict comes back
+for a file that is not an answer to an open question.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import stat
-import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pykka
 from inotify_simple import INotify, flags
 
 from ..messages.commands import (
     Address,
     AnswerFileSeen,
+    Delivered,
+    DeliveryFailed,
     DisposeAnswerFile,
     FilesChanged,
     FileSignature,
+    HermesRan,
     LogEvent,
     OfferAgain,
     RemoveAnswerFile,
@@ -61,45 +52,145 @@ from ..messages.contract import (
     UNREADABLE_REASONS,
     OwnedElsewhere,
     Rejected,
+    delivery_error,
+    format_ms,
     grace_ms,
     log_record,
     qid_of_name,
     unreadable_note,
 )
-from ..messages.model import Event, RejectReason
-from .base import Episode, PooledService, report, utc_now
-from .edge import Edge, Timer, shared_edge
+from ..messages.wire import Event, RejectReason
 from .files import private_dir
+from .runtime import (
+    Episode,
+    PooledChild,
+    ProcessResult,
+    Timer,
+    report,
+    run_process,
+    shared_edge,
+    tell_quietly,
+)
+
+if TYPE_CHECKING:
+    from .supervisor import Wiring
+
+
+class DeliveryActor(PooledChild):
+    """Queues SendText jobs and has the loop run hermes for each in turn."""
+
+    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "delivery") -> None:
+        super().__init__(name, supervisor)
+        self.w = wiring
+        self._jobs: deque[SendText] = deque()
+        self._current: SendText | None = None
+        self._running: concurrent.futures.Future[ProcessResult] | None = None
+
+    def on_receive(self, message: Any) -> None:
+        match message:
+            case SendText():
+                self._jobs.append(message)
+                self._next()
+            case HermesRan(job=job, error=error):  # of the current job: only it runs
+                self._current = self._running = None
+                self._settle(job, error)
+                self._next()
+            case _:
+                raise UnknownMessage(self.child_name, message)
+
+    def release(self) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            running.cancel()  # hermes' group is killed; the job goes on in taken()
+
+    def taken(self) -> tuple[SendText, ...]:
+        """On a crash: the send cut short, then the queue. The cut-short one may have
+        reached the chat; it is sent again (at least once) rather than risk never."""
+        return (*([self._current] if self._current is not None else []), *self._jobs)
+
+    def argv(self, text: str) -> list[str]:
+        """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
+        c = self.w.config
+        profile = ["--profile", c.hermes_profile] if c.hermes_profile else []
+        return [c.hermes, *profile, "send", "--to", c.target, text]
+
+    def _next(self) -> None:
+        """Start the next job unless one runs; a withdrawn reminder is skipped."""
+        while self._current is None and self._jobs:
+            job = self._jobs.popleft()
+            if self._withdrawn(job):
+                continue
+            self._current = job
+            self._running = shared_edge().spawn(
+                run_process(self.argv(job.text), self.w.config.send_timeout_ms / 1000))
+            self._running.add_done_callback(functools.partial(self._ran, job))
+
+    def _ran(self, job: SendText, done: concurrent.futures.Future[ProcessResult]) -> None:
+        if not done.cancelled():  # (cancelled by release: the successor has the job)
+            tell_quietly(self.actor_ref, HermesRan(job, self._judge(done)))
+
+    def _judge(self, done: concurrent.futures.Future[ProcessResult]) -> str | None:
+        """None when hermes said it sent, else C18's error text."""
+        exc = done.exception()
+        if isinstance(exc, OSError | ValueError):
+            return delivery_error(None, str(exc))
+        if exc is not None:
+            return delivery_error(None, f"{type(exc).__name__}: {exc}")
+        result = done.result()
+        if result.returncode is None:
+            ms = format_ms(self.w.config.send_timeout_ms)
+            return delivery_error(None, f"timed out after {ms}ms")
+        if result.returncode == 0:
+            return None
+        return delivery_error(result.returncode, result.stderr, result.stdout)
+
+    def _withdrawn(self, job: SendText) -> bool:
+        """X9: a reminder whose question closed while it waited is owed no more: the human
+        is not reminded of a question that is over (checked just before hermes runs)."""
+        if job.purpose != "remind_note" or job.note_id is None:
+            return False
+        try:
+            return not self.w.store.note_owed(job.note_id)
+        except Exception as exc:  # the store cannot say: send it (at least once, as every note)
+            report(f"{self.child_name}: cannot tell whether {job.note_id} is owed: {exc!r}")
+            return False
+
+    def _settle(self, job: SendText, error: str | None) -> None:
+        if error is not None:
+            report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
+        try:
+            if job.reply_to is not None:
+                result = Delivered(job.qid) if error is None else DeliveryFailed(job.qid, error)
+                job.reply_to.tell(result)
+            elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
+                detail = {"phase": job.purpose, "error": error}
+                self.w.logger.tell(LogEvent(log_record(self.w.now(), job.qid, "delivery_error",
+                                                       detail)))
+        except Exception as exc:  # e.g. the question stopped meanwhile
+            report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
+        if job.note_id is not None:  # hermes ran it (sent, or failed and logged): owed no more
+            try:
+                self.w.store.note_sent(job.note_id)
+            except Exception as exc:
+                report(f"could not record the {job.purpose} for {job.qid} as sent: {exc!r}")
+
+
+# -- answer files ---------------------------------------------------------------
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
 _READ_ATTEMPTS = 3
-# A file handed on and not yet disposed of is offered again after this long, in
-# case the question it went to crashed with it (at-least-once, not every rescan).
+# A file handed on and not disposed of is offered again after this long, in case the
+# question it went to crashed with it (at least once, not at every rescan).
 DEFAULT_REOFFER_S = 30.0
-# Bounds: names remembered, names looked at per rescan, notes remembered.
-TRACK_LIMIT = 10_000
-SCAN_LIMIT = 10_000
+TRACK_LIMIT = 10_000  # names remembered
+SCAN_LIMIT = 10_000  # names looked at per rescan
 NOTE_INTERVAL_S = 60.0  # X7: at most one unreadable-answer note per question per minute
 NOTE_MEMORY = 1_000
 HEAL_REPORT_INTERVAL_S = 10.0
-
-
-class _Kind:
-    """What `_read` or `_kind` found at a name when it is not an answer to read."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __repr__(self) -> str:
-        return f"<{self.what}>"
-
-
-_ASIDE = itertools.count(1)  # names for versions being removed (not answer names)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
-_GONE = _Kind("gone")
-_DIRECTORY = _Kind("directory")
-_NOT_A_FILE = _Kind("not a regular file")
-_FILE = _Kind("regular file")
+_ASIDE = itertools.count(1)  # names for versions being removed (never answer names)
+# what is at a name when it is not an answer to read
+_GONE, _DIRECTORY, _NOT_A_FILE, _FILE = "gone", "directory", "not a regular file", "regular file"
 
 
 def _signature(st: os.stat_result) -> FileSignature:
@@ -108,44 +199,38 @@ def _signature(st: os.stat_result) -> FileSignature:
 
 @dataclass
 class _Tracked:
-    """What the watcher knows of one name in the directory."""
+    """What the watcher knows of one name: since when (C10's grace runs from then),
+    and which version it handed on, not to be sent again before `resend_at`."""
 
     first_seen: float
-    handed: FileSignature | None = None  # the version last sent to the router
-    resend_at: float = 0.0  # that version is not sent again before this
-    # `handed` was judged (RemoveAnswerFile) but could not be removed: it is never
-    # offered again, only its removal tried again when due
+    handed: FileSignature | None = None
+    resend_at: float = 0.0
+    # `handed` was judged (RemoveAnswerFile) and could not be removed: never offered
+    # again, only its removal tried again when due
     doomed: bool = False
 
 
-class WatcherActor(PooledService):
-    """Turns files in the questions directory into AnswerFileSeen, and disposes of them."""
+class WatcherActor(PooledChild):
+    """Turns files in the questions directory into AnswerFileSeen, and disposes of them.
 
-    def __init__(
-        self,
-        *,
-        supervisor: Address,
-        router: Address,
-        logger: Address,
-        delivery: Address,
-        questions_dir: Path,
-        poll_ms: float,
-        reoffer_s: float = DEFAULT_REOFFER_S,
-        clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = utc_now,
-        name: str = "watcher",
-        edge: Edge | None = None,
-    ) -> None:
+    Per name it remembers when the file was first seen and which version it handed
+    on, so a rescan re-reads only what changed or waited long enough. A plain rescan
+    does not even stat a file handed on and not yet due: inotify reports every new
+    version of it; only after inotify overflowed does the next rescan look at every
+    file. Paths are plain strings: with thousands of answers at once, pathlib's
+    joining was a tenth of the daemon's time.
+    """
+
+    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "watcher",
+                 reoffer_s: float = DEFAULT_REOFFER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name, supervisor)
-        self.router = router
-        self.logger = logger
-        self.delivery = delivery
-        self.questions_dir = questions_dir
-        self._prefix = os.path.join(questions_dir, "")  # the directory's path, then a name
-        self.poll_ms = poll_ms
+        self.w = wiring
+        self.questions_dir = wiring.config.questions_dir
+        self._prefix = os.path.join(self.questions_dir, "")
+        self.poll_ms = wiring.config.poll_ms
         self.reoffer_s = reoffer_s
         self.clock = clock
-        self.now = now
         self._tracked: OrderedDict[str, _Tracked] = OrderedDict()
         self._noted: OrderedDict[str, float] = OrderedDict()
         self._inotify: INotify | None = None
@@ -156,21 +241,16 @@ class WatcherActor(PooledService):
         self._last_heal_report = float("-inf")
         self._scan_cut = Episode()  # more entries than one rescan looks at
         self._remove_failing = Episode()  # files cannot be removed (read-only, immutable)
-        self.edge = edge or shared_edge()
         self._beat: Timer | None = None
-        self._deep_queued = threading.Event()  # one deep rescan queued at a time
-
-    # -- life cycle -----------------------------------------------------------
+        self._deep_queued = False  # one deep rescan queued at a time
 
     def begin(self) -> None:
         inotify = self._inotify = INotify()
-        # Made (or tightened to) 0700 before the first look: another local user
-        # who could write here could forge answers. A directory that cannot be
-        # made at start is a setup fault: fail, and let supervision decide.
+        # 0700 before the first look (another local user who could write here could
+        # forge answers); a directory that cannot be made at start is a setup fault
         self._make_and_watch()
-        self.edge.call(self._listen, inotify)
-        # Files written while no watcher ran raise no event: look at them now.
-        self._rescan(deep=True)
+        shared_edge().call(self._listen, inotify)
+        self._rescan(deep=True)  # files written while no watcher ran raise no event
         self._next_beat()
 
     def release(self) -> None:
@@ -178,25 +258,23 @@ class WatcherActor(PooledService):
             self._beat.cancel()
             self._beat = None
         inotify, self._inotify, self._wd = self._inotify, None, None
-        if inotify is not None:
-            # Closed on the loop, after it stopped reading: its fd is never reused under it.
-            self.edge.call(self._unlisten, inotify)
+        if inotify is not None:  # closed on the loop once it stopped reading it
+            shared_edge().call(self._unlisten, inotify)
 
     def _next_beat(self) -> None:
         """The safety-net rescan, `poll_ms` after the last one: one beat pending at a time."""
         if self._beat is not None:
             self._beat.cancel()
-        me = self.actor_ref
-        self._beat = self.edge.after(self.poll_ms / 1000, lambda: _tell(me, Rescan()))
+        self._beat = self.tell_later(self.poll_ms / 1000, Rescan())
 
-    # -- on the edge ----------------------------------------------------------
+    # -- on the loop --------------------------------------------------------
 
     def _listen(self, inotify: INotify) -> None:
-        self.edge.loop.add_reader(inotify.fileno(), self._events, inotify)
+        shared_edge().loop.add_reader(inotify.fileno(), self._events, inotify)
 
     def _unlisten(self, inotify: INotify) -> None:
         with contextlib.suppress(OSError, ValueError):
-            self.edge.loop.remove_reader(inotify.fileno())
+            shared_edge().loop.remove_reader(inotify.fileno())
             inotify.close()
 
     def _events(self, inotify: INotify) -> None:
@@ -204,22 +282,20 @@ class WatcherActor(PooledService):
         me = self.actor_ref
         try:
             events = inotify.read(timeout=0)
-        except Exception as exc:
-            # Without this no answer would ever be noticed again: make the
-            # actor fail, so the supervisor restarts the watcher whole.
+        except Exception as exc:  # no answer would be noticed again: restart the watcher
             self._unlisten(inotify)
-            _tell(me, WatchLost(f"{type(exc).__name__}: {exc}"))
+            tell_quietly(me, WatchLost(f"{type(exc).__name__}: {exc}"))
             return
         names = tuple(dict.fromkeys(e.name for e in events if e.name))
         if names:
-            _tell(me, FilesChanged(names))
+            tell_quietly(me, FilesChanged(names))
         for wd in dict.fromkeys(e.wd for e in events if e.mask & (flags.IGNORED | flags.MOVE_SELF)):
-            _tell(me, WatchEnded(wd))  # the directory was deleted or moved away: make it again
-        if any(e.mask & flags.Q_OVERFLOW for e in events) and not self._deep_queued.is_set():
-            self._deep_queued.set()  # events were lost: every file must be looked at
-            _tell(me, Rescan(deep=True))
+            tell_quietly(me, WatchEnded(wd))  # deleted or moved away: made again
+        if any(e.mask & flags.Q_OVERFLOW for e in events) and not self._deep_queued:
+            self._deep_queued = True  # events were lost: every file must be looked at
+            tell_quietly(me, Rescan(deep=True))
 
-    # -- messages -------------------------------------------------------------
+    # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -227,7 +303,7 @@ class WatcherActor(PooledService):
                 for name in dict.fromkeys(names):
                     self._examine(name)
             case Rescan(deep=True):
-                self._deep_queued.clear()
+                self._deep_queued = False
                 self._rescan(deep=True)
             case Rescan():
                 self._rescan()
@@ -244,20 +320,18 @@ class WatcherActor(PooledService):
             case WatchEnded(wd=wd):
                 if wd == self._wd:
                     self._ensure_watch(force=True)
-                    self._rescan(deep=True)  # finds what was written while there was no watch
+                    self._rescan(deep=True)  # what was written while there was no watch
             case WatchLost(error=error):
                 raise RuntimeError(f"inotify watch lost: {error}")
             case _:
                 raise UnknownMessage(self.child_name, message)
 
-    # -- the directory ----------------------------------------------------------
+    # -- the directory ------------------------------------------------------
 
     def _ensure_watch(self, *, force: bool = False) -> bool:
         """The directory exists, is 0700 and is watched; False when it cannot be, for now.
-
-        A failure while running is reported once and retried at every rescan
-        beat: the watcher lives on (no restart loop), polling if it must.
-        """
+        A failure while running is said once and retried at every beat: the watcher lives
+        on (no restart loop), polling if it must."""
         try:
             st: os.stat_result | None = os.stat(self.questions_dir)
         except OSError:
@@ -286,20 +360,20 @@ class WatcherActor(PooledService):
         inotify = self._inotify
         if inotify is None:
             raise OSError("the watcher is stopping")
-        if self._wd is not None:  # deleted, moved away or replaced: stop following the old one
+        if self._wd is not None:  # deleted, moved or replaced: stop following the old one
             with contextlib.suppress(OSError):
                 inotify.rm_watch(self._wd)
             self._wd = None
         private_dir(self.questions_dir)  # NotADirectoryError if something else is there
-        # Watch first, list after (the caller rescans): a file written in
-        # between raises an event or is in the listing, never neither. ONLYDIR:
-        # something else put in its place meanwhile is refused (ENOTDIR), not watched.
+        # Watch first, list after (the caller rescans): a file written in between is in
+        # the listing or raises an event, never neither. ONLYDIR: something else put in
+        # its place meanwhile is refused (ENOTDIR), not watched.
         wd = inotify.add_watch(str(self.questions_dir), _WATCH_MASK | flags.ONLYDIR)
         st = os.stat(self.questions_dir)
         self._wd, self._watched = wd, (st.st_dev, st.st_ino)
 
     def _report_heal(self, what: str) -> None:
-        """One stderr line per heal, at most one per HEAL_REPORT_INTERVAL_S (with a count)."""
+        """One line per heal, at most one per HEAL_REPORT_INTERVAL_S (with a count)."""
         self._heals_unreported += 1
         now = self.clock()
         if now - self._last_heal_report < HEAL_REPORT_INTERVAL_S:
@@ -310,11 +384,11 @@ class WatcherActor(PooledService):
         self._heals_unreported = 0
         self._last_heal_report = now
 
-    # -- examining files ------------------------------------------------------
+    # -- examining files ----------------------------------------------------
 
     def _rescan(self, *, deep: bool = False) -> None:
         if not self._ensure_watch() and not self.questions_dir.is_dir():
-            return  # reported once by _ensure_watch; tried again at the next beat
+            return  # said once by _ensure_watch; tried again at the next beat
         names: list[str] = []
         complete = True
         try:
@@ -345,13 +419,11 @@ class WatcherActor(PooledService):
         tracked = self._tracked.get(name)
         if tracked is None:
             tracked = self._tracked[name] = _Tracked(first_seen=self.clock())
-            while len(self._tracked) > TRACK_LIMIT:
-                # Forgetting costs at most a re-read and a fresh grace: never a crash.
+            while len(self._tracked) > TRACK_LIMIT:  # forgetting costs a re-read, a new grace
                 self._tracked.popitem(last=False)
         return tracked
 
     def _waited(self, name: str, window_s: float) -> bool:
-        """Has the file been here `window_s` since it was first seen?"""
         return self.clock() - self._track(name).first_seen >= window_s
 
     def _grace_over(self, name: str) -> bool:
@@ -361,28 +433,23 @@ class WatcherActor(PooledService):
     def _examine(self, name: str) -> None:
         qid = qid_of_name(name)
         tracked = self._tracked.get(name)
-        if (
-            tracked is not None
-            and tracked.handed is not None
-            and self._current(name) == tracked.handed
-        ):
+        if tracked is not None and tracked.handed is not None \
+                and self._current(name) == tracked.handed:
             if self.clock() < tracked.resend_at:
                 return  # handed on already and not due again: no re-read, no re-parse
             if tracked.doomed:
                 self._remove_judged(name, tracked.handed)  # judged once: never offered again
                 return
-        # The answer is opened straight away (one open, two fstats): the kind of
-        # file is learnt from the open itself, not from a stat before it.
-        if isinstance(qid, Rejected):
-            read: tuple[bytes | None, FileSignature] | _Kind | None = self._kind(name)
+        if isinstance(qid, Rejected):  # a bad name's file is never read
+            read: tuple[bytes | None, FileSignature] | str | None = self._kind(name)
         else:
             self._track(name)  # C10's grace runs from the first sighting
             read = self._read(name)
-        if read is _GONE:
+        if read == _GONE:
             self._tracked.pop(name, None)
-        elif read is _DIRECTORY:
+        elif read == _DIRECTORY:
             return  # not ours to remove; nothing the gateway writes
-        elif read is _NOT_A_FILE:
+        elif read == _NOT_A_FILE:
             # a symlink, FIFO or socket is never an answer (and is not followed); only
             # that very one goes, never an answer renamed over it meanwhile
             if self._grace_over(name):
@@ -392,18 +459,16 @@ class WatcherActor(PooledService):
                     return
                 self._reject(name, "invalid_path", None, version)
         elif isinstance(qid, Rejected):
-            # A writer's temporary name may be renamed to a good one any moment.
-            if self._grace_over(name):
+            if self._grace_over(name):  # a writer's temporary name may be renamed any moment
                 self._reject(name, qid.reason, None)
         elif isinstance(read, tuple):
             content, signature = read
-            tracked = self._track(name)  # (forgotten meanwhile only past TRACK_LIMIT)
+            tracked = self._track(name)
             tracked.handed, tracked.resend_at = signature, self.clock() + self.reoffer_s
-            self.router.tell(AnswerFileSeen(name, content, signature))
+            self.w.router.tell(AnswerFileSeen(name, content, signature))
         # else: unsteady or unreadable for now; its next event or a rescan brings it back
 
-    def _kind(self, name: str) -> _Kind:
-        """What is at `name`, by lstat (a bad name's file is never read)."""
+    def _kind(self, name: str) -> str:
         try:
             st = os.lstat(self._prefix + name)
         except OSError:
@@ -412,24 +477,22 @@ class WatcherActor(PooledService):
             return _DIRECTORY
         return _FILE if stat.S_ISREG(st.st_mode) else _NOT_A_FILE
 
-    def _read(self, name: str) -> tuple[bytes | None, FileSignature] | _Kind | None:
-        """The file's bytes (None if over the limit: not read) and the version they
-        came from; or what is there when it is not a regular file (or nothing);
-        None (or `_FILE`, a file it could not open) if it cannot be read now."""
+    def _read(self, name: str) -> tuple[bytes | None, FileSignature] | str | None:
+        """The bytes (None over the limit: not read) and the version they came from; or
+        what is there when it is no regular file; None when it cannot be read now."""
         path = self._prefix + name
         for _ in range(_READ_ATTEMPTS):
             try:
-                # O_NONBLOCK and O_NOFOLLOW: a FIFO or a symlink swapped in is not an
-                # answer; O_NOCTTY: nor is a terminal, which must not become ours.
+                # O_NONBLOCK, O_NOFOLLOW: a FIFO or a symlink swapped in is no answer;
+                # O_NOCTTY: nor is a terminal, which must not become ours
                 fd = os.open(path, _OPEN_FLAGS)
             except FileNotFoundError:
                 return _GONE
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
                     return _NOT_A_FILE
-                # Not openable (no permission, a device on a nodev mount, ...):
-                # what is it? A regular file is tried again later (as one unsteady);
-                # anything else is not an answer, whatever its name.
+                # not openable (no permission, a device on a nodev mount): a regular
+                # file is tried again later; anything else is no answer
                 return self._kind(name)
             try:
                 before = os.fstat(fd)
@@ -454,32 +517,33 @@ class WatcherActor(PooledService):
             return None
         return _signature(st) if stat.S_ISREG(st.st_mode) else None
 
-    # -- verdicts -------------------------------------------------------------
+    # -- verdicts -----------------------------------------------------------
 
-    def _dispose(
-        self, name: str, signature: FileSignature, verdict: Rejected | OwnedElsewhere
-    ) -> None:
+    def _dispose(self, name: str, signature: FileSignature,
+                 verdict: Rejected | OwnedElsewhere) -> None:
         current = self._current(name)
         if current is None:
             self._tracked.pop(name, None)
             return
-        if current != signature:
-            # The verdict was about an older version; judge the new one instead.
+        if current != signature:  # the verdict was on an older version: judge the new one
             self._examine(name)
             return
         match verdict:
-            case OwnedElsewhere():
-                # X6: a sibling's, however long it is down; judged again when due.
+            case OwnedElsewhere():  # X6: a sibling's, however long it is down
                 self._hold(name, signature, self.clock() + self.reoffer_s)
-            case Rejected(reason="invalid_json"):
-                self._hold_or_reject(name, signature, verdict, grace_ms(self.poll_ms) / 1000)
+            case Rejected(reason="invalid_json"):  # C10: perhaps half written
+                window_s = grace_ms(self.poll_ms) / 1000
+                if self._waited(name, window_s):
+                    self._reject(name, verdict.reason, verdict.qid, signature)
+                else:  # given afresh once the window is over (the qid may be known by then)
+                    self._hold(name, signature, self._track(name).first_seen + window_s)
             case Rejected(reason=reason, qid=qid, error=error):
                 self._reject(name, reason, qid, signature, error)
 
     def _remove_judged(self, name: str, signature: FileSignature) -> None:
-        """A version judged (used, or answered with a note) goes; if it cannot go now,
-        it is kept from the router (a second note for it would be a second judgement)
-        and removal is tried again after `reoffer_s`."""
+        """A version judged (used, or answered with a note) goes; one that cannot go now is
+        kept from the Router (a second note would be a second judgement) and its removal
+        is tried again after `reoffer_s`."""
         current = self._current(name)
         if current is None:
             self._tracked.pop(name, None)
@@ -487,40 +551,17 @@ class WatcherActor(PooledService):
               and self._current(name) == signature):  # still there: not gone, nor replaced
             self._hold(name, signature, self.clock() + self.reoffer_s)
             self._track(name).doomed = True
-        # else: a newer answer replaced it; its own events bring it here.
-
-    def _hold_or_reject(
-        self, name: str, signature: FileSignature, verdict: Rejected, window_s: float
-    ) -> None:
-        """Leave the file until `window_s` after its first sighting, then reject it.
-
-        While held, this version is not sent again; once the window is over it
-        is, so the verdict is given afresh (the qid may have become known).
-        """
-        if self._waited(name, window_s):
-            self._reject(name, verdict.reason, verdict.qid, signature)
-            return
-        self._hold(name, signature, self._track(name).first_seen + window_s)
+        # else: a newer answer replaced it; its own events bring it here
 
     def _hold(self, name: str, signature: FileSignature, until: float) -> None:
         """Leave this version be until `until`; a new version is examined at once."""
         tracked = self._track(name)
-        tracked.handed = signature
-        tracked.resend_at = until
+        tracked.handed, tracked.resend_at = signature, until
 
-    def _reject(
-        self,
-        name: str,
-        reason: RejectReason,
-        qid: str | None,
-        signature: FileSignature | None = None,
-        error: str | None = None,
-    ) -> None:
-        """C9: a rejected file is removed and logged as answer_rejected.
-
-        Only the remover logs: bridges sharing the directory may reject the
-        same file, and it must be logged once.
-        """
+    def _reject(self, name: str, reason: RejectReason, qid: str | None,
+                signature: FileSignature | None = None, error: str | None = None) -> None:
+        """C9: removed and logged as answer_rejected, by the remover alone: bridges that
+        share the directory may reject the same file, and it is logged once."""
         if not self._remove(name, signature):
             return
         detail: dict[str, Any] = {"reason": reason, "file": name}
@@ -535,33 +576,29 @@ class WatcherActor(PooledService):
             self._note_unreadable(qid, reason)
 
     def _note_unreadable(self, qid: str, reason: RejectReason) -> None:
-        """X7: tell the human their answer to an open question was refused, at most
-        once per question per NOTE_INTERVAL_S; the question stays open."""
+        """X7: the human is told their answer was refused, at most once per question per
+        NOTE_INTERVAL_S; the question stays open."""
         now = self.clock()
-        while self._noted and (
-            len(self._noted) >= NOTE_MEMORY
-            or now - next(iter(self._noted.values())) >= NOTE_INTERVAL_S
-        ):
+        while self._noted and (len(self._noted) >= NOTE_MEMORY
+                               or now - next(iter(self._noted.values())) >= NOTE_INTERVAL_S):
             self._noted.popitem(last=False)
         if qid in self._noted:
             return
         self._noted[qid] = now
-        self.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
+        self.w.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
 
     def _remove(self, name: str, signature: FileSignature | None = None) -> bool:
         """Remove the file; True if this call removed it.
 
-        With `signature`, only that version: a newer one renamed over it since it
-        was judged (a human's second answer, a moment after the first) must never
-        go with it. Linux cannot unlink "this inode only", so the file is first
-        renamed aside (atomic), looked at, and put back without clobbering
-        anything if it is not the version judged.
+        With `signature`, only that version: a newer one renamed over it since it was
+        judged (a second answer, a moment after the first) must never go with it.
+        Linux cannot unlink "this inode only", so the file is renamed aside (atomic),
+        looked at, and put back without clobbering anything if it is not the one.
         """
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick
-        target = (path if signature is None
-                  else f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}")
+        target = path if signature is None else f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}"
         try:
             if signature is not None:
                 os.rename(path, target)
@@ -572,8 +609,7 @@ class WatcherActor(PooledService):
         except FileNotFoundError:
             return False
         except OSError as exc:
-            # said once per cause, not at each retry: a read-only directory of many
-            # answers is one line, and one more when removing works again
+            # said once per cause: a read-only directory of many answers is one line
             if self._remove_failing.happened(cause=exc.errno):
                 report(f"{self.child_name}: cannot remove {name}: {exc}")
             return False
@@ -582,9 +618,10 @@ class WatcherActor(PooledService):
                    f"({failed} failed attempt(s))")
         return True
 
-    def _put_back(self, aside: str, path: str) -> None:
-        """A version not judged yet goes back where it was, unless a newer one is there
-        by now (then this one is superseded); its events bring it to be judged."""
+    @staticmethod
+    def _put_back(aside: str, path: str) -> None:
+        """A version not judged yet goes back, unless a newer one is there by now (then
+        this one is superseded); its events bring it to be judged."""
         try:
             os.link(aside, path)  # never over a file that arrived meanwhile
         except FileExistsError:
@@ -596,7 +633,7 @@ class WatcherActor(PooledService):
         os.remove(aside)
 
     def _log(self, qid: str | None, event: Event, detail: dict[str, Any]) -> None:
-        self.logger.tell(LogEvent(log_record(self.now(), qid, event, detail)))
+        self.w.logger.tell(LogEvent(log_record(self.w.now(), qid, event, detail)))
 
 
 def _read_at_most(fd: int, limit: int) -> bytes | None:
@@ -610,9 +647,3 @@ def _read_at_most(fd: int, limit: int) -> bytes | None:
         chunks.append(chunk)
         got += len(chunk)
     return None
-
-
-def _tell(ref: Any, message: Any) -> None:
-    """From the edge: a watcher that stopped meanwhile needs to hear nothing more."""
-    with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(message)

@@ -1,0 +1,603 @@
+"""The questions: the Router that owns the table of open ones and runs them, and one
+QuestionActor per open qid.
+
+The Router owns the qid -> question table, the memory of recently closed qids,
+admission (a prompt is stored before its ack), answer and cancel routing, and the
+open count. It is also the questions' supervisor (OTP's simple_one_for_one): the
+table it routes by is the table it runs, so the open set is held once. A question
+that crashes is restarted from its store row (the one record of its state) with
+its unread mail; one that crashes more than `question_restarts` times within
+`window_s` is poison: closed with an error response owed to its asker, and the
+daemon and every other question carry on. Its table is rebuilt from the store
+whenever it starts; after a crash of its own the questions start afresh under new
+names, so the store's owner guard keeps any leftover actor from writing.
+
+The decisions are pure functions in `messages.contract`; these actors decide when.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pykka
+from ulid import ULID
+
+from ..messages.commands import (
+    Address,
+    AdmissionRefused,
+    AnswerArrived,
+    AnswerFileSeen,
+    CancelQuestion,
+    CancelRequested,
+    ChildFailed,
+    Delivered,
+    DeliveryFailed,
+    DisposeAnswerFile,
+    FileSignature,
+    LogEvent,
+    NewQuestion,
+    OfferAgain,
+    QuestionClosed,
+    QuestionSpec,
+    QueueDepthQuery,
+    RemindDue,
+    RemoveAnswerFile,
+    RestartChild,
+    SendResponse,
+    SendText,
+    TextPurpose,
+    TimedOut,
+    UnknownMessage,
+)
+from ..messages.contract import (
+    INVALID_QID_ERROR,
+    NOT_ADMITTED,
+    Accepted,
+    AlreadyOpen,
+    Answering,
+    Late,
+    OwnedElsewhere,
+    Refused,
+    Rejected,
+    ToValidate,
+    Undelivered,
+    admission,
+    answer_name,
+    cancel_note,
+    cancel_refused_record,
+    cancel_target,
+    duplicate_refused_record,
+    effective_timeout_ms,
+    foreign_verdict,
+    format_question,
+    late_note,
+    log_record,
+    map_answer,
+    may_cancel,
+    over_asker_limit,
+    over_capacity,
+    parse_prompt,
+    qid_of,
+    remind_after_s,
+    remind_note,
+    timeout_error,
+    timeout_note,
+    transition,
+    triage_answer,
+    undelivered_note,
+    validate_answer,
+)
+from ..messages.wire import Event, PromptEnvelope, State
+from .runtime import (
+    GiveUp,
+    PooledChild,
+    RestartPolicy,
+    Schedule,
+    Slot,
+    Timer,
+    is_resource_shortage,
+    later,
+    report,
+)
+from .store import CLOSED_MEMORY, remind_note_id, sibling_of
+
+if TYPE_CHECKING:
+    from .supervisor import Wiring
+
+FAILED_PREFIX = "bridge failed on this question"
+_ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
+
+# (wiring, spec, child name, its slot) -> the question's ref
+QuestionFactory = Callable[["Wiring", QuestionSpec, str, Slot], pykka.ActorRef[Any]]
+
+
+def failed_error(error: str) -> str:
+    """The error response a poison question's asker gets."""
+    if len(error) > _ERROR_LIMIT:
+        error = error[: _ERROR_LIMIT - 1] + "…"
+    return f"{FAILED_PREFIX}: {error}"
+
+
+@dataclass(slots=True)
+class OpenQuestion:
+    """Where to reach one open question, whose it is (X2), and whether it is handling an
+    answer. Its state is its row's and its actor's, not the Router's."""
+
+    qid: str
+    child: str
+    slot: Slot
+    prompt: PromptEnvelope
+    answering: bool = False
+
+
+class _Answering(Mapping[str, bool]):
+    """Which open questions handle an answer: a view of the table, not a copy, so routing
+    one answer costs the same with 10 or 10,000 open."""
+
+    def __init__(self, table: dict[str, OpenQuestion]) -> None:
+        self._table = table
+
+    def __getitem__(self, qid: str) -> bool:
+        return self._table[qid].answering
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+class QuestionRouter(PooledChild):
+    """Owns and runs the open questions; told by the Peer, the Watcher and the questions."""
+
+    def __init__(
+        self,
+        wiring: Wiring,
+        *,
+        supervisor: Address,
+        incarnation: int = 0,
+        name: str = "router",
+        start_question: QuestionFactory | None = None,
+        sibling: Callable[[str], str | None] | None = None,
+        question_restarts: int = 3,
+        window_s: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        schedule: Schedule = later,
+    ) -> None:
+        """`sibling(qid)` names the other project on this host whose bridge owns `qid`
+        (X6); by default it reads their state files beside ours."""
+        super().__init__(name, supervisor)
+        self.w = wiring
+        self.incarnation = incarnation
+        self.start_question = start_question or QuestionActor.run
+        self.sibling = sibling or (lambda qid: sibling_of(wiring.store.path, qid, wiring.clock()))
+        self.policy = RestartPolicy(question_restarts, window_s, monotonic, schedule,
+                                    per_child=True)
+        self.open: dict[str, OpenQuestion] = {}
+        self.closed: OrderedDict[str, State] = OrderedDict()
+        self._run_tag = f"{wiring.run_tag}.{incarnation}"
+        self._serial = itertools.count(1)
+
+    # -- life ---------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Rebuild the table from the store before the first message is read: prompts
+        and answer files queue meanwhile, so answers written while the daemon was down
+        find their questions and no prompt is admitted against a half-built table."""
+        specs, closed = self.w.store.load()
+        for qid, state in closed:
+            self._remember_closed(qid, state)
+        first = self.incarnation == 0
+        if first:  # owed by the last run: decided then, never handed over
+            for owed in self.w.store.outbox():
+                self.w.peer.tell(owed)
+            for note in self.w.store.owed_notes():
+                self.w.delivery.tell(note)
+        for spec in specs:
+            question = self._start(spec, claim=True)
+            # never confirmed delivered: sent again (at least once); a fresh one logs
+            # question_received as it starts
+            if question is not None and spec.state in (None, "pending"):
+                self._deliver(spec, question)
+            if not first:  # an answer the old questions handled may have died with them
+                self.w.watcher.tell(OfferAgain(answer_name(spec.qid)))
+        if first and (specs or closed):
+            report(f"restored {len(specs)} open and {len(closed)} closed question(s)", "info")
+
+    def release(self) -> None:
+        """The questions die with the table that runs them; a successor starts them again."""
+        self.policy.cancel_all()
+        for question in self.open.values():
+            self._stop(question)
+
+    @staticmethod
+    def _stop(question: OpenQuestion) -> None:
+        ref = question.slot.ref
+        question.slot.retire()
+        if ref is not None:
+            try:
+                ref.stop(block=False)
+            except pykka.ActorDeadError:
+                pass
+
+    # -- messages -----------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case NewQuestion(envelope=envelope, reply=reply):
+                reply(self._admit(envelope))
+            case CancelQuestion(envelope=envelope):
+                qid = cancel_target(envelope.ref_msg_id, self.open)
+                if qid is not None:
+                    if may_cancel(envelope, self.open[qid].prompt):
+                        self.open[qid].slot.tell(CancelRequested())
+                    else:  # X2: only the asker cancels; acked all the same (C12)
+                        self._log(cancel_refused_record(self.w.now(), envelope))
+            case QueueDepthQuery(reply=reply):
+                reply(len(self.open))
+            case AnswerFileSeen(name=name, content=content, signature=signature):
+                self._route_answer(name, content, signature)
+            case QuestionClosed(qid=qid, state=state, child=child):
+                question = self._question(child)
+                if question is not None:
+                    self._forget(question)
+                    if state is not None:  # C18: a failed delivery leaves no trace of the qid
+                        self._remember_closed(qid, state)
+            case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
+                self._crashed(child, error, unread, shortage)
+            case RestartChild(child=child, unread=unread):
+                self.policy.restarting(child)
+                question = self._question(child)
+                if question is not None:
+                    self._restart(question, unread)
+            case _:
+                raise UnknownMessage(self.child_name, message)
+        return None
+
+    def _log(self, record: Any) -> None:
+        self.w.logger.tell(LogEvent(record))
+
+    # -- admission ----------------------------------------------------------
+
+    def _admit(self, envelope: PromptEnvelope) -> str | None:
+        """None to ack (once stored), else the nack's error. An unforeseen fault (the
+        store could not take it) is our words to the asker and the cause on stderr."""
+        try:
+            self._new_question(envelope)
+        except AdmissionRefused as exc:  # full, its asker's share, not its qid (X2)
+            return str(exc)
+        except Exception as exc:
+            report(f"could not take question {envelope.msg_id!r}: {exc!r}", "error")
+            return NOT_ADMITTED
+        return None
+
+    def _new_question(self, envelope: PromptEnvelope) -> None:
+        qid = qid_of(envelope)
+        if qid is None:  # C3: never reaches Telegram
+            self.w.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
+            return
+        current = self.open.get(qid)
+        verdict = admission(qid, envelope, current.prompt if current else None,
+                            qid in self.closed)
+        if isinstance(verdict, AlreadyOpen):  # its asker retrying: ack, nothing more
+            return
+        if isinstance(verdict, Refused):
+            self._log(duplicate_refused_record(self.w.now(), qid, envelope, verdict))
+            raise AdmissionRefused(verdict.error)
+        config = self.w.config
+        refusal = over_asker_limit(envelope.sender_name, self._open_of(envelope.sender_name),
+                                   config.max_open_per_asker) or over_capacity(
+                                       len(self.open), config.max_open)
+        if refusal is not None:
+            raise AdmissionRefused(refusal)
+        timeout_ms = effective_timeout_ms(envelope, config.timeout_ms)  # X5
+        spec = QuestionSpec(qid=qid, prompt=envelope, parsed=parse_prompt(envelope),
+                            timeout_ms=timeout_ms, deadline=self.w.clock() + timeout_ms / 1000)
+        question = self._start(spec, claim=False)
+        if question is not None:
+            self._deliver(spec, question)
+
+    def _open_of(self, asker: str) -> int:
+        """X10: counted from the table, and only when the limit is set."""
+        if self.w.config.max_open_per_asker is None:
+            return 0
+        return sum(1 for question in self.open.values() if question.prompt.sender_name == asker)
+
+    def _start(self, spec: QuestionSpec, *, claim: bool) -> OpenQuestion | None:
+        """Write (or claim) the row, then run the question behind a slot of its own. The
+        name is unique across runs and restarts: the owner guard and the outbox key on it."""
+        child = f"question:{spec.qid}:{self._run_tag}.{next(self._serial)}"
+        if claim:
+            if not self.w.store.claim(spec.qid, child):
+                return None
+        else:
+            self.w.store.put_open(spec, owner=child)  # before the ack, before delivery
+        question = self.open[spec.qid] = OpenQuestion(spec.qid, child, Slot(child), spec.prompt)
+        self._spawn(question, spec, ())
+        return question
+
+    def _deliver(self, spec: QuestionSpec, question: OpenQuestion) -> None:
+        # asked here, in arrival order, so questions reach the chat in the order asked
+        text = format_question(spec.qid, spec.parsed, project=self.w.config.project)
+        self.w.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
+
+    # -- running the questions ----------------------------------------------
+
+    def _question(self, child: str) -> OpenQuestion | None:
+        """The open question run as `child` (its name carries its qid), if it still is."""
+        parts = child.split(":")
+        question = self.open.get(parts[1]) if len(parts) > 2 else None
+        return question if question is not None and question.child == child else None
+
+    def _spawn(self, question: OpenQuestion, spec: QuestionSpec, unread: tuple[Any, ...]) -> None:
+        try:
+            ref = self.start_question(self.w, spec, question.child, question.slot)
+        except Exception as exc:  # no thread for it, say: as if it had crashed at once
+            self._crashed(question.child, f"{type(exc).__name__}: {exc}", unread,
+                          is_resource_shortage(exc))
+            return
+        question.slot.bind(ref, unread)
+
+    def _crashed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool) -> None:
+        question = self._question(child)
+        if question is None:
+            return  # closed or replaced meanwhile: nothing to restart
+        verdict = self.policy.crashed(child, error, unread, shortage, self.w.router,
+                                      who=f"question {question.qid}")
+        if isinstance(verdict, GiveUp):
+            self._give_up(question, verdict.verdict, error)
+        elif verdict == "now":
+            self._restart(question, unread)
+
+    def _restart(self, question: OpenQuestion, unread: tuple[Any, ...]) -> None:
+        """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. The
+        answer it was handling may have died with it: its file is offered again now."""
+        spec = self.w.store.open_spec(question.qid, question.child)
+        if spec is None:
+            self._forget(question)
+            return
+        if question.answering:
+            self.w.watcher.tell(OfferAgain(answer_name(question.qid)))
+            question.answering = False
+        self._spawn(question, spec, unread)
+
+    def _give_up(self, question: OpenQuestion, verdict: str, error: str) -> None:
+        """A poison question: closed with an error for its asker, never restored."""
+        qid, child = question.qid, question.child
+        self._forget(question)
+        owed = SendResponse(question.prompt, None, failed_error(error), child)
+        try:
+            owned = self.w.store.close(qid, None, owner=child, response=owed)
+        except Exception as exc:  # the asker is still told; the next start may retry it
+            report(f"could not record question {qid} as failed: {exc!r}")
+            owned = True
+        report(f"{verdict}; closed it with an error ({error})", "error")
+        if owned:  # else replaced meanwhile: its successor answers for the qid
+            self._log(log_record(self.w.now(), qid, "question_failed", {"error": error}))
+            self.w.peer.tell(owed)
+
+    def _forget(self, question: OpenQuestion) -> None:
+        del self.open[question.qid]
+        self.policy.forget(question.child)
+        self._stop(question)
+
+    def _remember_closed(self, qid: str, state: State) -> None:
+        self.closed[qid] = state
+        self.closed.move_to_end(qid)
+        while len(self.closed) > CLOSED_MEMORY:
+            self.closed.popitem(last=False)
+
+    # -- answers ------------------------------------------------------------
+
+    def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
+        verdict = triage_answer(name, _Answering(self.open), self.closed)
+        match verdict:
+            case Answering():
+                return  # the same file seen twice is handled once
+            case Late(qid=qid):
+                if self.w.store.answered_by(qid) == (name, signature):
+                    # the very file that answered it, offered again before its removal
+                    self.w.watcher.tell(RemoveAnswerFile(name, signature))
+                else:
+                    note = SendText(qid, late_note(qid), "late_note",
+                                    note_id=f"late:{qid}:{ULID()}")
+                    self._noted(name, signature, note, "late_answer", {"state": verdict.state})
+            case Rejected(reason="foreign_qid", qid=str(qid)):
+                self._foreign(name, signature, qid)
+            case Rejected():
+                self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
+            case ToValidate(qid=qid):
+                checked = validate_answer(name, content, self.open)
+                if isinstance(checked, Accepted):
+                    question = self.open[qid]
+                    question.answering = True
+                    question.slot.tell(AnswerArrived(checked.answer, name, signature))
+                else:
+                    self.w.watcher.tell(DisposeAnswerFile(name, signature, checked))
+
+    def _foreign(self, name: str, signature: FileSignature, qid: str) -> None:
+        """Neither open nor closed here: ours undelivered (X11), a sibling's (X6), or foreign."""
+        undelivered = self.w.store.undelivered(qid, self.w.clock())
+        # siblings' files are read only when our own memory does not decide it
+        verdict = foreign_verdict(qid, undelivered, None if undelivered else self.sibling(qid))
+        match verdict:
+            case Undelivered():
+                note = SendText(qid, undelivered_note(qid), "undelivered_note",
+                                note_id=f"undelivered:{qid}:{ULID()}")
+                self._noted(name, signature, note, "answer_rejected",
+                            {"reason": "foreign_qid", "file": name, "delivery_failed": True})
+            case OwnedElsewhere() | Rejected():
+                self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
+
+    def _noted(self, name: str, signature: FileSignature, note: SendText, event: Event,
+               detail: dict[str, Any]) -> None:
+        """An answer not passed on that gets the human a note (C15, X11): the note is owed
+        (stored) the moment it is decided, and the file removed. The one path for the
+        late rule: a question that closed under its answer sends the file back here."""
+        self.w.store.owe_note(note)
+        self.w.watcher.tell(RemoveAnswerFile(name, signature))
+        self._log(log_record(self.w.now(), note.qid, event, detail))
+        self.w.delivery.tell(note)
+
+
+class QuestionActor(PooledChild):
+    """One qid's state machine (C19) and its timers. Each transition goes through the pure
+    `transition` table, is written to the question's row first (a restart resumes from
+    it) and is logged; a terminal question tells the Router and stops itself."""
+
+    def __init__(self, wiring: Wiring, *, spec: QuestionSpec, name: str, me: Address) -> None:
+        super().__init__(name, wiring.router)
+        self.w = wiring
+        self.spec = spec
+        self.qid = spec.qid
+        self.state: State | None = spec.state
+        self.me = me
+        self._timer: Timer | None = None
+        self._reminder: Timer | None = None
+
+    @classmethod
+    def run(cls, wiring: Wiring, spec: QuestionSpec, child: str, slot: Slot
+            ) -> pykka.ActorRef[Any]:
+        return cls.start(wiring, spec=spec, name=child, me=slot)
+
+    # -- life ---------------------------------------------------------------
+
+    def begin(self) -> None:
+        if self.state is None:
+            if not self._move("question_received", {"from": self.spec.prompt.sender_name}):
+                return
+        elif not self._is_open():
+            self._close()  # crashed after reaching its end but before reporting it
+            return
+        # at absolute moments, so a restart keeps the clock running; the reminder (X9)
+        # only if not decided yet (a moment passed while the daemon was down fires at once)
+        now = time.time()  # the loop's timers count real seconds, whatever clock is injected
+        self._timer = self.tell_later(self.spec.deadline - now, TimedOut(), self.me)
+        after = remind_after_s(self.spec.timeout_ms, self.w.config.remind_before_ms)
+        if self._reminds() and after is not None:
+            asked = self.spec.deadline - self.spec.timeout_ms / 1000
+            self._reminder = self.tell_later(asked + after - now, RemindDue(), self.me)
+
+    def release(self) -> None:
+        for timer in (self._timer, self._reminder):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._reminder = None
+
+    # -- messages -----------------------------------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        match message:
+            case Delivered():
+                if self.state == "pending":
+                    self._move("delivered", {"to": self.w.config.target})
+            case DeliveryFailed(error=error):
+                if self.state == "pending":
+                    owed = self._owed(None, error)
+                    # remembered an hour: the human may have the question all the same (X11)
+                    if self._move("delivery_error", {"error": error}, owed=owed,
+                                  undelivered_at=self.w.clock()):
+                        self._close()
+                        self.w.peer.tell(owed)
+            case AnswerArrived(answer=answer, name=name, signature=signature):
+                if self._is_open():
+                    mapped = map_answer(answer.answer, self.spec.parsed.options)
+                    owed = self._owed(mapped.model_dump(mode="json"), None)
+                    if self._move("answered", {"answered_by": answer.answered_by}, owed=owed,
+                                  answer_file=(name, signature)):
+                        self._close()
+                        self.w.peer.tell(owed)
+                        self.w.watcher.tell(RemoveAnswerFile(name, signature))
+                else:  # closed under it: the Router judges it again, late (C15) by one path
+                    self.w.router.tell(AnswerFileSeen(name, None, signature))
+            case CancelRequested():
+                note = self._note(cancel_note(self.qid), "cancel_note")
+                if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},
+                                                  note=note):
+                    self._close()
+                    self.w.delivery.tell(note)
+            case RemindDue():
+                if self._is_open() and self._reminds():
+                    self._remind()
+            case TimedOut():
+                if self._is_open():
+                    ms = self.spec.timeout_ms
+                    owed = self._owed(None, timeout_error(ms))
+                    note = self._note(timeout_note(self.qid, ms), "timeout_note")
+                    if self._move("timeout", {"timeout_ms": ms}, owed=owed, note=note):
+                        self._close()
+                        self.w.delivery.tell(note)
+                        self.w.peer.tell(owed)
+            case _:
+                raise UnknownMessage(self.child_name, message)
+
+    def _reminds(self) -> bool:
+        """X9: configured, useful for this question, not decided yet, and before the
+        deadline (after a restart past both moments the timeout comes, not a reminder)."""
+        return (not self.spec.reminded
+                and remind_after_s(self.spec.timeout_ms, self.w.config.remind_before_ms)
+                is not None and self.w.clock() < self.spec.deadline)
+
+    def _remind(self) -> None:
+        """X9: decided once, stored as owed with the mark on the row, then sent."""
+        left_s = max(0.0, self.spec.deadline - self.w.clock())
+        text = remind_note(self.qid, left_s, self.spec.parsed.question)
+        note = SendText(self.qid, text, "remind_note", note_id=remind_note_id(self.qid))
+        if not self.w.store.remind(note, self.child_name):
+            return  # not this actor's row any more (see _move)
+        self.spec = dataclasses.replace(self.spec, reminded=True)
+        self._log("reminded", {"left_ms": round(left_s * 1000)})
+        self.w.delivery.tell(note)
+
+    def _is_open(self) -> bool:
+        return self.state in ("pending", "delivered")
+
+    def _log(self, event: Event, detail: dict[str, Any]) -> None:
+        self.w.logger.tell(LogEvent(log_record(self.w.now(), self.qid, event, detail)))
+
+    def _move(self, event: Event, detail: dict[str, Any], *, owed: SendResponse | None = None,
+              answer_file: tuple[str, FileSignature] | None = None,
+              note: SendText | None = None, undelivered_at: float | None = None) -> bool:
+        """Apply a C19 transition, make it durable, then log it (C20).
+
+        The row is written first, so no effect is done for a state a restart would
+        not know; the response and note owed are stored with the closing state, so a
+        crash before they go out sends them at the next start.
+        """
+        state = transition(self.state, event)
+        store = self.w.store
+        if state == "pending" or state == "delivered":
+            owned = store.set_state(self.qid, state, owner=self.child_name)
+        else:
+            owned = store.close(self.qid, state, owner=self.child_name, response=owed,
+                                answer_file=answer_file, note=note, undelivered_at=undelivered_at)
+        if not owned:
+            # the row is another actor's now (restarted under new names, or closed for
+            # good): this one does nothing more in the qid's name
+            self.release()
+            self.w.router.tell(QuestionClosed(self.qid, None, self.child_name))
+            self.stop()
+            return False
+        self.state = state
+        self._log(event, detail)
+        return True
+
+    def _note(self, text: str, purpose: TextPurpose) -> SendText:
+        return SendText(self.qid, text, purpose, note_id=f"{self.child_name}:{purpose}")
+
+    def _owed(self, response: Any, error: str | None) -> SendResponse:
+        """Tagged with who owes it: the outbox clears that row once the asker has it."""
+        return SendResponse(self.spec.prompt, response, error, self.child_name)
+
+    def _close(self) -> None:
+        """The end is told first, so the open count (ping, C21) is right before anyone
+        hears of it; the effects follow in the same turn, then the actor stops."""
+        self.release()
+        self.w.router.tell(QuestionClosed(self.qid, self.state, self.child_name))
+        self.stop()
