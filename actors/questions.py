@@ -214,10 +214,10 @@ class QuestionRouter(PooledChild):
         """The questions die with the table that runs them; a successor starts them again."""
         self.policy.cancel_all()
         for question in self.open.values():
-            self._stop(question)
+            self._halt(question)
 
     @staticmethod
-    def _stop(question: OpenQuestion) -> None:
+    def _halt(question: OpenQuestion) -> None:
         ref = question.slot.ref
         question.slot.retire()
         if ref is not None:
@@ -385,7 +385,7 @@ class QuestionRouter(PooledChild):
     def _forget(self, question: OpenQuestion) -> None:
         del self.open[question.qid]
         self.policy.forget(question.child)
-        self._stop(question)
+        self._halt(question)
 
     def _remember_closed(self, qid: str, state: State) -> None:
         self.closed[qid] = state

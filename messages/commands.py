@@ -2,7 +2,7 @@
 
 Each command is a frozen dataclass: cheap to build on every hop, typed, and
 matched by class in an actor's `on_receive`. Wire and file values inside them
-are the pydantic models of `messages.wire` and `messages.model`.
+are the pydantic models of `messages.wire`.
 
 Who sends what (docs/architecture.md draws the path of one question):
 

@@ -1,7 +1,7 @@
 """Run mutmut 3 on the checkout as it is, with setup.cfg's package_dir taught to it.
 
 mutmut copies the source folders to `mutants/`, mutates the copies and names
-each mutant after its file's path (`actors/router.py` -> `actors.router.…`). Two
+each mutant after its file's path (`actors/peer.py` -> `actors.peer.…`). Two
 things it cannot know: that `actors/` and `messages/` are imported as
 `coms_hermes_bridge.actors` and `coms_hermes_bridge.messages` (the trampoline
 in each mutant records the module's import name, so the path-derived keys would
