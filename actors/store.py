@@ -53,7 +53,13 @@ _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
 _BUSY_TIMEOUT_S = 5.0
 
-_SCHEMA_V2 = """
+# Version 1 had meta, open_questions (up to `seq`) and closed_questions (up to `seq`);
+# 2 added the owners, the memory of the answer file used and the outbox; 3 the notes
+# owed (kept until hermes has run them); 4 the failed deliveries remembered for an
+# hour (X11) and each open question's reminder mark (X9). Every version only added
+# tables and nullable columns at the end of a table, so an older file is brought up
+# to date in place by adding what it lacks (`_connect`), never moved aside.
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS open_questions (
     qid TEXT PRIMARY KEY,
@@ -63,7 +69,8 @@ CREATE TABLE IF NOT EXISTS open_questions (
     deadline REAL NOT NULL,
     state TEXT,
     seq INTEGER,
-    owner TEXT
+    owner TEXT,
+    reminded INTEGER
 );
 CREATE TABLE IF NOT EXISTS closed_questions (
     qid TEXT PRIMARY KEY,
@@ -80,62 +87,15 @@ CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER NOT NULL,
     PRIMARY KEY (qid, owner)
 );
-"""
-
-# Version 3 adds the notes the human is owed (cancel, timeout, late), kept
-# until hermes has run them, so that a kill in between sends them at start.
-_NOTES_TABLE = """
 CREATE TABLE IF NOT EXISTS notes (
     id TEXT PRIMARY KEY,
     qid TEXT NOT NULL,
     purpose TEXT NOT NULL,
     text TEXT NOT NULL,
     seq INTEGER NOT NULL
-)"""
-_SCHEMA_V3 = _SCHEMA_V2 + _NOTES_TABLE + ";\n"
-
-# Version 4 remembers, for an hour, the qids whose delivery failed (X11): hermes
-# can fail after Telegram took the message, so an answer may still come.
-_UNDELIVERED_TABLE = """
-CREATE TABLE IF NOT EXISTS undelivered (
-    qid TEXT PRIMARY KEY,
-    at REAL NOT NULL
-)"""
-# ... and, per open question, whether its one reminder was decided (X9).
-_SCHEMA = _SCHEMA_V3.replace(
-    "    owner TEXT\n);\nCREATE TABLE IF NOT EXISTS closed_questions",
-    "    owner TEXT,\n    reminded INTEGER\n);\nCREATE TABLE IF NOT EXISTS closed_questions",
-) + _UNDELIVERED_TABLE + ";\n"
-assert "reminded" in _SCHEMA
-
-# Version 1 had no owners, no outbox and no memory of the answer file used;
-# a version-1 file is brought up to date in place rather than moved aside.
-_SCHEMA_V1 = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS open_questions (
-    qid TEXT PRIMARY KEY,
-    prompt TEXT NOT NULL,
-    parsed TEXT NOT NULL,
-    timeout_ms REAL NOT NULL,
-    deadline REAL NOT NULL,
-    state TEXT,
-    seq INTEGER
 );
-CREATE TABLE IF NOT EXISTS closed_questions (
-    qid TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    seq INTEGER NOT NULL
-);
+CREATE TABLE IF NOT EXISTS undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
 """
-_MIGRATIONS = {
-    1: (
-        "ALTER TABLE open_questions ADD COLUMN owner TEXT",
-        "ALTER TABLE closed_questions ADD COLUMN answer_file TEXT",
-    ),
-    2: (_NOTES_TABLE,),
-    3: (_UNDELIVERED_TABLE, "ALTER TABLE open_questions ADD COLUMN reminded INTEGER"),
-}
-_SCHEMAS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, SCHEMA_VERSION: _SCHEMA}
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 _UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
@@ -162,14 +122,21 @@ def _table_shapes(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
     return {name: conn.execute(f'PRAGMA table_info("{name}")').fetchall() for name in names}
 
 
-def _expected_shapes(version: int = SCHEMA_VERSION) -> dict[str, list[tuple[Any, ...]]]:
+def _expected_shapes() -> dict[str, list[tuple[Any, ...]]]:
     # Derived from the schema text itself so the check can never drift from what we create.
     conn = sqlite3.connect(":memory:")
     try:
-        conn.executescript(_SCHEMAS[version])
+        conn.executescript(_SCHEMA)
         return _table_shapes(conn)
     finally:
         conn.close()
+
+
+def _older_shape(shapes: dict[str, list[tuple[Any, ...]]]) -> bool:
+    """Each table one of ours with the first of its columns (what an older version had)."""
+    expected = _expected_shapes()
+    return all(name in expected and columns == expected[name][: len(columns)]
+               for name, columns in shapes.items())
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -206,9 +173,9 @@ def _problem(path: Path) -> str | None:
             return f"unknown schema version {found[0]!r}"
         if version > SCHEMA_VERSION:
             return f"schema version {version} is newer than this bridge's {SCHEMA_VERSION}"
-        if version != SCHEMA_VERSION and version not in _MIGRATIONS:
+        if version < 1:
             return f"unknown schema version {version}"
-        if shapes != _expected_shapes(version):
+        if not _older_shape(shapes):
             return "its tables do not match the schema"
         return None
     except sqlite3.Error as exc:
@@ -815,18 +782,14 @@ def _connect(path: Path) -> sqlite3.Connection:
         if mode is None or str(mode[0]).lower() != "wal":
             report(f"state database {path}: WAL mode unavailable (journal mode {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("BEGIN IMMEDIATE")
-        found = None
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
-            found = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = int(found[0]) if found else SCHEMA_VERSION
-        while version in _MIGRATIONS:  # one step at a time, all in this transaction
-            for statement in _MIGRATIONS[version]:
-                conn.execute(statement)
-            version += 1
+        conn.execute("BEGIN IMMEDIATE")  # an older file is brought up to date in one step
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        found = _table_shapes(conn)
+        for table, columns in _expected_shapes().items():
+            for _, name, kind, *_ in columns[len(found[table]):]:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         conn.execute(
             "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
             (str(SCHEMA_VERSION),),

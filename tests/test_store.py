@@ -807,11 +807,25 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
 # state per project; the old shared file is adopted once ---------
 
 
-@pytest.mark.parametrize("version", [2, 3])
-def test_each_older_schema_is_migrated_in_place(path: Path, version: int) -> None:
+V2 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE open_questions (qid TEXT PRIMARY KEY, prompt TEXT NOT NULL, parsed TEXT NOT NULL,
+    timeout_ms REAL NOT NULL, deadline REAL NOT NULL, state TEXT, seq INTEGER, owner TEXT);
+CREATE TABLE closed_questions (qid TEXT PRIMARY KEY, state TEXT NOT NULL, seq INTEGER NOT NULL,
+    answer_file TEXT);
+CREATE TABLE outbox (qid TEXT NOT NULL, owner TEXT NOT NULL, prompt TEXT NOT NULL,
+    response TEXT NOT NULL, error TEXT, seq INTEGER NOT NULL, PRIMARY KEY (qid, owner));
+"""
+V3 = V2 + """CREATE TABLE notes (id TEXT PRIMARY KEY, qid TEXT NOT NULL, purpose TEXT NOT NULL,
+    text TEXT NOT NULL, seq INTEGER NOT NULL);
+"""
+
+
+@pytest.mark.parametrize(("version", "schema"), [(2, V2), (3, V3)])
+def test_each_older_schema_is_migrated_in_place(path: Path, version: int, schema: str) -> None:
     path.parent.mkdir(parents=True)
     conn = sqlite3.connect(path)
-    conn.executescript(store_module._SCHEMAS[version])
+    conn.executescript(schema)
     conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
     old = spec(state="delivered")
     conn.execute(
@@ -1155,6 +1169,10 @@ def _ours(path: Path) -> None:
          f"schema version 99 is newer than this bridge's {SCHEMA_VERSION}"),
         (lambda p: (_ours(p), _sql(p, "CREATE TABLE something_else (x)")),
          "its tables do not match the schema"),
+        (lambda p: _sql(p, "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
+                        "INSERT INTO meta VALUES ('schema_version', '2')",
+                        "CREATE TABLE open_questions (qid TEXT PRIMARY KEY, question TEXT)"),
+         "its tables do not match the schema"),  # not the first columns of ours
     ],
 )
 def test_each_reason_a_state_file_is_unusable_is_said_exactly(
