@@ -616,12 +616,12 @@ def test_the_store_waits_on_the_io_edge_for_its_settles(
 ) -> None:
     waits: list[tuple[float, Callable[[], None]]] = []
 
-    class Edge:
-        def after(self, delay_s: float, action: Callable[[], None]) -> None:
-            waits.append((delay_s, action))
+    def later(delay_s: float, action: Callable[[], None]) -> Callable[[], None]:
+        waits.append((delay_s, action))
+        return lambda: None
 
-    monkeypatch.setattr(store_module, "shared_edge", Edge)
-    store = Store.open(path)  # no schedule of its own: the edge's timers
+    monkeypatch.setattr(store_module, "later", later)
+    store = Store.open(path)  # no schedule of its own: the edge's timers (runtime.later)
     try:
         owe_many(store, 1)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -753,6 +753,25 @@ def test_rows_are_guarded_by_owner(store: Store) -> None:
     store.set_state(QID, "delivered", owner="new")
     assert store.close(QID, "answered", owner="new")
     assert store.load() == ([], [(QID, "answered")])
+
+
+def test_a_state_is_written_for_its_owner_only(store: Store) -> None:
+    # C19 resumed after a restart: the owner's write lands, a stale actor's does not
+    store.put_open(spec(), owner="q")
+    assert store.set_state(QID, "delivered", owner="q") is True
+    assert not store.set_state(QID, "pending", owner="old")
+    assert [s.state for s in store.load()[0]] == ["delivered"]
+
+
+def test_a_note_run_by_hermes_is_owed_no_more_and_the_others_still_are(store: Store) -> None:
+    # C13, C17: a note stays owed until hermes has run it, and only that one goes
+    first = SendText(QID, "cancelled", "cancel_note", note_id="a")
+    second = SendText(QID2, "timed out", "timeout_note", note_id="b")
+    store.owe_note(first)
+    store.owe_note(second)
+    store.note_sent("a")
+    assert store.owed_notes() == [second]
+    assert not store.note_owed("a") and store.note_owed("b")
 
 
 def test_close_of_a_row_that_is_gone_is_refused_with_an_owner(store: Store) -> None:
