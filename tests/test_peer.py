@@ -1,7 +1,8 @@
 """The PeerActor with fake collaborators, and the registry it keeps (W1-W11, W15, W17).
 
-Collaborators are FakeRefs; the only real sockets are the peer's own and a
-fake asker that records what it is sent.
+The Peer is started as the tree starts it, with a Wiring whose addresses are
+FakeRefs and whose store records what is settled; the only real sockets are the
+peer's own and a fake asker that records what it is sent.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 from coms_hermes_bridge.actors.daemon import unpublish_if_left
-from coms_hermes_bridge.actors.peer import PeerActor
+from coms_hermes_bridge.actors.peer import Depth, Listener, PeerActor, ResponsePool
 from coms_hermes_bridge.actors.registry import (
     IdentityError,
     PeerIdentity,
@@ -35,8 +36,9 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
-from coms_hermes_bridge.actors.responses import ResponsePool
+from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.messages.commands import (
+    Address,
     CancelQuestion,
     ChildFailed,
     Heartbeat,
@@ -50,9 +52,9 @@ from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
 from tests.fakes import (
     Asker,
-    FakeRef,
+    WiredRig,
+    bridge_config,
     edge_caught_up,
-    handled,
     prompt_envelope,
     said,
     wait_for,
@@ -60,6 +62,7 @@ from tests.fakes import (
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+ACKED = f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
 
 
 @pytest.fixture
@@ -69,22 +72,61 @@ def identity(coms_dir: Path) -> PeerIdentity:
     )
 
 
-def start(
-    identity: PeerIdentity,
-    *,
-    questions: FakeRef | None = None,
-    supervisor: FakeRef | None = None,
-    depth: int = 2,
-    **options: Any,
-) -> pykka.ActorRef[Any]:
-    ref = PeerActor.start(
-        supervisor=supervisor or FakeRef("supervisor"),
-        identity=identity,
-        questions=questions or FakeRef("questions"),
-        depth=lambda reply: reply(depth),
-        **options,
-    )
-    return ref
+class Settles:
+    """The store as the Peer uses it: each `settle` (the response is no longer owed)
+    recorded as (qid, owner), or refused with `fails`."""
+
+    def __init__(self, fails: Exception | None = None) -> None:
+        self.settled: list[tuple[str, str | None]] = []
+        self.fails = fails
+
+    def settle(self, qid: str, owner: str | None = None) -> None:
+        if self.fails is not None:
+            raise self.fails
+        self.settled.append((qid, owner))
+
+
+class PeerRig(WiredRig[PeerActor]):
+    """A PeerActor on `identity`, its collaborators FakeRefs (`rig.router`, `rig.logger`,
+    `rig.supervisor`), its store a Settles (`rig.store`). `depth`: the open count it is
+    told at once, or the callable asked for it, or None for the default (the Router)."""
+
+    def __init__(self, identity: PeerIdentity, *, depth: int | Depth | None = 2,
+                 heartbeat_ms: float = 30_000, store: Settles | None = None,
+                 addresses: dict[str, Address] | None = None, **options: Any) -> None:
+        self.identity = identity
+        self.store = store or Settles()
+        if isinstance(depth, int):
+            count = depth
+            options["depth"] = lambda reply: reply(count)
+        elif depth is not None:
+            options["depth"] = depth
+        super().__init__(PeerActor, store=self.store,
+                         config=bridge_config(heartbeat_ms=heartbeat_ms), addresses=addresses,
+                         identity=identity, **options)
+
+    def ready(self) -> PeerRig:
+        """Once the entry is published: the socket answers from then on (W7)."""
+        wait_for(self.identity.entry_path.exists, what="registry entry")
+        return self
+
+    def send(self, data: bytes) -> bytes:
+        return send_line(self.identity.endpoint, data)
+
+    def respond(self, endpoint: Path | str, response: Any, error: str | None = None,
+                owner: str | None = None) -> None:
+        prompt = prompt_envelope(sender_endpoint=str(endpoint))
+        self.ref.tell(SendResponse(prompt, response, error, owner=owner))
+
+    @property
+    def listener(self) -> Listener:
+        listener = self.actor._listener
+        assert listener is not None
+        return listener
+
+
+def start(identity: PeerIdentity, **options: Any) -> PeerRig:
+    return PeerRig(identity, **options)
 
 
 def send_line(endpoint: Path | str, data: bytes) -> bytes:
@@ -103,76 +145,77 @@ def ping(endpoint: Path) -> dict[str, Any]:
     return reply
 
 
+PROMPT_LINE = prompt_envelope(sender_endpoint="/tmp/asker.sock").to_line()
+
+
+def send_in_background(rig: PeerRig, data: bytes) -> tuple[threading.Thread, list[bytes]]:
+    """Send `data` from a thread of its own: its reply lands in the list once it comes."""
+    replies: list[bytes] = []
+    sender = threading.Thread(target=lambda: replies.append(rig.send(data)))
+    sender.start()
+    return sender, replies
+
+
 # -- what the peer hands on (W14, W16) -----------------------------------------
 
 
 def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -> None:  # W14
-    questions = FakeRef("questions")
-    start(identity, questions=questions)
-    wait_for(identity.entry_path.exists)
-    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
-    replies: list[bytes] = []
-    sender = threading.Thread(
-        target=lambda: replies.append(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
-    )
-    sender.start()
-    handed = questions.expect(NewQuestion)
+    rig = start(identity).ready()
+    sender, replies = send_in_background(rig, PROMPT_LINE)
+    handed = rig.router.expect(NewQuestion)
     assert handed.envelope == prompt_envelope(sender_endpoint="/tmp/asker.sock")
     assert replies == []  # not acked before the Router's word
     handed.reply(None)
     sender.join(5)
-    assert replies == [f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()]
+    assert replies == [ACKED]
 
 
 def test_a_refused_prompt_is_nacked_with_the_routers_words(identity: PeerIdentity) -> None:
     # W14, X2: the nack's error is the Router's reply, word for word
-    start(identity, admit=lambda prompt, reply: reply("bridge has 3 open questions; try later"))
-    wait_for(identity.entry_path.exists)
-    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
-    reply = json.loads(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
+    rig = start(identity, admit=lambda prompt, reply: reply("bridge has 3 open questions; try later"))
+    reply = json.loads(rig.ready().send(PROMPT_LINE))
     assert reply == {"type": "nack", "msg_id": QID,
                      "error": "bridge has 3 open questions; try later"}
 
 
+def test_a_prompt_while_the_router_restarts_is_nacked_to_try_again(
+    identity: PeerIdentity,
+) -> None:  # W14: admission through the Router's slot, unbound while it restarts
+    router = Slot("router")
+    rig = start(identity, addresses={"router": router}).ready()
+    reply = json.loads(rig.send(PROMPT_LINE))
+    assert reply == {"type": "nack", "msg_id": QID, "error": "bridge is restarting; try again"}
+    assert router.held == ()  # nothing queued for a Router that would store it unacked
+
+
 def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # W14
-    # restart safety: the ack waits until the question is stored (admit returns)
+    # restart safety: the ack waits until the question is stored (admit replies)
+    asked = threading.Event()
     admitted: list[str] = []
-    release = threading.Event()
+    replies_to: list[Callable[[str | None], None]] = []
 
-    def admit(prompt: PromptEnvelope, reply: Any) -> None:
-        def later() -> None:
-            release.wait(5)
-            admitted.append(prompt.msg_id)
-            reply(None)
+    def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+        admitted.append(prompt.msg_id)
+        replies_to.append(reply)
+        asked.set()
 
-        threading.Thread(target=later).start()
-
-    start(identity, admit=admit)
-    wait_for(identity.entry_path.exists)
-    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
-    replies: list[bytes] = []
-    sender = threading.Thread(
-        target=lambda: replies.append(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
-    )
-    sender.start()
-    sender.join(0.3)
-    assert replies == [] and admitted == []  # still waiting on admit: no ack yet
-    release.set()
-    sender.join(5)
+    rig = start(identity, admit=admit).ready()
+    sender, replies = send_in_background(rig, PROMPT_LINE)
+    assert asked.wait(5)
     assert admitted == [QID]
-    assert replies == [f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()]
+    assert replies == []  # still waiting on admission: no ack yet
+    replies_to[0](None)  # stored
+    sender.join(5)
+    assert replies == [ACKED]
 
 
 def test_prompt_that_cannot_be_admitted_is_nacked_in_our_words(
     identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
 ) -> None:  # W14, X12: the cause goes to stderr once, never to the peer
-    def admit(prompt: PromptEnvelope, reply: Any) -> None:
+    def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
         raise OSError("disk full")
 
-    start(identity, admit=admit)
-    wait_for(identity.entry_path.exists)
-    body = prompt_envelope(sender_endpoint="/tmp/asker.sock").model_dump(mode="json")
-    reply = json.loads(send_line(identity.endpoint, (json.dumps(body) + "\n").encode()))
+    reply = json.loads(start(identity, admit=admit).ready().send(PROMPT_LINE))
     assert reply == {
         "type": "nack",
         "msg_id": QID,
@@ -185,9 +228,7 @@ def test_prompt_that_cannot_be_admitted_is_nacked_in_our_words(
 
 
 def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity) -> None:  # W16
-    questions = FakeRef("questions")
-    start(identity, questions=questions)
-    wait_for(identity.entry_path.exists)
+    rig = start(identity).ready()
     cancel = {
         "type": "cancel",
         "msg_id": "01ARZ3NDEKTSV4RRFFQ69G5FAW",
@@ -196,9 +237,9 @@ def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity
         "created_at": "2026-11-30T12:00:05.000Z",
         "ref_msg_id": QID,
     }
-    reply = send_line(identity.endpoint, (json.dumps(cancel) + "\n").encode())
+    reply = rig.send((json.dumps(cancel) + "\n").encode())
     assert reply == b'{"type":"ack","msg_id":"01ARZ3NDEKTSV4RRFFQ69G5FAW"}\n'
-    got = questions.expect(CancelQuestion).envelope
+    got = rig.router.expect(CancelQuestion).envelope
     assert (got.msg_id, got.from_, got.to, got.ref_msg_id) == (
         cancel["msg_id"],
         "builder",
@@ -208,20 +249,17 @@ def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity
 
 
 def test_nothing_is_handed_on_for_a_ping(identity: PeerIdentity) -> None:  # W17
-    questions = FakeRef("questions")
-    start(identity, questions=questions)
-    wait_for(identity.entry_path.exists)
+    rig = start(identity).ready()
     assert ping(identity.endpoint)["agent_card"]["queue_depth"] == 2
     edge_caught_up()  # the connection's task is over, what it does after the reply too
-    questions.assert_nothing()
+    rig.router.assert_nothing()
 
 
 # -- registry entry (W5-W8) ---------------------------------------------------
 
 
 def test_entry_has_every_field_the_pool_reads(identity: PeerIdentity) -> None:  # W5
-    start(identity)
-    wait_for(identity.entry_path.exists)
+    start(identity).ready()
     text = identity.entry_path.read_text()
     body = json.loads(text)
     assert ISO.fullmatch(body.pop("heartbeat_at"))
@@ -246,8 +284,7 @@ def test_entry_has_every_field_the_pool_reads(identity: PeerIdentity) -> None:  
 
 
 def test_heartbeat_rewrites_entry_with_depth_and_fresh_time(identity: PeerIdentity) -> None:  # W6
-    ref = start(identity)
-    wait_for(identity.entry_path.exists)
+    rig = start(identity).ready()
     old = read_entry(identity.entry_path)
     assert old is not None
     write_entry(
@@ -255,26 +292,29 @@ def test_heartbeat_rewrites_entry_with_depth_and_fresh_time(identity: PeerIdenti
         old.model_copy(update={"heartbeat_at": "2000-01-01T00:00:00.000Z"}),
     )
     before = datetime.now(UTC) - timedelta(milliseconds=1)
-    ref.tell(Heartbeat(7))
-
-    def rewritten() -> RegistryEntry | None:
-        entry = read_entry(identity.entry_path)
-        return entry if entry is not None and entry.queue_depth == 7 else None
-
-    entry = wait_for(rewritten, what="entry with queue_depth 7")
+    rig.ref.tell(Heartbeat(7))
+    rig.sync()
+    entry = read_entry(identity.entry_path)
+    assert entry is not None and entry.queue_depth == 7
     assert entry.heartbeat_at is not None
     assert datetime.fromisoformat(entry.heartbeat_at) >= before
     assert entry.session_id == identity.session_id
 
 
-def test_heartbeat_thread_reports_queue_depth(identity: PeerIdentity) -> None:  # W6
-    start(identity, depth=5, heartbeat_s=0.02)
+def test_the_heartbeat_reports_queue_depth_every_interval(identity: PeerIdentity) -> None:  # W6
+    start(identity, depth=5, heartbeat_ms=20)
 
     def beaten() -> bool:
         entry = read_entry(identity.entry_path)
         return entry is not None and entry.queue_depth == 5
 
-    wait_for(beaten, what="heartbeat with the supervisor's depth")
+    wait_for(beaten, what="heartbeat with the Router's depth")
+
+
+def test_the_peer_beats_every_30_s_and_gives_an_asker_10_s(identity: PeerIdentity) -> None:
+    # W6's heartbeat (the default setting); W15's per-attempt bound on a response
+    actor = WiredRig(PeerActor, store=Settles(), identity=identity).actor
+    assert (actor.heartbeat_s, actor.response_timeout_s) == (30.0, 10.0)
 
 
 def test_entry_appears_only_once_the_socket_accepts(identity: PeerIdentity) -> None:  # W7
@@ -286,8 +326,7 @@ def test_entry_appears_only_once_the_socket_accepts(identity: PeerIdentity) -> N
 def test_stop_unpublishes_before_the_socket_stops_answering(
     identity: PeerIdentity,
 ) -> None:  # W7, W8
-    ref = start(identity)
-    wait_for(identity.entry_path.exists)
+    rig = start(identity).ready()
     violations: list[str] = []
     probing = threading.Event()
 
@@ -313,7 +352,7 @@ def test_stop_unpublishes_before_the_socket_stops_answering(
     watcher = threading.Thread(target=watch)
     watcher.start()
     probing.wait(5)
-    ref.stop()
+    rig.ref.stop()
     watcher.join(5)
     assert violations == []
     assert not identity.entry_path.exists()
@@ -321,14 +360,127 @@ def test_stop_unpublishes_before_the_socket_stops_answering(
 
 
 def test_release_leaves_an_entry_claimed_by_another_run(identity: PeerIdentity) -> None:  # W8
-    ref = start(identity)
-    wait_for(identity.entry_path.exists)
+    rig = start(identity).ready()
     entry = read_entry(identity.entry_path)
     assert entry is not None
     write_entry(identity.entry_path, entry.model_copy(update={"session_id": "someone-else"}))
-    ref.stop()
+    rig.ref.stop()
     assert identity.entry_path.exists()
     assert not identity.endpoint.exists()
+
+
+def test_release_closes_the_listener_and_minds_a_socket_already_gone(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W8
+    rig = start(identity).ready()
+    listener = rig.listener
+    identity.endpoint.unlink()  # removed by hand before the stop
+    rig.ref.stop()
+    assert listener._server.fileno() == -1  # the listening socket is closed, not leaked
+    assert not identity.entry_path.exists()
+    assert capfd.readouterr().err == ""
+
+
+def test_a_release_that_fails_is_said_and_never_raised(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # W8
+    from coms_hermes_bridge.actors import peer as peer_module
+
+    def refuse(path: Path, session_id: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    rig = start(identity).ready()
+    monkeypatch.setattr(peer_module, "remove_entry_if_ours", refuse)
+    rig.ref.stop()
+    assert capfd.readouterr().err == (
+        "coms-hermes-bridge: peer release: PermissionError(13, 'Permission denied')\n")
+
+
+# -- the heartbeat's bookkeeping (W6) --------------------------------------------
+
+
+def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
+    identity: PeerIdentity,
+) -> None:  # W6
+    asks: list[Callable[[int], None]] = []
+    rig = start(identity, depth=asks.append).ready()
+
+    def depth() -> int:
+        rig.sync()
+        entry = read_entry(identity.entry_path)
+        assert entry is not None
+        return entry.queue_depth
+
+    rig.ref.tell(HeartbeatDue())
+    rig.ref.tell(HeartbeatDue())  # not answered yet: beats with the last count, asks nothing more
+    assert depth() == 0 and len(asks) == 1
+    asks[0](5)  # the Router answers
+    assert depth() == 5
+    rig.ref.tell(HeartbeatDue())  # answered, so it asks again
+    rig.ref.tell(HeartbeatDue())
+    assert depth() == 5 and len(asks) == 2
+    rig.supervisor.assert_nothing()
+
+
+def test_without_a_depth_callable_the_router_is_asked(identity: PeerIdentity) -> None:  # W6
+    rig = start(identity, depth=None).ready()
+    rig.ref.tell(HeartbeatDue())
+    rig.router.expect(QueueDepthQuery).reply(7)
+    rig.sync()
+    entry = read_entry(identity.entry_path)
+    assert entry is not None and entry.queue_depth == 7
+    rig.router.assert_nothing()
+
+
+def test_a_registry_entry_that_cannot_be_written_is_said_once_and_again_when_it_can(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # W6: never a crash, restarting would not help
+    from coms_hermes_bridge.actors import peer as peer_module
+
+    rig = start(identity).ready()
+
+    def full(path: Path, entry: RegistryEntry) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(peer_module, "write_entry", full)
+    rig.ref.tell(Heartbeat(3))
+    rig.ref.tell(Heartbeat(4))
+    rig.sync()
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: cannot write the registry entry {identity.entry_path}:"
+        " [Errno 28] No space left on device; trying again at every heartbeat\n")
+    monkeypatch.setattr(peer_module, "write_entry", write_entry)
+    rig.ref.tell(Heartbeat(5))
+    rig.sync()
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: info: registry entry {identity.entry_path} written again\n")
+    rig.supervisor.assert_nothing()
+
+
+def test_what_a_heartbeat_heals_it_says(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W6
+    rig = start(identity).ready()
+    shutil.rmtree(identity.agents_dir)
+    shutil.rmtree(identity.endpoint.parent)
+    capfd.readouterr()
+    rig.ref.tell(Heartbeat(1))
+    rig.sync()
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: warning: {identity.agents_dir} was gone; made it again (0700)\n"
+        f"coms-hermes-bridge: warning: {identity.endpoint.parent} was gone; made it again"
+        " (0700)\n"
+        f"coms-hermes-bridge: warning: {identity.endpoint} was gone; listening on it again\n")
+    assert ping(identity.endpoint)["type"] == "pong"
+    rig.supervisor.assert_nothing()
+
+
+def test_a_heartbeat_after_the_listener_stopped_fails_the_peer(identity: PeerIdentity) -> None:
+    rig = start(identity).ready()
+    rig.listener._broken = True  # white-box: its socket could no longer be watched
+    rig.ref.tell(Heartbeat(1))
+    failed = rig.supervisor.expect(ChildFailed)
+    assert (failed.child, failed.error) == ("peer", "RuntimeError: the coms listener stopped")
 
 
 # -- responses (W15) ----------------------------------------------------------
@@ -337,8 +489,8 @@ def test_release_leaves_an_entry_claimed_by_another_run(identity: PeerIdentity) 
 def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
     asker = Asker(identity.coms_dir / "asker.sock")
     try:
-        ref = start(identity)
-        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), {"selections": ["Yes"]}))
+        rig = start(identity)
+        rig.respond(asker.endpoint, {"selections": ["Yes"]}, owner="question:q:1")
         assert asker.got.wait(5)
         raw = asker.lines[0]
         assert raw.endswith(b"\n") and raw.count(b"\n") == 1
@@ -353,6 +505,9 @@ def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
             "response": {"selections": ["Yes"]},
             "error": None,
         }
+        # restart safety: the outbox is cleared once the asker took it
+        wait_for(lambda: rig.store.settled, what="settled after the ack")
+        assert rig.store.settled == [(QID, "question:q:1")]
     finally:
         asker.close()
 
@@ -360,8 +515,7 @@ def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
 def test_send_response_carries_an_error(identity: PeerIdentity) -> None:  # W15
     asker = Asker(identity.coms_dir / "asker.sock", lambda _: b'{"type":"ack","msg_id":""}\n')
     try:
-        ref = start(identity)
-        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), None, "no remote answer within 5ms"))
+        start(identity).respond(asker.endpoint, None, "no remote answer within 5ms")
         assert asker.got.wait(5)
         body = json.loads(asker.lines[0])
         assert (body["response"], body["error"]) == (None, "no remote answer within 5ms")
@@ -369,28 +523,24 @@ def test_send_response_carries_an_error(identity: PeerIdentity) -> None:  # W15
         asker.close()
 
 
-def test_response_to_a_dead_asker_is_reported_not_fatal(
+def test_a_dead_asker_is_said_logged_and_settled_at_once_not_fatal(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:  # W15
-    supervisor = FakeRef("supervisor")
-    logger = FakeRef("logger")
-    ref = start(identity, supervisor=supervisor, logger=logger)
-    wait_for(identity.entry_path.exists)
-    ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes"))
-    # the asker being gone is logged too, and the question stays closed
-    record = logger.expect(LogEvent).record
-    assert record.qid == QID and record.event == "response_failed"
-    assert isinstance(record.detail, dict) and record.detail["error"]
-    seen: list[str] = []
-
-    def reported() -> bool:
-        seen.append(capfd.readouterr().err)
-        return f"could not deliver response for {QID}:" in "".join(seen)
-
-    wait_for(reported, what="stderr report")
+) -> None:  # W15: refused is final, no retry after the 30 s pause
+    rig = start(identity).ready()
+    rig.actor.retry_pauses_s = (30.0, 30.0)
+    rig.respond(identity.coms_dir / "gone.sock", "yes", owner="q2")
+    record = rig.logger.expect(LogEvent).record  # the question stays closed
+    assert (record.qid, record.event) == (QID, "response_failed")
+    assert isinstance(record.detail, dict)
+    reason = record.detail["error"]
+    assert reason
+    assert said(capfd) == (
+        f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
+    wait_for(lambda: rig.store.settled, timeout=3, what="settled after a refusal")
+    assert rig.store.settled == [(QID, "q2")]
     assert ping(identity.endpoint)["type"] == "pong"
-    handled(ref)  # alive, and had it crashed its ChildFailed would be told by now
-    supervisor.assert_nothing()
+    rig.sync()  # alive, and had it crashed its ChildFailed would be told by now
+    rig.supervisor.assert_nothing()
 
 
 def test_response_nacked_by_the_asker_is_reported(
@@ -398,8 +548,7 @@ def test_response_nacked_by_the_asker_is_reported(
 ) -> None:  # W15
     asker = Asker(identity.coms_dir / "asker.sock", lambda _: b'{"type":"nack","msg_id":"","error":"who?"}\n')
     try:
-        ref = start(identity)
-        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), "yes"))
+        start(identity).respond(asker.endpoint, "yes")
         seen: list[str] = []
 
         def reported() -> bool:
@@ -417,16 +566,12 @@ def test_response_to_a_silent_asker_times_out(
 ) -> None:  # W15
     # a timeout may pass: retried, then given up, reported and settled once
     asker = Asker(identity.coms_dir / "asker.sock", lambda _: None)
-    settled: list[tuple[str, str | None]] = []
     try:
-        ref = start(
-            identity,
-            response_timeout_s=0.1,
-            retry_pauses_s=(0.05, 0.05),
-            settle=lambda qid, owner: settled.append((qid, owner)),
-        )
+        rig = start(identity)
+        rig.actor.response_timeout_s = 0.1  # white-box: fixed bounds, shortened
+        rig.actor.retry_pauses_s = (0.05, 0.05)
         started = time.monotonic()
-        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), "yes", owner="question:q:1"))
+        rig.respond(asker.endpoint, "yes", owner="question:q:1")
         seen: list[str] = []
 
         def reported() -> bool:
@@ -435,44 +580,75 @@ def test_response_to_a_silent_asker_times_out(
 
         wait_for(reported, what="timeout report")
         assert time.monotonic() - started >= 0.3  # three tries of 0.1 s each
-        wait_for(lambda: settled, what="settled")
-        assert settled == [(QID, "question:q:1")]
+        wait_for(lambda: rig.store.settled, what="settled")
+        assert rig.store.settled == [(QID, "question:q:1")]
     finally:
         asker.close()
 
 
-def test_settled_once_acked_or_refused(identity: PeerIdentity) -> None:  # W15
-    # restart safety: the outbox is cleared only once the asker took it or is gone
-    settled: list[tuple[str, str | None]] = []
-    ref = start(identity, settle=lambda qid, owner: settled.append((qid, owner)),
-                retry_pauses_s=(30.0,))
-    wait_for(identity.entry_path.exists)
-    asker = Asker(identity.coms_dir / "asker.sock")
-    try:
-        ref.tell(SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), "yes", owner="question:q:1"))
-        wait_for(lambda: settled, what="settled after the ack")
-        assert settled == [(QID, "question:q:1")]
-    finally:
-        asker.close()
-    # refused: final at once, no retry after the 30 s pause
-    ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes", owner="q2"))
-    wait_for(lambda: len(settled) == 2, timeout=3, what="settled after a refusal")
-    assert settled[1] == (QID, "q2")
+def test_a_response_that_cannot_be_written_is_said_logged_and_settled(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W15: it would never serialise, so it is not owed for ever
+    rig = start(identity)
+    rig.respond("/tmp/none.sock", float("nan"), owner="question:q:1")
+    record = rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event) == (QID, "response_failed")
+    assert isinstance(record.detail, dict)
+    reason = record.detail["error"]
+    assert isinstance(reason, str) and reason.startswith("ValueError(")
+    rig.sync()
+    assert rig.store.settled == [(QID, "question:q:1")]
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
+
+
+def test_a_response_for_a_msg_id_that_is_no_qid_is_logged_without_one(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:
+    rig = start(identity)
+    prompt = prompt_envelope(sender_endpoint="/tmp/none.sock").model_copy(update={"msg_id": "m-1"})
+    rig.ref.tell(SendResponse(prompt, float("nan")))
+    record = rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event) == ("0" * 26, "response_failed")  # the log's no-qid
+    rig.sync()
+    assert capfd.readouterr().err.startswith(
+        "coms-hermes-bridge: error: could not deliver response for m-1: ValueError(")
+
+
+def test_a_response_the_full_pool_refuses_stays_owed_and_is_said(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:
+    rig = start(identity, responses=ResponsePool(capacity=0))
+    rig.respond("/tmp/none.sock", "yes", owner="q")
+    rig.sync()
+    assert rig.store.settled == []  # owed: sent again at the next start
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: error: response for {QID} not sent now: 0 responses are already"
+        " being sent (the limit); it stays owed in the state database and is sent at the next"
+        " start\n")
+
+
+def test_a_settle_that_fails_is_said(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:
+    rig = start(identity, store=Settles(fails=RuntimeError("store shut")))
+    rig.respond("/tmp/none.sock", float("nan"))
+    rig.sync()
+    assert capfd.readouterr().err.endswith(
+        f"coms-hermes-bridge: could not record the response for {QID} as sent:"
+        " RuntimeError('store shut')\n")
 
 
 # -- supervision --------------------------------------------------------------
 
 
 def test_crash_then_restart_serves_the_same_endpoint(identity: PeerIdentity) -> None:
-    supervisor = FakeRef("supervisor")
-    ref = start(identity, supervisor=supervisor)
-    wait_for(identity.entry_path.exists)
-    ref.tell(object())
-    failed = supervisor.expect(ChildFailed)
+    rig = start(identity).ready()
+    rig.ref.tell(object())
+    failed = rig.supervisor.expect(ChildFailed)
     assert failed.child == "peer" and failed.error.startswith("UnknownMessage: peer does not take object: ")
     assert not identity.endpoint.exists()  # released: the successor can bind
-    start(identity, supervisor=supervisor)
-    wait_for(identity.entry_path.exists, what="entry after restart")
+    start(identity).ready()
     assert ping(identity.endpoint)["agent_card"]["name"] == "user-remote"
     entry = read_entry(identity.entry_path)
     assert entry is not None and entry.session_id == identity.session_id
@@ -485,9 +661,8 @@ def test_endpoint_owned_by_someone_else_fails_the_start(
     owner.bind(str(identity.endpoint))
     owner.listen(1)
     try:
-        supervisor = FakeRef("supervisor")
-        start(identity, supervisor=supervisor)
-        failed = supervisor.expect(ChildFailed)
+        rig = start(identity)
+        failed = rig.supervisor.expect(ChildFailed)
         assert f"endpoint already in use ({identity.endpoint})" in failed.error
         assert identity.endpoint.exists()  # not ours to remove
         assert not identity.entry_path.exists()
@@ -675,11 +850,10 @@ def test_heartbeat_freshness_window() -> None:  # W9
 
 def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity) -> None:
     # W8 at exit even when the Peer's stop came too late to run its release
-    ref = start(identity)
-    wait_for(identity.entry_path.exists)
+    rig = start(identity).ready()
     entry = read_entry(identity.entry_path)
     assert entry is not None
-    ref.stop()
+    rig.ref.stop()
     # as a Peer that never got to release would leave them: its entry and its socket
     write_entry(identity.entry_path, entry)
     left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -703,215 +877,3 @@ def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity)
     identity.endpoint.write_text("not a socket")
     assert unpublish_if_left(identity)
     assert not identity.entry_path.exists() and identity.endpoint.read_text() == "not a socket"
-
-
-# -- what the peer says when a response cannot go, and its heartbeat's bookkeeping --------
-
-
-def test_a_response_that_cannot_be_written_is_said_logged_and_settled(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:  # W15: it would never serialise, so it is not owed for ever
-    logger = FakeRef("logger")
-    settled: list[tuple[str, str | None]] = []
-    ref = start(identity, logger=logger, settle=lambda qid, owner: settled.append((qid, owner)))
-    ref.tell(SendResponse(prompt_envelope(sender_endpoint="/tmp/none.sock"), float("nan"),
-                          owner="question:q:1"))
-    record = logger.expect(LogEvent).record
-    assert (record.qid, record.event) == (QID, "response_failed")
-    assert isinstance(record.detail, dict)
-    reason = record.detail["error"]
-    assert reason.startswith("ValueError(")
-    handled(ref)
-    assert settled == [(QID, "question:q:1")]
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
-
-
-def test_a_response_for_a_msg_id_that_is_no_qid_is_logged_without_one(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:
-    logger = FakeRef("logger")
-    ref = start(identity, logger=logger)
-    prompt = prompt_envelope(sender_endpoint="/tmp/none.sock").model_copy(update={"msg_id": "m-1"})
-    ref.tell(SendResponse(prompt, float("nan")))
-    record = logger.expect(LogEvent).record
-    assert (record.qid, record.event) == ("0" * 26, "response_failed")  # the log's no-qid
-    handled(ref)
-    assert capfd.readouterr().err.startswith(
-        "coms-hermes-bridge: error: could not deliver response for m-1: ValueError(")
-
-
-def test_a_response_the_full_pool_refuses_stays_owed_and_is_said(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:
-    settled: list[tuple[str, str | None]] = []
-    ref = start(identity, responses=ResponsePool(capacity=0),
-                settle=lambda qid, owner: settled.append((qid, owner)))
-    ref.tell(SendResponse(prompt_envelope(sender_endpoint="/tmp/none.sock"), "yes", owner="q"))
-    handled(ref)
-    assert settled == []  # owed: sent again at the next start
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: error: response for {QID} not sent now: 0 responses are already"
-        " being sent (the limit); it stays owed in the state database and is sent at the next"
-        " start\n")
-
-
-def test_a_settle_that_fails_is_said(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:
-    def settle(qid: str, owner: str | None) -> None:
-        raise RuntimeError("store shut")
-
-    ref = start(identity, settle=settle)
-    ref.tell(SendResponse(prompt_envelope(sender_endpoint="/tmp/none.sock"), float("nan")))
-    handled(ref)
-    assert capfd.readouterr().err.endswith(
-        f"coms-hermes-bridge: could not record the response for {QID} as sent:"
-        " RuntimeError('store shut')\n")
-
-
-def test_the_dead_askers_line_is_an_error_with_the_reason(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:  # W15
-    logger = FakeRef("logger")
-    ref = start(identity, logger=logger)
-    wait_for(identity.entry_path.exists)
-    ref.tell(SendResponse(prompt_envelope(sender_endpoint=str(identity.coms_dir / "gone.sock")), "yes"))
-    reason = logger.expect(LogEvent).record.detail["error"]  # type: ignore[index]
-    assert said(capfd) == (
-        f"coms-hermes-bridge: error: could not deliver response for {QID}: {reason}\n")
-
-
-def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
-    identity: PeerIdentity,
-) -> None:  # W6
-    asks: list[Any] = []
-    supervisor = FakeRef("supervisor")
-    ref = PeerActor.start(supervisor=supervisor, identity=identity, questions=FakeRef("questions"),
-                          depth=asks.append)
-    wait_for(identity.entry_path.exists)
-
-    def depth() -> int:
-        handled(ref)
-        entry = read_entry(identity.entry_path)
-        assert entry is not None
-        return entry.queue_depth
-
-    ref.tell(HeartbeatDue())
-    ref.tell(HeartbeatDue())  # not answered yet: beats with the last count, asks nothing more
-    assert depth() == 0 and len(asks) == 1
-    asks[0](5)  # the Router answers
-    assert depth() == 5
-    ref.tell(HeartbeatDue())  # answered, so it asks again
-    ref.tell(HeartbeatDue())
-    assert depth() == 5 and len(asks) == 2
-    supervisor.assert_nothing()
-
-
-def test_a_registry_entry_that_cannot_be_written_is_said_once_and_again_when_it_can(
-    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:  # W6: never a crash, restarting would not help
-    from coms_hermes_bridge.actors import peer as peer_module
-
-    supervisor = FakeRef("supervisor")
-    ref = start(identity, supervisor=supervisor)
-    wait_for(identity.entry_path.exists)
-    real = peer_module.write_entry
-
-    def full(path: Path, entry: RegistryEntry) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(peer_module, "write_entry", full)
-    ref.tell(Heartbeat(3))
-    ref.tell(Heartbeat(4))
-    handled(ref)
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: error: cannot write the registry entry {identity.entry_path}:"
-        " [Errno 28] No space left on device; trying again at every heartbeat\n")
-    monkeypatch.setattr(peer_module, "write_entry", real)
-    ref.tell(Heartbeat(5))
-    handled(ref)
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: info: registry entry {identity.entry_path} written again\n")
-    supervisor.assert_nothing()
-
-
-def test_a_heartbeat_after_the_listener_stopped_fails_the_peer(identity: PeerIdentity) -> None:
-    supervisor = FakeRef("supervisor")
-    ref = start(identity, supervisor=supervisor)
-    wait_for(identity.entry_path.exists)
-    listener = ref._actor_weakref()._listener  # type: ignore[attr-defined, union-attr]
-    listener._broken = True  # white-box: its socket could no longer be watched
-    ref.tell(Heartbeat(1))
-    failed = supervisor.expect(ChildFailed)
-    assert (failed.child, failed.error) == ("peer", "RuntimeError: the coms listener stopped")
-
-
-def test_release_closes_the_listener_and_minds_a_socket_already_gone(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:  # W8
-    ref = start(identity)
-    wait_for(identity.entry_path.exists)
-    listener = ref._actor_weakref()._listener  # type: ignore[attr-defined, union-attr]
-    identity.endpoint.unlink()  # removed by hand before the stop
-    ref.stop()
-    assert listener._server.fileno() == -1  # the listening socket is closed, not leaked
-    assert not identity.entry_path.exists()
-    assert capfd.readouterr().err == ""
-
-
-def test_a_release_that_fails_is_said_and_never_raised(
-    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    from coms_hermes_bridge.actors import peer as peer_module
-
-    def refuse(path: Path, session_id: str) -> None:
-        raise PermissionError(13, "Permission denied")
-
-    ref = start(identity)
-    wait_for(identity.entry_path.exists)
-    monkeypatch.setattr(peer_module, "remove_entry_if_ours", refuse)
-    ref.stop()
-    assert capfd.readouterr().err == (
-        "coms-hermes-bridge: peer release: PermissionError(13, 'Permission denied')\n")
-
-
-def test_without_a_depth_callable_the_router_is_asked(identity: PeerIdentity) -> None:  # W6
-    questions = FakeRef("questions")
-    ref = PeerActor.start(supervisor=FakeRef("supervisor"), identity=identity,
-                          questions=questions)
-    wait_for(identity.entry_path.exists)
-    ref.tell(HeartbeatDue())
-    questions.expect(QueueDepthQuery).reply(7)
-    handled(ref)
-    entry = read_entry(identity.entry_path)
-    assert entry is not None and entry.queue_depth == 7
-    questions.assert_nothing()
-
-
-def test_the_peer_beats_every_30_s_and_gives_an_asker_10_s(identity: PeerIdentity) -> None:
-    # W6's heartbeat; W15's per-attempt bound on a response
-    ref = PeerActor.start(supervisor=FakeRef("supervisor"), identity=identity,
-                          questions=FakeRef("questions"), depth=lambda reply: reply(0))
-    actor = ref._actor_weakref()  # type: ignore[attr-defined]
-    assert (actor.heartbeat_s, actor.response_timeout_s) == (30.0, 10.0)
-
-
-def test_what_a_heartbeat_heals_it_says(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
-) -> None:  # W6
-    supervisor = FakeRef("supervisor")
-    ref = start(identity, supervisor=supervisor)
-    wait_for(identity.entry_path.exists)
-    shutil.rmtree(identity.agents_dir)
-    shutil.rmtree(identity.endpoint.parent)
-    capfd.readouterr()
-    ref.tell(Heartbeat(1))
-    handled(ref)
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: warning: {identity.agents_dir} was gone; made it again (0700)\n"
-        f"coms-hermes-bridge: warning: {identity.endpoint.parent} was gone; made it again"
-        " (0700)\n"
-        f"coms-hermes-bridge: warning: {identity.endpoint} was gone; listening on it again\n")
-    assert ping(identity.endpoint)["type"] == "pong"
-    supervisor.assert_nothing()

@@ -21,7 +21,7 @@ from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoi
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
 from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion
 from coms_hermes_bridge.messages.wire import PromptEnvelope
-from tests.fakes import FakeRef, edge_caught_up, wait_for
+from tests.fakes import FakeRef, WiredRig, bridge_config, edge_caught_up, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
@@ -89,31 +89,37 @@ def exchange(endpoint: Path, data: bytes, *, half_close: bool = False) -> bytes:
 
 
 class Running:
-    def __init__(self, identity: PeerIdentity, questions: FakeRef, supervisor: FakeRef) -> None:
+    """A PeerActor serving on `identity`: what it hands on (prompts and cancels) is told
+    to `questions`, the Router's address; every prompt is stored at once."""
+
+    def __init__(self, identity: PeerIdentity, *, depth: Callable[[Callable[[int], None]], None],
+                 heartbeat_ms: float = 30_000) -> None:
         self.identity = identity
-        self.questions = questions
-        self.supervisor = supervisor
+        self.questions = FakeRef("questions")
+
+        def admit(envelope: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+            self.questions.tell(NewQuestion(envelope, reply))  # recorded, and stored at once
+            reply(None)
+
+        self.rig = WiredRig(PeerActor, config=bridge_config(heartbeat_ms=heartbeat_ms),
+                            addresses={"router": self.questions}, identity=identity,
+                            admit=admit, depth=depth)
+        wait_for(identity.entry_path.exists, what="registry entry")
 
     @property
     def endpoint(self) -> Path:
         return self.identity.endpoint
 
 
-@pytest.fixture
-def peer(coms_dir: Path) -> Running:
-    identity = resolve_identity(
+def identity_in(coms_dir: Path) -> PeerIdentity:
+    return resolve_identity(
         coms_dir, "default", "user-remote", cwd="/work", pid=os.getpid(), now=datetime.now(UTC)
     )
-    questions, supervisor = FakeRef("questions"), FakeRef("supervisor")
 
-    def admit(envelope: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
-        questions.tell(NewQuestion(envelope, reply))  # recorded, and stored at once
-        reply(None)
 
-    PeerActor.start(supervisor=supervisor, identity=identity, questions=questions,
-                    admit=admit, depth=lambda reply: reply(3))
-    wait_for(identity.entry_path.exists, what="registry entry")
-    return Running(identity, questions, supervisor)
+@pytest.fixture
+def peer(coms_dir: Path) -> Running:
+    return Running(identity_in(coms_dir), depth=lambda reply: reply(3))
 
 
 # -- replies ------------------------------------------------------------------
@@ -271,12 +277,9 @@ def test_fifty_concurrent_connections_are_all_answered(peer: Running) -> None:  
 # -- queue depth in the pong (C21, W17) -----------------------------------------
 
 
-def test_pong_reports_the_last_depth_when_the_supervisor_does_not_answer(
+def test_pong_reports_the_last_depth_when_the_router_does_not_answer(
     coms_dir: Path,
 ) -> None:  # W17
-    identity = resolve_identity(
-        coms_dir, "default", "user-remote", cwd="/", pid=os.getpid(), now=datetime.now(UTC)
-    )
     answers = [4]
 
     def depth(reply: Callable[[int], None]) -> None:
@@ -284,11 +287,9 @@ def test_pong_reports_the_last_depth_when_the_supervisor_does_not_answer(
             reply(answers.pop())
         # else: the Router is busy and never answers in time
 
-    PeerActor.start(supervisor=FakeRef(), identity=identity, questions=FakeRef(), depth=depth,
-                    heartbeat_s=3600)
-    wait_for(identity.entry_path.exists)
-    assert exchange(identity.endpoint, b'{"type":"ping","msg_id":"1"}\n') == pong("1", 4)
-    assert exchange(identity.endpoint, b'{"type":"ping","msg_id":"2"}\n') == pong("2", 4)
+    peer = Running(identity_in(coms_dir), depth=depth, heartbeat_ms=3_600_000)
+    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"1"}\n') == pong("1", 4)
+    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"2"}\n') == pong("2", 4)
 
 
 # -- binding (W11) --------------------------------------------------------------
