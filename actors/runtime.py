@@ -482,8 +482,11 @@ class PoolInbox:
         assert actor is not None and edge is not None
         try:
             actor._turn()
-        except BaseException as exc:  # a bug of the turn machinery itself: keep the loop
+        except BaseException as exc:  # a bug of the turn machinery itself: keep the loop,
             report(f"{edge.name}: a turn failed outside its actor: {exc!r}")
+            with self._lock:  # and try again only when more mail comes, never in a spin
+                self._scheduled = False
+            return
         with self._lock:
             if not self._queue:
                 self._scheduled = False

@@ -1,0 +1,1107 @@
+"""The actor runtime: the edge's loop, its timers and processes, the pooled actors whose
+turns run on it, and the supervision plumbing (slots, the hand-over of a dying child).
+
+The restart policy (Intensity, Backoff, RestartPolicy) is tested in test_supervision.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+import pykka
+import pytest
+from pykka._envelope import Envelope
+
+from coms_hermes_bridge.actors import runtime
+from coms_hermes_bridge.actors.runtime import (
+    OUTPUT_TAIL,
+    Edge,
+    PooledActor,
+    PooledChild,
+    PoolInbox,
+    ProcessResult,
+    Slot,
+    StopFlag,
+    awaited,
+    kill_group,
+    later,
+    run_process,
+    shared_edge,
+)
+from coms_hermes_bridge.messages.commands import ChildFailed
+from tests.fakes import FakeRef, handled, thread_count, wait_for
+
+ACTORS = Edge("test-actors")  # the loop every pooled actor of this file runs its turns on
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _actors_edge() -> Iterator[None]:
+    yield
+    ACTORS.close()
+
+
+@pytest.fixture
+def edge() -> Iterator[Edge]:
+    own = Edge("test-edge")
+    yield own
+    own.close()
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
+    """Every process run_process starts, in order, as the spawner made it."""
+    made: list[subprocess.Popen[bytes]] = []
+    real = runtime._popen
+
+    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
+        made.append(real(argv))
+        return made[-1]
+
+    monkeypatch.setattr(runtime, "_popen", popen)
+    return made
+
+
+def passed(edge: Edge, delay: float = 0.0) -> None:
+    """Every call made to `edge` before this one has run, and every timer set before it
+    that is due within `delay` seconds has fired (timers fire in deadline order)."""
+    done = threading.Event()
+    edge.after(delay, done.set)
+    assert done.wait(delay + 10), "the edge's loop stalled"
+
+
+# -- the loop and its timers ----------------------------------------------------------
+
+
+def test_a_timer_fires_after_its_delay_and_never_before(edge: Edge) -> None:
+    # C17: a question's deadline, its stored wall time turned into a delay
+    began = time.monotonic()
+    fired: list[float] = []
+    edge.after(0.3, lambda: fired.append(time.monotonic()))
+    wait_for(lambda: fired, what="the timer fired")
+    assert fired[0] - began >= 0.3
+
+
+def test_timers_fire_in_deadline_order_whatever_the_order_set(edge: Edge) -> None:
+    # a deadline already past (a negative delay) fires at once; a far one does not hold
+    # up an earlier one set after it
+    order: list[str] = []
+    for name, delay in [("c", 0.3), ("a", 0.1), ("never", 3600), ("b", 0.2), ("past", -5),
+                        ("d", 0.4)]:
+        edge.after(delay, order.append, name)
+    passed(edge, 0.5)
+    assert order == ["past", "a", "b", "c", "d"]
+
+
+def test_a_cancelled_timer_never_runs_whichever_thread_cancels_it(edge: Edge) -> None:
+    # C13: a cancelled question's timeout is stopped
+    fired: list[int] = []
+    timers = [edge.after(0.2, fired.append, i) for i in range(10)]
+    for timer in timers[::2]:
+        timer.cancel()  # from this thread
+    edge.call(timers[1].cancel)  # from the loop's own
+    timers[0].cancel()  # twice is harmless
+    passed(edge, 0.3)
+    assert sorted(fired) == [3, 5, 7, 9]
+    timers[3].cancel()  # after it fired: nothing happens
+
+
+def test_a_timer_cancelled_while_its_turn_is_queued_does_not_run(edge: Edge) -> None:
+    # the cancel's own call to the loop comes after the timer's turn: the flag decides
+    hold, running, release = threading.Event(), threading.Event(), threading.Event()
+    fired: list[str] = []
+    edge.call(hold.wait, 5)  # both timers are armed, and fall due, in one batch
+
+    def first() -> None:
+        running.set()
+        release.wait(5)
+
+    edge.after(0, first)
+    second = edge.after(0, lambda: fired.append("second"))
+    hold.set()
+    assert running.wait(5)  # the second one's turn is queued behind this one
+    second.cancel()
+    release.set()
+    passed(edge)
+    assert fired == []
+
+
+def test_a_cancelled_timer_leaves_nothing_on_the_loop_and_a_late_cancel_is_harmless(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # at 10,000 open questions, a cancelled deadline must not wait in the loop's heap
+    timer = edge.after(3600, lambda: None)
+    passed(edge)
+    handle = timer._handle
+    assert handle is not None
+    timer.cancel()
+    passed(edge)
+    assert handle.cancelled() and timer._handle is None
+    fired = edge.after(0, lambda: None)
+    passed(edge)
+    fired.cancel()  # after it ran
+    early = Edge("test-edge-held")
+    hold = threading.Event()
+    early.call(hold.wait, 5)
+    unarmed = early.after(0, lambda: None)  # still queued behind the held call
+    unarmed.cancel()  # before it was ever armed
+    hold.set()
+    passed(early)
+    passed(edge)
+    early.close()
+    assert capfd.readouterr().err == ""
+
+
+def test_ten_thousand_timers_one_thread(edge: Edge) -> None:
+    before = threading.active_count()
+    fired: list[int] = []
+    hold = threading.Event()
+    edge.call(hold.wait, 30)  # the loop waits while the timers are set and cancelled
+    timers = [edge.after((i % 50) / 1000, fired.append, i) for i in range(10_000)]
+    assert threading.active_count() == before + 1  # the loop's thread, nothing per timer
+    for timer in timers[:9_000]:
+        timer.cancel()
+    hold.set()
+    passed(edge, 0.1)
+    assert sorted(fired) == list(range(9_000, 10_000))
+
+
+def test_a_timer_set_while_the_loop_is_busy_counts_from_when_it_was_set(edge: Edge) -> None:
+    # the delay runs from the call, not from whenever the loop gets to arm it
+    busy = threading.Event()  # never set: the loop is busy for a second
+    edge.call(busy.wait, 1.0)
+    began = time.monotonic()
+    fired: list[float] = []
+    edge.after(0.5, lambda: fired.append(time.monotonic()))
+    wait_for(lambda: fired, what="the timer fired")
+    assert 0.9 <= fired[0] - began < 1.4  # as soon as the loop was free, not 0.5 s later
+
+
+def test_later_and_the_shared_edge_run_on_the_thread_named_edge() -> None:
+    # a supervisor's schedule: `later` sets an action on the shared edge, returns its cancel
+    cancelled = threading.Event()
+    ran_on: list[str] = []
+    cancel = later(0.1, cancelled.set)
+    cancel()
+    later(0.1, lambda: ran_on.append(threading.current_thread().name))
+    shared = shared_edge()
+    passed(shared, 0.2)
+    assert not cancelled.is_set() and ran_on == ["edge"]
+    assert shared is shared_edge() and shared.name == "edge" == Edge().name
+    assert shared._thread is not None and shared._thread.daemon
+
+
+def test_the_shared_edge_never_holds_the_process_up() -> None:
+    # docs/architecture.md names the daemon's threads; a process that is done exits
+    # without closing the edge (a non-daemon loop thread would keep it alive forever)
+    code = ("import threading\n"
+            "from coms_hermes_bridge.actors.runtime import shared_edge\n"
+            "edge = shared_edge()\n"
+            "done = threading.Event()\n"
+            "edge.call(done.set)\n"
+            "assert done.wait(5)\n"
+            "print(sorted(t.name for t in threading.enumerate()))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "['MainThread', 'edge']\n"
+
+
+def test_calls_from_any_thread_run_on_the_loop_in_order(edge: Edge) -> None:
+    seen: list[tuple[int, bool]] = []
+    for i in range(100):
+        edge.call(lambda i=i: seen.append((i, edge.on_loop())))
+    edge.call(lambda: edge.call(seen.append, (100, edge.on_loop())))  # and from the loop's own
+    passed(edge)
+    assert seen == [(i, True) for i in range(101)]
+    assert not edge.on_loop()
+
+
+def test_a_fault_in_a_callback_is_one_line_on_stderr_and_the_loop_goes_on(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[int] = []
+
+    def bad_call() -> None:
+        raise RuntimeError("bad call")
+
+    def bad_action() -> None:
+        raise RuntimeError("bad action")
+
+    def lost() -> None:  # what asyncio itself finds with nobody to see it
+        edge.loop.call_exception_handler({"message": "lost task", "exception": ValueError("v")})
+        edge.loop.call_exception_handler({"message": "no exception"})
+
+    edge.call(seen.append, 1)
+    edge.call(bad_call)
+    edge.call(seen.append, 2)
+    edge.after(0.01, bad_action)
+    edge.after(0.02, seen.append, 3)
+    passed(edge, 0.03)
+    edge.call(lost)
+    passed(edge)
+    assert seen == [1, 2, 3]
+    source = f"{__file__}:{bad_call.__code__.co_firstlineno}"
+    assert capfd.readouterr().err.splitlines() == [
+        "coms-hermes-bridge: test-edge: Exception in callback "
+        f"{bad_call.__qualname__}() at {source}: RuntimeError('bad call')",
+        "coms-hermes-bridge: test-edge: Exception in callback Timer._fire(): "
+        "RuntimeError('bad action')",
+        "coms-hermes-bridge: test-edge: lost task: ValueError('v')",
+        "coms-hermes-bridge: test-edge: no exception",
+    ]
+
+
+def test_close_ends_the_loop_and_its_thread() -> None:
+    own = Edge("test-close")
+    ran = threading.Event()
+    own.call(ran.set)
+    assert ran.wait(5)
+    thread = own._thread
+    loop = own._loop
+    assert thread is not None and loop is not None
+    assert thread.name == "test-close" and thread.daemon  # never holds the process up
+    own.close()
+    assert not thread.is_alive() and loop.is_closed()
+    own.close()  # twice is harmless
+    again = threading.Event()
+    own.call(again.set)  # used again: a loop of its own, afresh
+    assert again.wait(5)
+    own.close()
+
+
+def test_awaited_hands_out_a_reply_callback_and_waits_on_the_loop(edge: Edge) -> None:
+    # how an actor answers the edge: no thread blocks in an ask
+    def at_once(reply: Callable[[int], None]) -> None:
+        reply(7)
+
+    def twice(reply: Callable[[str], None]) -> None:
+        reply("first")
+        reply("second")
+
+    def never(reply: Callable[[str], None]) -> None:
+        pass
+
+    assert edge.spawn(awaited(at_once, 5)).result(5) == 7
+    assert edge.spawn(awaited(twice, 5)).result(5) == "first"  # at most once used
+    with pytest.raises(TimeoutError):
+        edge.spawn(awaited(never, 0.05)).result(5)
+
+
+def test_a_reply_after_the_loop_closed_is_dropped_quietly() -> None:
+    own = Edge("test-edge-closing")
+    replies: list[Callable[[int], None]] = []
+    waiting = own.spawn(awaited(replies.append, 30))
+    wait_for(lambda: replies, what="the reply callback handed out")
+    waiting.cancel()  # its caller gave up
+    passed(own)
+    own.close()
+    replies[0](1)  # nobody waits any more: no error
+
+
+# -- processes (hermes) ---------------------------------------------------------------
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    path = tmp_path / "prog.py"
+    path.write_text(body)
+    return [sys.executable, str(path)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    return status == "Z"  # killed, waiting for its parent (init) to collect it
+
+
+def test_a_process_exit_status_and_the_tails_of_its_streams(edge: Edge, tmp_path: Path) -> None:
+    # C18: the exit code and the end of hermes' own stderr name the failure
+    argv = _script(tmp_path, "import sys\nsys.stdout.write('o' * 100000 + 'END')\n"
+                             "sys.stderr.write('why')\nsys.exit(3)\n")
+    result = edge.spawn(run_process(argv, 10)).result(15)
+    assert result.returncode == 3
+    assert result.stdout == ("o" * 100000 + "END")[-OUTPUT_TAIL:]
+    assert result.stderr == "why"
+
+
+def test_a_process_past_its_timeout_is_killed_with_its_group_and_gives_no_output(
+    edge: Edge, tmp_path: Path
+) -> None:
+    pids = tmp_path / "pids"
+    argv = _script(tmp_path, "import os, subprocess, sys, time\n"
+                             "child = subprocess.Popen([sys.executable, '-c', "
+                             "'import time; time.sleep(60)'])\n"
+                             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                             "print('partial', flush=True)\n"
+                             "time.sleep(60)\n")
+    began = time.monotonic()
+    result = edge.spawn(run_process(argv, 0.5)).result(15)
+    assert result == ProcessResult(None, "", "")
+    assert time.monotonic() - began < 5
+    child, grandchild = (int(pid) for pid in pids.read_text().split())
+    wait_for(lambda: _gone(grandchild), what="the grandchild killed with the group")
+    assert _gone(child)
+
+
+def test_a_process_that_outlives_its_kill_is_given_up_after_the_reap_time(
+    edge: Edge, started: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as one stuck in the kernel: the kill does not take, and the send must end anyway
+    monkeypatch.setattr(runtime, "kill_group", lambda pid: None)
+    try:
+        began = time.monotonic()
+        result = edge.spawn(run_process(["sleep", "60"], 0.1)).result(15)
+        assert result == ProcessResult(None, "", "")
+        assert 0.1 + runtime._REAP_S <= time.monotonic() - began < 10
+        assert started[0].poll() is None  # still there: it was given up, not waited on
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_pipes_a_grandchild_holds_are_not_waited_on(edge: Edge, tmp_path: Path) -> None:
+    # the exit decides: a daemonised grandchild keeping stdout open does not hold the send
+    argv = _script(tmp_path, "import os, subprocess, sys, time\n"
+                             "subprocess.Popen([sys.executable, '-c', "
+                             "'import time; time.sleep(30)'], start_new_session=True)\n"
+                             "print('sent')\n")
+    began = time.monotonic()
+    result = edge.spawn(run_process(argv, 20)).result(25)
+    assert (result.returncode, result.stdout) == (0, "sent\n")
+    assert time.monotonic() - began < 10
+
+
+def test_what_is_in_the_pipes_at_the_exit_is_read_and_decoded_leniently(
+    edge: Edge, tmp_path: Path
+) -> None:
+    # The loop is held while the process writes more than one read takes and exits:
+    # the exit and the output are seen at once, and the rest is read after the exit.
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    argv = _script(tmp_path, "import fcntl, os, time\n"
+                             "fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+                             f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
+                             f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+                             "os.write(1, b'a' * 500_000 + b'b' * 4096)\n"
+                             "os.write(2, b'bad \\xff byte')\n"
+                             "os._exit(0)\n")
+    running = edge.spawn(run_process(argv, 10))
+    wait_for(lambda: ready.exists() and ready.read_text(), what="the process started")
+    pid = int(ready.read_text())
+    passed(edge)  # its pipes and its exit are watched by now
+    hold = threading.Event()
+    edge.call(hold.wait, 10)
+    go.touch()
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z",
+             what="the process exited, not yet collected")
+    hold.set()
+    result = running.result(15)
+    assert result.returncode == 0
+    assert result.stdout == "b" * OUTPUT_TAIL
+    assert result.stderr == "bad \ufffd byte"
+
+
+def test_processes_start_on_one_spawner_thread_and_read_no_stdin(
+    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # starting one blocks, so it happens on the one thread kept for that, whatever the
+    # load (the daemon's thread count is bounded); hermes must never wait on (or eat)
+    # the daemon's own stdin, whatever it is
+    monkeypatch.setattr(runtime, "_SPAWNER", None)  # made afresh for this test
+    starters: list[str] = []
+    release = threading.Event()
+    real = runtime._popen
+
+    def held_start(argv: list[str]) -> subprocess.Popen[bytes]:
+        starters.append(threading.current_thread().name)
+        release.wait(10)
+        return real(argv)
+
+    monkeypatch.setattr(runtime, "_popen", held_start)
+    argv = _script(tmp_path, "import sys\nprint(repr(sys.stdin.read()))\n")
+    read_end, write_end = os.pipe()  # a stdin that never ends
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        runs = [edge.spawn(run_process(argv, 10)) for _ in range(3)]
+        wait_for(lambda: starters and runtime._spawner()._work_queue.qsize() == 2,
+                 what="the other two starts asked for while the first one runs")
+        release.set()
+        results = [run.result(15) for run in runs]
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+        release.set()
+        spawner = runtime._SPAWNER
+        if spawner is not None:
+            spawner.shutdown(wait=True)
+    assert [(r.returncode, r.stdout) for r in results] == [(0, "''\n")] * 3
+    assert len(starters) == 3 and len(set(starters)) == 1
+    assert starters[0].startswith("edge-spawn")
+
+
+def test_a_program_that_cannot_start_raises(edge: Edge, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        edge.spawn(run_process([str(tmp_path / "missing")], 5)).result(5)
+
+
+def test_a_process_given_up_while_it_starts_is_killed(
+    edge: Edge, started: list[subprocess.Popen[bytes]]
+) -> None:
+    busy = threading.Event()
+    runtime._spawner().submit(busy.wait, 10)  # the spawner is busy: the start waits
+    running = edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30))
+    wait_for(lambda: runtime._spawner()._work_queue.qsize() >= 1, what="the start queued")
+    running.cancel()
+    busy.set()
+    wait_for(lambda: started and started[0].returncode is not None, what="killed once started")
+    assert started[0].returncode == -signal.SIGKILL
+    assert started[0].stdout is not None and started[0].stdout.closed  # its pipes with it
+    assert started[0].stderr is not None and started[0].stderr.closed
+
+
+def test_a_missing_program_given_up_while_it_starts_leaves_no_fault(
+    edge: Edge, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    busy = threading.Event()
+    runtime._spawner().submit(busy.wait, 10)
+    running = edge.spawn(run_process([str(tmp_path / "missing")], 30))
+    wait_for(lambda: runtime._spawner()._work_queue.qsize() >= 1, what="the start queued")
+    running.cancel()
+    busy.set()
+    done = threading.Event()
+    runtime._spawner().submit(done.set)  # after the start that failed
+    assert done.wait(5)
+    passed(edge)
+    assert capfd.readouterr().err == ""
+
+
+def test_a_process_without_a_pidfd_is_killed_and_the_error_raised(
+    edge: Edge, started: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a kernel without pidfd_open (before 5.3): every send fails the same clear way
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    with pytest.raises(OSError, match="Function not implemented"):
+        edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30)).result(5)
+    assert started[0].wait(5) == -signal.SIGKILL
+    os.fstat(1)  # the process's own descriptors are untouched
+
+
+def test_running_processes_leaks_no_descriptor(
+    edge: Edge, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def watched() -> int:  # what the loop's selector still watches
+        return len(edge.loop._selector.get_map())  # type: ignore[attr-defined]
+
+    quick = _script(tmp_path, "print('hi')\n")
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    passed(edge)  # the loop is up
+    before = descriptors(), watched()
+    for _ in range(5):
+        edge.spawn(run_process(quick, 10)).result(15)
+        edge.spawn(run_process(slow, 0.05)).result(15)
+    assert (descriptors(), watched()) == before
+    # closed by run_process itself, not by the garbage collector some time later
+    assert started and all(p.stdout.closed and p.stderr.closed for p in started)  # type: ignore[union-attr]
+
+
+def test_a_group_gone_or_not_ours_to_signal_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # never an error on the loop: no such group any more, or its pid reused by another
+    # user's process
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    proc.wait()
+    kill_group(proc.pid)
+
+    def refused(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "killpg", refused)
+    kill_group(12345)
+
+
+def test_a_stream_that_fails_to_read_counts_as_ended(tmp_path: Path) -> None:
+    removed: list[int] = []
+
+    class Loop:
+        def remove_reader(self, fd: int) -> None:
+            removed.append(fd)
+
+    fd = os.open(tmp_path, os.O_RDONLY)  # a read of it fails (EISDIR)
+    try:
+        tail = bytearray(b"kept")
+        runtime._drain(Loop(), fd, tail, 3)  # type: ignore[arg-type]
+        assert (removed, tail) == ([fd], bytearray(b"kept"))
+    finally:
+        os.close(fd)
+
+
+# -- pooled actors: turns on the loop ---------------------------------------------------
+
+
+def turns_over(ref: pykka.ActorRef[Any]) -> None:
+    """Wait until no turn of `ref`'s actor runs or is due (white-box: its mailbox's
+    flag, cleared only at the end of a turn that leaves it empty): whatever that
+    actor's runtime does, teardown included, is done."""
+    inbox = ref.actor_inbox
+    assert isinstance(inbox, PoolInbox)
+    wait_for(lambda: not inbox._scheduled, what="its last turn over")
+
+
+class Recorder(PooledActor):
+    """Appends what it handles to `log`, and checks its turns never overlap."""
+
+    edge = ACTORS
+
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+        self.inside = 0
+        self.overlaps = 0
+        self.threads: set[str] = set()
+        self.events: list[str] = []
+
+    def on_start(self) -> None:
+        self.events.append("start")
+
+    def on_stop(self) -> None:
+        self.events.append("stop")
+        self.log.append(("stopped", self.events))
+
+    def on_receive(self, message: Any) -> Any:
+        self.inside += 1
+        if self.inside > 1:
+            self.overlaps += 1
+        self.threads.add(threading.current_thread().name)
+        self.events.append(f"msg:{message}")
+        self.log.append(message)
+        self.inside -= 1
+        if message == "boom":
+            raise ValueError("boom")
+        return ("echo", message)
+
+    def report(self) -> tuple[int, set[str], list[str]]:
+        return self.overlaps, set(self.threads), list(self.events)
+
+
+def test_messages_are_handled_in_mailbox_order_one_at_a_time() -> None:
+    # ordering per actor, one turn at a time per actor, from many telling threads
+    logs: list[list[Any]] = [[] for _ in range(20)]
+    refs = [Recorder.start(logs[i]) for i in range(20)]
+    senders = []
+    for k in range(3):
+        def send(k: int = k) -> None:
+            for n in range(100):
+                for ref in refs:
+                    ref.tell((k, n))
+        senders.append(threading.Thread(target=send))
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    wait_for(lambda: all(len(log) == 300 for log in logs), timeout=30, what="all handled")
+    for ref, log in zip(refs, logs, strict=True):
+        for k in range(3):
+            assert [m for m in log if m[0] == k] == [(k, n) for n in range(100)]
+        overlaps, threads, events = ref.proxy().report().get(timeout=5)
+        assert overlaps == 0
+        assert events[0] == "start"
+        assert threads == {"test-actors"}  # 20 actors, their turns on the one loop thread
+
+
+def test_ask_tell_stop_and_registry() -> None:
+    log: list[Any] = []
+    ref = Recorder.start(log)
+    assert ref in pykka.ActorRegistry.get_by_class(Recorder)
+    assert pykka.ActorRegistry.get_by_urn(ref.actor_urn) is ref
+    ref.tell("a")
+    assert ref.ask("b", timeout=5) == ("echo", "b")
+    assert ref.proxy().on_receive("c").get(timeout=5) == ("echo", "c")
+    assert ref.stop(timeout=5) is True
+    assert not ref.is_alive()
+    assert ref not in pykka.ActorRegistry.get_all()
+    assert log[:3] == ["a", "b", "c"]
+    assert log[3] == ("stopped", ["start", "msg:a", "msg:b", "msg:c", "stop"])
+    with pytest.raises(pykka.ActorDeadError):
+        ref.tell("late")
+    assert ref.stop(timeout=5) is False  # already dead
+
+
+def test_messages_told_before_stop_are_handled_then_later_asks_fail() -> None:
+    log: list[Any] = []
+    hold = threading.Event()
+    ACTORS.call(hold.wait, 5)  # the tells and the stop are all queued before any turn
+    try:
+        ref = Recorder.start(log)
+        for i in range(5):
+            ref.tell(i)
+        stopped = ref.stop(block=False)
+    finally:
+        hold.set()
+    assert stopped.get(timeout=5) is True
+    assert log == [0, 1, 2, 3, 4, ("stopped", ["start", *(f"msg:{i}" for i in range(5)), "stop"])]
+    # an ask that slipped into the mailbox after the stop gets ActorDeadError, not silence
+    future = ref.actor_class._create_future()
+    ref.actor_inbox.put(Envelope("after", reply_to=future))
+    with pytest.raises(pykka.ActorDeadError):
+        future.get(timeout=5)
+
+
+def test_an_ask_that_raises_goes_back_to_the_caller_and_the_actor_lives_on() -> None:
+    ref = Recorder.start([])
+    with pytest.raises(ValueError, match="boom"):
+        ref.ask("boom", timeout=5)
+    assert ref.ask("next", timeout=5) == ("echo", "next")
+
+
+def test_a_busy_actor_does_not_starve_the_others() -> None:
+    # a turn handles at most `throughput` messages, then the loop serves other actors
+    class Two(Recorder):
+        throughput = 2
+
+    log: list[Any] = []
+    hold = threading.Event()
+    ACTORS.call(hold.wait, 5)  # both actors' mail is in before either has a turn
+    try:
+        busy = Two.start(log)
+        for i in range(200):
+            busy.tell(i)
+        other = Two.start(log)
+        other.tell("me")
+    finally:
+        hold.set()
+    wait_for(lambda: len(log) == 201, timeout=10, what="all handled")
+    assert log[:4] == [0, 1, "me", 2]  # the other's turn came after the busy one's first
+
+
+def test_thread_count_stays_flat_with_thousands_of_actors() -> None:
+    # 3,000 live actors, each handling mail, on the same few threads
+    before = thread_count()
+    logs: list[list[Any]] = [[] for _ in range(3000)]
+    refs = [Recorder.start(log) for log in logs]
+    for ref in refs:
+        ref.tell("hello")
+    wait_for(lambda: all(log == ["hello"] for log in logs), timeout=30, what="all handled")
+    assert thread_count() <= before + 1  # the loop thread, if it was not up yet
+    for ref in refs:
+        ref.stop(block=False)
+    wait_for(lambda: not any(ref.is_alive() for ref in refs), timeout=30, what="all stopped")
+
+
+def test_an_idle_mailbox_holds_no_queue() -> None:
+    # thousands of idle questions must not each keep an empty deque
+    log: list[Any] = []
+    ref = Recorder.start(log)
+    inbox = ref.actor_inbox
+    assert isinstance(inbox, PoolInbox)
+    for n in range(5):
+        ref.tell(n)
+    wait_for(lambda: log == [0, 1, 2, 3, 4], what="all five")
+    turns_over(ref)
+    assert inbox._queue is None and inbox.empty() and inbox.qsize() == 0
+    ref.tell("again")  # and mail still comes through
+    wait_for(lambda: log[-1] == "again", what="the sixth")
+    turns_over(ref)
+    assert inbox._queue is None
+
+
+def test_the_inbox_is_pykkas_mailbox_protocol() -> None:
+    inbox = PoolInbox()
+    assert inbox.empty()
+    with pytest.raises(IndexError, match=r"^get from an empty mailbox$"):
+        inbox.get()
+
+
+class _Calls:
+    """An edge that records the calls asked of it and runs none."""
+
+    name = "recorded"
+
+    def __init__(self) -> None:
+        self.calls: list[Callable[..., object]] = []
+
+    def call(self, fn: Callable[..., object], *args: Any) -> None:
+        self.calls.append(fn)
+
+
+class _Reads:
+    """What a mailbox's turn calls on its actor: here, read `per_turn` messages."""
+
+    def __init__(self, inbox: PoolInbox, per_turn: int) -> None:
+        self.inbox, self.per_turn = inbox, per_turn
+        self.read: list[Any] = []
+
+    def _turn(self) -> None:
+        for _ in range(self.per_turn):
+            envelope = self.inbox.take()
+            if envelope is not None:
+                self.read.append(envelope.message)
+
+
+def test_a_mailbox_asks_for_one_turn_at_a_time() -> None:
+    # one turn at a time per actor: a turn is asked for when mail comes to an idle
+    # mailbox, never while one is due, and again after a turn that left mail
+    inbox, edge = PoolInbox(), _Calls()
+    inbox.put(Envelope("early"))  # before the actor runs: held, no turn asked for
+    assert inbox.qsize() == 1
+    actor = _Reads(inbox, per_turn=2)
+    inbox.attach(actor, edge)  # type: ignore[arg-type]
+    assert edge.calls == [inbox.run_turn]  # the first turn (on_start, then the mail)
+    inbox.put(Envelope("a"))
+    inbox.put(Envelope("b"))
+    assert edge.calls == [inbox.run_turn] and inbox.qsize() == 3  # that turn is still due
+    inbox.run_turn()  # reads two, leaves one: asks for the next turn itself
+    assert actor.read == ["early", "a"] and edge.calls == [inbox.run_turn] * 2
+    inbox.put(Envelope("c"))
+    assert edge.calls == [inbox.run_turn] * 2
+    inbox.run_turn()  # reads the last two: idle
+    assert actor.read == ["early", "a", "b", "c"] and inbox.qsize() == 0
+    assert edge.calls == [inbox.run_turn] * 2
+    inbox.put(Envelope("d"))  # mail to an idle mailbox: one turn more
+    inbox.put(Envelope("e"))  # and that turn is due: no other
+    assert edge.calls == [inbox.run_turn] * 3
+
+
+def test_a_turn_that_fails_outside_its_actor_is_one_line_and_the_loop_goes_on(
+    edge: Edge, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[str] = []
+
+    class Broken:
+        def _turn(self) -> None:
+            raise RuntimeError("broken turn")
+
+    class Works:
+        def _turn(self) -> None:
+            ran.append(threading.current_thread().name)
+
+    broken, works = PoolInbox(), PoolInbox()
+    broken.attach(Broken(), edge)  # type: ignore[arg-type]
+    works.attach(Works(), edge)  # type: ignore[arg-type]
+    passed(edge)
+    assert ran == ["test-edge"]  # SIGUSR1's stack dump shows the edge's name
+    assert capfd.readouterr().err.splitlines() == [
+        "coms-hermes-bridge: test-edge: a turn failed outside its actor: "
+        "RuntimeError('broken turn')"]
+
+
+def test_a_turn_that_fails_outside_its_actor_is_not_tried_again_until_mail_comes(
+    capfd: pytest.CaptureFixture[str]
+) -> None:
+    # a broken turn that leaves mail must not spin the loop (and flood stderr)
+    class Broken:
+        def _turn(self) -> None:
+            raise RuntimeError("broken turn")
+
+    inbox, edge = PoolInbox(), _Calls()
+    inbox.put(Envelope("left"))
+    inbox.attach(Broken(), edge)  # type: ignore[arg-type]
+    inbox.run_turn()
+    assert edge.calls == [inbox.run_turn] and inbox.qsize() == 1  # no turn queued again
+    inbox.put(Envelope("more"))  # new mail: one more try
+    assert edge.calls == [inbox.run_turn] * 2
+    assert capfd.readouterr().err.count("a turn failed outside its actor") == 1
+
+
+class Failing(PooledActor):
+    """Fails on 'boom'; its on_failure reads what is left in its mailbox (the hand-over)."""
+
+    edge = ACTORS
+
+    def __init__(self, out: FakeRef, gate: threading.Event) -> None:
+        super().__init__()
+        self.out = out
+        self.gate = gate
+
+    def on_receive(self, message: Any) -> None:
+        if message == "boom":
+            self.gate.wait(5)  # let the test queue more mail behind the fatal message
+            raise RuntimeError("boom")
+        self.out.tell(("handled", message))
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        unread = []
+        while not self.actor_inbox.empty():
+            unread.append(self.actor_inbox.get().message)
+        self.out.tell(("failed", str(exception_value), self.actor_stopped.is_set(), unread))
+
+    def on_stop(self) -> None:
+        self.out.tell("on_stop")
+
+
+def test_on_failure_runs_once_dead_with_the_unread_mailbox_drainable() -> None:
+    # as pykka's ThreadingActor: a tell that raises stops the actor (unregistered,
+    # stopped) and calls on_failure, not on_stop; the unread mail can be handed over
+    out = FakeRef()
+    gate = threading.Event()
+    ref = Failing.start(out, gate)
+    ref.tell(1)
+    ref.tell("boom")
+    assert out.next() == ("handled", 1)
+    ref.tell(2)
+    ref.tell(3)
+    gate.set()
+    assert out.next() == ("failed", "boom", True, [2, 3])
+    turns_over(ref)
+    out.assert_nothing()  # no on_stop, nothing handled after the failure
+    assert not ref.is_alive()
+    assert ref not in pykka.ActorRegistry.get_all()
+
+
+class FailsToStart(PooledActor):
+    edge = ACTORS
+
+    def __init__(self, out: FakeRef) -> None:
+        super().__init__()
+        self.out = out
+
+    def on_start(self) -> None:
+        raise RuntimeError("no start")
+
+    def on_receive(self, message: Any) -> None:
+        self.out.tell(message)
+
+
+def test_on_start_failure_stops_the_actor_before_any_message() -> None:
+    out = FakeRef()
+    hold = threading.Event()
+    ACTORS.call(hold.wait, 5)  # the message is queued before on_start
+    try:
+        ref = FailsToStart.start(out)
+        ref.tell("never")
+    finally:
+        hold.set()
+    wait_for(lambda: not ref.is_alive(), what="stopped")
+    turns_over(ref)
+    out.assert_nothing()
+
+
+class _Fatal(BaseException):
+    """Not an Exception: as for SystemExit, pykka stops every actor."""
+
+
+class _Doomed(PooledActor):
+    edge = ACTORS
+
+    def on_receive(self, message: Any) -> Any:
+        raise _Fatal(message)
+
+
+def test_a_base_exception_stops_every_actor_without_blocking_the_loop() -> None:
+    # the stops are asked for, not waited for: the other actor's stop runs on this
+    # same loop, after the turn that asked for it
+    log: list[Any] = []
+    other = Recorder.start(log)
+    doomed = _Doomed.start()
+    doomed.tell("fatal")
+    wait_for(lambda: not doomed.is_alive() and not other.is_alive(), what="every actor stopped")
+    turns_over(other)
+    assert log == [("stopped", ["start", "stop"])]
+
+
+def test_a_stop_flag_is_an_events_interface() -> None:
+    # is_set, set, clear and wait as threading.Event has them, the event made on demand
+    flag = StopFlag()
+    assert flag.is_set() is False
+    flag.clear()  # nobody waits yet: no event to clear
+    flag.set()
+    assert flag.is_set() is True
+    flag.clear()
+    assert flag.is_set() is False
+    assert flag.wait(0) is False  # a waiter: its event is made
+    flag.set()
+    assert flag.wait(0) is True
+    flag.clear()
+    assert flag.is_set() is False and flag.wait(0) is False  # its event cleared too
+
+
+def test_a_stopped_pooled_actor_wakes_whoever_waits_for_its_stop() -> None:
+    # pykka's `actor_stopped` keeps its Event interface (is_set, wait) on a pooled actor
+    ref = Recorder.start([])
+    assert isinstance(ref.actor_stopped, StopFlag) and ref.is_alive()
+    assert not ref.actor_stopped.wait(0.01)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(ref.actor_stopped.wait(5)))
+    waiter.start()
+    ref.stop()
+    waiter.join(5)
+    assert woken == [True]
+    assert ref.actor_stopped.is_set() and not ref.is_alive()
+    assert ref.actor_stopped.wait(0)  # set already: at once
+
+
+class Ticker(PooledActor):
+    """On "arm", sets its timers; forwards whatever else it reads to `out`."""
+
+    edge = ACTORS
+
+    def __init__(self, out: FakeRef) -> None:
+        super().__init__()
+        self.out = out
+
+    def on_receive(self, message: Any) -> None:
+        if message == "arm":
+            self.tell_later(0.05, "tick")
+            self.tell_later(0.1, "straight to out", to=self.out)
+            self.tell_later(0.01, "cancelled").cancel()
+        elif message == "arm and stop":
+            self.tell_later(0.05, "after its stop")
+            self.stop()  # read in this same turn: it is dead when the timer fires
+        else:
+            self.out.tell((message, threading.current_thread().name))
+
+
+def test_tell_later_tells_this_actor_or_another_on_the_loop(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # C17, X9: a question's own TimedOut and RemindDue are told to it later
+    out = FakeRef("out")
+    ref = Ticker.start(out)
+    ref.tell("arm")
+    assert {out.next(), out.next()} == {("tick", "test-actors"), "straight to out"}
+    handled(ref)
+    out.assert_nothing()  # the cancelled one never came
+    ref.tell("arm and stop")
+    wait_for(lambda: not ref.is_alive(), what="stopped")
+    passed(ACTORS, 0.1)  # its timer fired at a dead actor: dropped, no fault
+    out.assert_nothing()
+    assert capfd.readouterr().err == ""
+
+
+# -- supervision plumbing: slots and the hand-over --------------------------------------
+
+
+class Worker(PooledChild):
+    """A supervised pooled actor, as the daemon's are: `log` says what it began, released
+    and handled; it crashes on "boom" once `gate` opens; `taken` is the work it had taken
+    (None: it cannot say, it raises)."""
+
+    edge = ACTORS
+
+    def __init__(self, name: str, supervisor: FakeRef, *, log: list[Any],
+                 gate: threading.Event | None = None, taken: tuple[Any, ...] | None = (),
+                 cannot_begin: bool = False) -> None:
+        super().__init__(name, supervisor)
+        self.log, self.gate, self._taken = log, gate, taken
+        self.cannot_begin = cannot_begin
+
+    def begin(self) -> None:
+        self.log.append("begin")
+        if self.cannot_begin:
+            raise OSError(errno.EMFILE, "short")
+
+    def release(self) -> None:
+        self.log.append("release")
+
+    def taken(self) -> tuple[Any, ...]:
+        if self._taken is None:
+            raise RuntimeError("lost track")
+        return self._taken
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "boom":
+            assert self.gate is not None
+            self.gate.wait(5)  # let the test queue more mail behind the fatal message
+            raise RuntimeError("boom")
+        self.log.append(message)
+        return message
+
+
+def test_a_crashing_child_hands_its_work_to_its_supervisor_and_its_slot_holds_the_rest() -> None:
+    # bound, the slot is found from the child's own mailbox: the dying child detaches it
+    # before it drains the mailbox, so a tell racing with the hand-over is held for the
+    # successor, never lost in a mailbox nobody reads
+    supervisor = FakeRef("supervisor")
+    gate = threading.Event()
+    log: list[Any] = []
+    slot = Slot("q.1")
+    ref = Worker.start("q.1", supervisor, log=log, gate=gate, taken=("taken",))
+    slot.bind(ref)
+    assert ref.actor_inbox.slot is slot  # type: ignore[attr-defined]
+    slot.tell("boom")
+    slot.tell("x")
+    asked = ref.ask("asked", block=False)
+    slot.tell("y")
+    gate.set()
+    failed = supervisor.expect(ChildFailed)
+    assert failed == ChildFailed("q.1", "RuntimeError: boom", ("taken", "x", "y"), False)
+    with pytest.raises(pykka.ActorDeadError):  # an ask is answered, never handed over
+        asked.get(timeout=5)
+    assert slot.ref is None  # detached before the hand-over, not by a failed tell
+    slot.tell("after the crash")
+    assert slot.held == ("after the crash",)
+    turns_over(ref)
+    assert log == ["begin", "release"] and not ref.is_alive()
+    supervisor.assert_nothing()
+    successor = Worker.start("q.1", supervisor, log=log)
+    slot.bind(successor, failed.unread)  # the supervisor's restart: unread first, then held
+    wait_for(lambda: log[-4:] == ["taken", "x", "y", "after the crash"], what="replayed")
+    slot.retire()  # gone for good: what is told from now on is dropped
+    slot.tell("dropped")
+    assert slot.held == () and slot.ref is None
+    handled(successor)
+    assert log[-1] == "after the crash"
+
+
+def test_a_child_that_cannot_begin_hands_over_what_was_told_as_a_shortage() -> None:
+    # pykka stops an actor whose on_start raises without on_failure: Supervised says it;
+    # a `taken` that raises does not keep the mailbox from being handed over
+    supervisor = FakeRef("supervisor")
+    log: list[Any] = []
+    hold = threading.Event()
+    ACTORS.call(hold.wait, 5)  # what is told is in the mailbox before on_start
+    try:
+        ref = Worker.start("q.2", supervisor, log=log, taken=None, cannot_begin=True)
+        ref.tell("told")
+    finally:
+        hold.set()
+    failed = supervisor.expect(ChildFailed)
+    assert failed == ChildFailed("q.2", "OSError: [Errno 24] short", ("told",), True)
+    turns_over(ref)
+    assert log == ["begin", "release"]
+    assert not ref.is_alive() and ref not in pykka.ActorRegistry.get_all()
+    supervisor.assert_nothing()
+
+
+def test_a_slot_binds_a_child_whose_mailbox_takes_no_slot() -> None:
+    # a ref-like whose inbox has no room for the slot (a fake child) is bound all the same
+    class Bare:
+        actor_urn = "bare"
+        actor_inbox = None
+
+        def __init__(self) -> None:
+            self.told: list[Any] = []
+
+        def tell(self, message: Any) -> None:
+            self.told.append(message)
+
+    slot, bare = Slot("bare"), Bare()
+    slot.tell("held")
+    slot.bind(cast(Any, bare), ("unread",))
+    slot.tell("after")
+    assert bare.told == ["unread", "held", "after"] and slot.ref is cast(Any, bare)
