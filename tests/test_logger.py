@@ -9,78 +9,135 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 from coms_hermes_bridge.actors import logger as logger_module
+from coms_hermes_bridge.actors.files import open_private
 from coms_hermes_bridge.actors.logger import LoggerActor
-from coms_hermes_bridge.messages.commands import LogEvent
+from coms_hermes_bridge.messages.commands import ChildFailed, LogEvent
 from coms_hermes_bridge.messages.contract import log_record
-from tests.fakes import FakeRef, wait_for
+from coms_hermes_bridge.messages.wire import LogRecord
+from tests.fakes import WiredRig, actors_held, bridge_config, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
 
-def start(log_path: Path) -> pykka.ActorRef[LoggerActor]:
-    return LoggerActor.start(supervisor=FakeRef("supervisor"), log_path=log_path)
+class LoggerRig(WiredRig[LoggerActor]):
+    """The logger as the tree starts it, its log at `log_path`."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        super().__init__(LoggerActor, config=bridge_config(log_path=log_path))
+
+    def log(self, *records: LogRecord) -> None:
+        """Tell each record, in order."""
+        for record in records:
+            self.ref.tell(LogEvent(record))
+
+    def logged(self, *records: LogRecord) -> None:
+        """Tell each record, and return once the logger has written them: the last is
+        asked, so it is handled (with all before it) when the ask returns, and it finds
+        the mailbox empty, which writes the batch. (A sync by any other message would
+        leave the batch open behind it: the logger is only ever told LogEvents.)"""
+        *first, last = records
+        self.log(*first)
+        self.ref.ask(LogEvent(last))
+
+    def wait_for_lines(self, records: list[LogRecord], what: str) -> None:
+        expected = lines(records)
+        wait_for(lambda: self.log_path.exists() and self.log_path.read_bytes() == expected,
+                 what=what)
+
+
+def lines(records: list[LogRecord]) -> bytes:
+    return "".join(r.to_line() for r in records).encode("utf-8")
 
 
 def test_appends_each_record_as_one_line_in_order(tmp_path: Path) -> None:  # C20
-    log_path = tmp_path / "deep" / "dir" / "log.ndjson"
+    rig = LoggerRig(tmp_path / "deep" / "dir" / "log.ndjson")
     records = [
         log_record(AT, QID, "question_received"),
         log_record(AT, QID, "delivered"),
         log_record(AT, None, "answer_rejected", {"reason": "invalid_path", "file": "x.txt"}),
         log_record(AT, QID, "late_answer", {"state": "answered"}),
     ]
-    ref = start(log_path)
-    for record in records:
-        ref.tell(LogEvent(record))
-    expected = "".join(r.to_line() for r in records).encode("utf-8")
-    wait_for(lambda: log_path.exists() and log_path.read_bytes() == expected, what="four lines")
-    assert log_path.read_bytes().splitlines()[2] == (
+    rig.log(*records)
+    rig.wait_for_lines(records, "four lines")
+    assert rig.log_path.read_bytes().splitlines()[2] == (
         b'{"at":"2025-01-02T03:04:05.678Z","qid":"00000000000000000000000000",'
         b'"event":"answer_rejected","detail":{"reason":"invalid_path","file":"x.txt"}}'
     )
 
 
 def test_keeps_appending_after_the_file_is_rotated_away(tmp_path: Path) -> None:  # C20
-    log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
+    rig = LoggerRig(tmp_path / "log.ndjson")
     first = log_record(AT, QID, "question_received")
-    ref.ask(LogEvent(first))
-    log_path.rename(tmp_path / "log.ndjson.1")
+    rig.logged(first)
+    rig.log_path.rename(tmp_path / "log.ndjson.1")
     second = log_record(AT, QID, "delivered")
-    ref.ask(LogEvent(second))
-    assert log_path.read_text(encoding="utf-8") == second.to_line()
+    rig.logged(second)
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
     assert (tmp_path / "log.ndjson.1").read_text(encoding="utf-8") == first.to_line()
+
+
+def test_a_deleted_log_file_is_made_again(tmp_path: Path) -> None:  # C20
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    rig.logged(log_record(AT, QID, "question_received"))
+    rig.log_path.unlink()
+    second = log_record(AT, QID, "delivered")
+    rig.logged(second)
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
 
 
 def test_unwritable_path_reports_on_stderr_and_survives(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:  # C20
-    log_path = tmp_path / "log.ndjson"
-    log_path.mkdir()  # a directory where the file should be: every write fails
-    ref = start(log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    rig.log_path.mkdir()  # a directory where the file should be: every write fails
+    rig.logged(log_record(AT, QID, "question_received"))
     err = capfd.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("coms-hermes-bridge: cannot write") and str(log_path) in err
-    assert ref.is_alive()
+    assert err.startswith("coms-hermes-bridge: cannot write") and str(rig.log_path) in err
+    assert rig.ref.is_alive()
+    rig.supervisor.assert_nothing()
 
-    log_path.rmdir()
+    rig.log_path.rmdir()
     good = log_record(AT, QID, "delivered")
-    ref.ask(LogEvent(good))
-    assert log_path.read_text(encoding="utf-8") == good.to_line()
+    rig.logged(good)
+    assert rig.log_path.read_text(encoding="utf-8") == good.to_line()
 
 
-def test_an_unknown_message_fails_loudly(tmp_path: Path) -> None:
-    supervisor = FakeRef("supervisor")
-    ref = LoggerActor.start(supervisor=supervisor, log_path=tmp_path / "log.ndjson")
-    ref.tell("not a LogEvent")
-    failed = supervisor.next()
-    assert "logger" in repr(failed) and "str" in repr(failed)
+def test_an_unknown_message_fails_loudly_naming_the_logger_and_what_it_was_told(
+    tmp_path: Path,
+) -> None:
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    rig.ref.tell(["not", "a", "LogEvent"])
+    assert rig.supervisor.expect(ChildFailed) == ChildFailed(
+        "logger", "UnknownMessage: logger does not take list: ['not', 'a', 'LogEvent']", (), False
+    )
+    rig.stopped()
+
+
+def test_lines_still_batched_when_the_logger_crashes_are_written(tmp_path: Path) -> None:
+    # C20: a crash (here an unknown message) loses no line already told to the logger
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
+    with actors_held():  # all in the mailbox first: the batch is still open when it fails
+        rig.log(*records)
+        rig.ref.tell("not a LogEvent")
+    rig.supervisor.expect(ChildFailed)  # told once the actor has released
+    assert rig.log_path.read_bytes() == lines(records)
+
+
+def test_lines_still_batched_at_a_stop_are_written(tmp_path: Path) -> None:  # C20
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
+    with actors_held():  # all in the mailbox before the stop: the batch is still open
+        rig.log(*records)
+        stopped = rig.ref.stop(block=False)
+    stopped.get(timeout=5)
+    assert rig.log_path.read_bytes() == lines(records)
 
 
 class _GatedOs:
@@ -105,140 +162,59 @@ def test_a_burst_is_written_in_a_few_batches_in_order(
 ) -> None:  # C20: one write per batch, not one open and write per line
     gated = _GatedOs()
     monkeypatch.setattr(logger_module, "os", gated)
-    log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
+    rig = LoggerRig(tmp_path / "log.ndjson")
     records = [log_record(AT, QID, "question_received", {"from": f"asker {i}"})
                for i in range(1000)]
-    for record in records:
-        ref.tell(LogEvent(record))  # the first write is held: the rest queue up
+    rig.log(*records)  # the first write is held: the rest queue up
     gated.gate.set()
-    expected = "".join(r.to_line() for r in records).encode("utf-8")
-    wait_for(lambda: log_path.exists() and log_path.read_bytes() == expected, what="1000 lines")
-    assert b"".join(gated.writes) == expected
+    rig.wait_for_lines(records, "1000 lines")
+    assert b"".join(gated.writes) == lines(records)
     # the first line alone (the mailbox looked empty), then batches of at most BATCH_LINES
     assert len(gated.writes) <= 1 + -(-999 // logger_module.BATCH_LINES) + 1
     assert all(w.count(b"\n") <= logger_module.BATCH_LINES for w in gated.writes)
 
 
-def test_lines_still_batched_at_a_stop_are_written(tmp_path: Path) -> None:  # C20
-    log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
-    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
-    for record in records:
-        ref.tell(LogEvent(record))
-    ref.stop()
-    assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")
+def _line_of(size: int, i: int) -> LogRecord:
+    """A record whose line is exactly `size` characters long."""
+    bare = log_record(AT, QID, "delivered", {"to": f"{i:02d}:"})
+    record = log_record(AT, QID, "delivered", {"to": f"{i:02d}:" + "x" * (size - len(bare.to_line()))})
+    assert len(record.to_line()) == size
+    return record
 
 
-def test_a_log_file_loosened_meanwhile_is_tightened_at_the_next_line(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:  # the log holds the conversation: 0600, as when it was opened per line
-    log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
-    log_path.chmod(0o644)
-    ref.ask(LogEvent(log_record(AT, QID, "delivered")))
-    assert stat.S_IMODE(log_path.stat().st_mode) == 0o600
-    assert f"{log_path} was mode 0644; tightened to 0600" in capfd.readouterr().err
-    assert len(log_path.read_bytes().splitlines()) == 2
-
-
-def test_a_deleted_log_file_is_made_again(tmp_path: Path) -> None:  # C20
-    log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
-    log_path.unlink()
-    second = log_record(AT, QID, "delivered")
-    ref.ask(LogEvent(second))
-    assert log_path.read_text(encoding="utf-8") == second.to_line()
-
-
-def test_lines_still_batched_when_the_logger_crashes_are_written(tmp_path: Path) -> None:
-    # C20: a crash (here an unknown message) loses no line already told to the logger
-    log_path = tmp_path / "log.ndjson"
-    supervisor = FakeRef("supervisor")
-    ref = LoggerActor.start(supervisor=supervisor, log_path=log_path)
-    records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
-    for record in records:
-        ref.tell(LogEvent(record))
-    ref.tell("not a LogEvent")  # queued behind them: the batch is still open when it fails
-    supervisor.next()  # the failure, reported once the actor has released
-    assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")
-
-
-def test_an_unknown_message_names_the_logger_and_what_it_was_told(tmp_path: Path) -> None:
-    supervisor = FakeRef("supervisor")
-    ref = LoggerActor.start(supervisor=supervisor, log_path=tmp_path / "log.ndjson")
-    ref.tell(["not", "a", "LogEvent"])
-    failed = supervisor.next()
-    assert "logger does not take list: ['not', 'a', 'LogEvent']" in repr(failed)
-
-
-def test_a_log_file_left_loose_is_tightened_when_the_logger_starts(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:  # the log holds the conversation: 0600 before the first new line
-    log_path = tmp_path / "log.ndjson"
-    log_path.write_text("")
-    log_path.chmod(0o644)
-    ref = start(log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))  # begin has run
-    assert stat.S_IMODE(log_path.stat().st_mode) == 0o600
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: {log_path} was mode 0644; tightened to 0600\n"
-    )
-
-
-def test_a_log_directory_that_cannot_be_made_is_said_at_start(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:  # C20: said, and the bridge goes on without its log
-    (tmp_path / "blocked").write_text("a file where the log's directory should be")
-    log_path = tmp_path / "blocked" / "log.ndjson"
-    ref = start(log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
-    first = capfd.readouterr().err.splitlines()[0]
-    assert first == (
-        f"coms-hermes-bridge: cannot prepare {log_path}: {log_path.parent} is not a directory"
-    )
-    assert ref.is_alive()
-
-
-def test_a_log_directory_removed_meanwhile_is_made_again_and_said(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:  # C20
-    directory = tmp_path / "logs"
-    log_path = directory / "log.ndjson"
-    ref = start(log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
-    log_path.unlink()
-    directory.rmdir()
-    capfd.readouterr()
-    second = log_record(AT, QID, "delivered")
-    ref.ask(LogEvent(second))
-    assert log_path.read_text(encoding="utf-8") == second.to_line()
-    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: warning: {directory} was gone; made it again (0700)\n"
-    )
+def test_a_batch_is_written_when_it_reaches_batch_chars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # the bound on one write: lines are counted in characters, from zero per batch
+    eighth = logger_module.BATCH_CHARS // 8  # a line under the log's own bound on one line
+    gated = _GatedOs()
+    gated.gate.set()
+    monkeypatch.setattr(logger_module, "os", gated)
+    # one character short of the bound after eight lines: written at the ninth;
+    # again from zero; then exactly the bound after eight lines: written at once
+    sizes = [eighth - 1] + [eighth] * 8 + [eighth - 1] + [eighth] * 8 + [eighth] * 9
+    records = [_line_of(size, i) for i, size in enumerate(sizes)]
+    with actors_held():  # every record is in the mailbox before the first is taken
+        rig = LoggerRig(tmp_path / "log.ndjson")
+        rig.log(*records)
+    rig.wait_for_lines(records, "27 lines")
+    assert [w.count(b"\n") for w in gated.writes] == [9, 9, 8, 1]
 
 
 def test_the_log_file_stays_open_between_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # a burst of lines costs no open per batch: the path is only looked at
     opened: list[Path] = []
-    real_open = logger_module.open_private
-
     def counting_open(path: Path, flags: int) -> int:
         opened.append(path)
-        return real_open(path, flags)
+        return open_private(path, flags)
 
     monkeypatch.setattr(logger_module, "open_private", counting_open)
-    log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
+    rig = LoggerRig(tmp_path / "log.ndjson")
     records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(5)]
     for record in records:
-        ref.ask(LogEvent(record))  # each one alone: five batches
-    assert log_path.read_bytes() == "".join(r.to_line() for r in records).encode("utf-8")
-    assert opened == [log_path]
+        rig.logged(record)  # each one alone: five batches
+    assert rig.log_path.read_bytes() == lines(records)
+    assert opened == [rig.log_path]
 
 
 class _CloseFailsOs:
@@ -257,50 +233,72 @@ def test_a_close_that_fails_does_not_stop_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # C20: the rotated file is let go of, whatever close says
     monkeypatch.setattr(logger_module, "os", _CloseFailsOs())
-    log_path = tmp_path / "log.ndjson"
-    supervisor = FakeRef("supervisor")
-    ref = LoggerActor.start(supervisor=supervisor, log_path=log_path)
-    ref.ask(LogEvent(log_record(AT, QID, "question_received")))
-    log_path.rename(tmp_path / "log.ndjson.1")
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    rig.logged(log_record(AT, QID, "question_received"))
+    rig.log_path.rename(tmp_path / "log.ndjson.1")
     second = log_record(AT, QID, "delivered")
-    ref.ask(LogEvent(second))
-    assert log_path.read_text(encoding="utf-8") == second.to_line()
-    assert ref.is_alive()
-    supervisor.assert_nothing()  # the ask above ran after all it was told
+    rig.logged(second)
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
+    assert rig.ref.is_alive()
+    rig.supervisor.assert_nothing()  # the sync above ran after all it was told
 
 
-def _line_of(size: int, i: int) -> LogEvent:
-    """A record whose line is exactly `size` characters long."""
-    bare = log_record(AT, QID, "delivered", {"to": f"{i:02d}:"})
-    record = log_record(AT, QID, "delivered", {"to": f"{i:02d}:" + "x" * (size - len(bare.to_line()))})
-    assert len(record.to_line()) == size
-    return LogEvent(record)
-
-
-def test_a_batch_is_written_when_it_reaches_batch_chars(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # the bound on one write: lines are counted in characters, from zero per batch
-    eighth = logger_module.BATCH_CHARS // 8  # a line under the log's own bound on one line
-    started = threading.Event()
-    real_begin = LoggerActor.begin
-
-    def held_begin(self: LoggerActor) -> None:
-        started.wait(10)  # every record is in the mailbox before the first is taken
-        real_begin(self)
-
-    monkeypatch.setattr(LoggerActor, "begin", held_begin)
-    gated = _GatedOs()
-    gated.gate.set()
-    monkeypatch.setattr(logger_module, "os", gated)
+def test_a_log_file_left_loose_is_tightened_when_the_logger_starts(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # the log holds the conversation: 0600 before the first new line
     log_path = tmp_path / "log.ndjson"
-    ref = start(log_path)
-    # one character short of the bound after eight lines: written at the ninth;
-    # again from zero; then exactly the bound after eight lines: written at once
-    sizes = [eighth - 1] + [eighth] * 8 + [eighth - 1] + [eighth] * 8 + [eighth] * 9
-    events = [_line_of(size, i) for i, size in enumerate(sizes)]
-    for event in events:
-        ref.tell(event)
-    started.set()
-    expected = "".join(e.record.to_line() for e in events).encode("utf-8")
-    wait_for(lambda: log_path.exists() and log_path.read_bytes() == expected, what="27 lines")
-    assert [w.count(b"\n") for w in gated.writes] == [9, 9, 8, 1]
+    log_path.write_text("")
+    log_path.chmod(0o644)
+    rig = LoggerRig(log_path)
+    rig.sync()  # begin has run
+    assert stat.S_IMODE(log_path.stat().st_mode) == 0o600
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: {log_path} was mode 0644; tightened to 0600\n"
+    )
+
+
+def test_a_log_file_loosened_meanwhile_is_tightened_at_the_next_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # the log holds the conversation: 0600, as when it was opened per line
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    rig.logged(log_record(AT, QID, "question_received"))
+    rig.log_path.chmod(0o644)
+    rig.logged(log_record(AT, QID, "delivered"))
+    assert stat.S_IMODE(rig.log_path.stat().st_mode) == 0o600
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: {rig.log_path} was mode 0644; tightened to 0600\n"
+    )
+    assert len(rig.log_path.read_bytes().splitlines()) == 2
+
+
+def test_a_log_directory_that_cannot_be_made_is_said_at_start(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20: said, and the bridge goes on without its log
+    (tmp_path / "blocked").write_text("a file where the log's directory should be")
+    log_path = tmp_path / "blocked" / "log.ndjson"
+    rig = LoggerRig(log_path)
+    rig.logged(log_record(AT, QID, "question_received"))
+    first = capfd.readouterr().err.splitlines()[0]
+    assert first == (
+        f"coms-hermes-bridge: cannot prepare {log_path}: {log_path.parent} is not a directory"
+    )
+    assert rig.ref.is_alive()
+    rig.supervisor.assert_nothing()
+
+
+def test_a_log_directory_removed_meanwhile_is_made_again_and_said(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20
+    directory = tmp_path / "logs"
+    rig = LoggerRig(directory / "log.ndjson")
+    rig.logged(log_record(AT, QID, "question_received"))
+    rig.log_path.unlink()
+    directory.rmdir()
+    capfd.readouterr()
+    second = log_record(AT, QID, "delivered")
+    rig.logged(second)
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: warning: {directory} was gone; made it again (0700)\n"
+    )

@@ -36,7 +36,7 @@ def test_the_mapping_is_setup_cfgs_package_dir() -> None:
 
 def test_a_mutant_is_keyed_by_the_name_its_module_is_imported_as() -> None:
     name = launcher().mutant_name
-    assert name(Path("actors/router.py"), "x_f__mutmut_1") == "coms_hermes_bridge.actors.router.x_f__mutmut_1"
+    assert name(Path("actors/questions.py"), "x_f__mutmut_1") == "coms_hermes_bridge.actors.questions.x_f__mutmut_1"
     assert name(Path("messages/wire.py"), "x_g__mutmut_2") == "coms_hermes_bridge.messages.wire.x_g__mutmut_2"
     assert name(Path("coms_hermes_bridge/ops.py"), "x_h__mutmut_3") == "coms_hermes_bridge.ops.x_h__mutmut_3"
     # a package's own module is the package (as mutmut names it)

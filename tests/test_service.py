@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pykka
 import pytest
 
 from coms_hermes_bridge.actors.service import ServiceLink
@@ -109,7 +108,7 @@ def test_no_watchdog_ping_while_the_tree_does_not_answer(coms_dir: Path) -> None
     def probe(timeout: float) -> int:
         asked.append(timeout)
         if not healthy.is_set():
-            raise pykka.Timeout("no answer")
+            raise TimeoutError("no answer")  # as Tree.queue_depth says it
         return 3
 
     link = ServiceLink.from_env(
@@ -169,7 +168,7 @@ def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) 
     # under systemd (JOURNAL_STREAM names our stderr) each line starts with <N>
     out = tmp_path / "journal"
     code = (
-        "from coms_hermes_bridge.actors.base import report\n"
+        "from coms_hermes_bridge.actors.runtime import report\n"
         "report('a\\nb', 'error'); report('w', 'warning'); report('i', 'info'); report('plain')\n"
     )
     with open(out, "wb") as stream:
