@@ -36,21 +36,28 @@ def private_dir(path: Path, *, tighten: bool = True) -> None:
     while not probe.exists() and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
+    made = False
     for directory in reversed(missing):
         try:
             os.mkdir(directory, DIR_MODE)
         except FileExistsError:
             continue  # made meanwhile by someone else; judged below if it is ours
-        os.chmod(directory, DIR_MODE)  # mkdir's mode passed through the umask
+        if directory == path:
+            made = True  # its mode is set below, through the very directory
+        else:
+            os.chmod(directory, DIR_MODE)  # mkdir's mode passed through the umask
     if os.path.islink(path):
         return  # an operator's link to a directory elsewhere: never chmod through it
     try:
         # O_DIRECTORY | O_NOFOLLOW: the very directory is judged and tightened,
-        # even if something else is swapped in between a check and a chmod.
+        # even if something else is swapped in between a check and a chmod (or
+        # between the mkdir and its chmod: a file put there is not ours to change).
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except NotADirectoryError:
         raise NotADirectoryError(f"{path} is not a directory") from None
     try:
+        if made:
+            os.fchmod(fd, DIR_MODE)  # mkdir's mode passed through the umask
         current = stat.S_IMODE(os.fstat(fd).st_mode)
         if tighten and current & ~DIR_MODE & 0o777:
             os.fchmod(fd, current & DIR_MODE)

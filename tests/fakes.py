@@ -434,7 +434,12 @@ class WiredRig(ActorRig[A]):
         wired.update(addresses or {})
         self.wiring = Wiring(config or bridge_config(), store, now=now, clock=clock, run_tag="t",
                              **wired)
-        self.ref = actor_class.start(self.wiring, supervisor=self.fakes["supervisor"], **options)
+        self.ref = self.start(actor_class, options)
+
+    def start(self, actor_class: type[A], options: dict[str, Any]) -> pykka.ActorRef[A]:
+        """The actor's start, as the tree's: a subclass may add options of its own (one
+        whose name a Wiring field has, such as the Watcher's `clock`)."""
+        return actor_class.start(self.wiring, supervisor=self.fakes["supervisor"], **options)
 
 
 class RouterRig(WiredRig[QuestionRouter]):
