@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from coms_hermes_bridge.actors import runtime
 from coms_hermes_bridge.actors import store as store_module
 from coms_hermes_bridge.actors.store import (
     CLOSED_MEMORY,
@@ -45,8 +46,13 @@ from coms_hermes_bridge.messages.commands import (
     SendResponse,
     SendText,
 )
-from coms_hermes_bridge.messages.wire import TERMINAL_STATES, ParsedPrompt, QuestionOption, State
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.wire import (
+    TERMINAL_STATES,
+    ParsedPrompt,
+    PromptEnvelope,
+    QuestionOption,
+    State,
+)
 from tests.fakes import wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -620,6 +626,7 @@ def test_the_store_waits_on_the_io_edge_for_its_settles(
         waits.append((delay_s, action))
         return lambda: None
 
+    assert vars(store_module)["later"] is runtime.later  # the shared edge's timers, no thread of its own
     monkeypatch.setattr(store_module, "later", later)
     store = Store.open(path)  # no schedule of its own: the edge's timers (runtime.later)
     try:

@@ -9,28 +9,34 @@ backoff are tested without waiting for them.
 from __future__ import annotations
 
 import errno
+import inspect
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import pykka
 import pytest
-from hermes_fake import FakeHermes
 
-from coms_hermes_bridge.actors.base import Episode, Slot, is_resource_shortage, report
-from coms_hermes_bridge.actors.delivery import DeliveryActor
-from coms_hermes_bridge.actors.supervisor import (
+from coms_hermes_bridge.actors.hermes import DeliveryActor
+from coms_hermes_bridge.actors.runtime import (
+    MAX_REPORT,
     Backoff,
-    ChildSpec,
+    Episode,
     GiveUp,
     Intensity,
-    Restart,
     RestartPolicy,
-    RootSupervisor,
+    Slot,
+    is_resource_shortage,
+    later,
+    report,
+    shared_edge,
+    utc_now,
 )
+from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervisor import ChildSpec, Restart, RootSupervisor, Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     ChildFailed,
@@ -39,6 +45,7 @@ from coms_hermes_bridge.messages.commands import (
     SendText,
 )
 from tests.fakes import (
+    ROLES,
     ActorRig,
     Boom,
     Child,
@@ -48,9 +55,11 @@ from tests.fakes import (
     Hold,
     Recorder,
     Short,
+    bridge_config,
     handled,
     wait_for,
 )
+from tests.hermes_fake import FakeHermes
 
 QID_A = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
@@ -234,7 +243,7 @@ def test_bind_to_a_dead_child_keeps_the_messages_held() -> None:
     live = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=1)
     slot.bind(live)
     assert [seen.next() for _ in range(3)] == [(1, "unread"), (1, "held"), (1, "later")]
-    assert slot.held == ()
+    assert not slot.held  # nothing waits any more
     live.stop()
 
 
@@ -248,7 +257,7 @@ def test_a_retired_slot_drops_and_a_detached_one_holds() -> None:
     assert slot.held == ("kept",) and slot.ref is None
     slot.retire()
     slot.tell("dropped")
-    assert slot.held == ()
+    assert not slot.held
     ref.stop()
 
 
@@ -367,16 +376,6 @@ def test_shortage_backs_off_and_is_not_counted(
     assert r.fatal and r.fatal[0].startswith("a crashed 2 times within 10s")
 
 
-def test_temporary_child_is_not_restarted(rig: Callable[..., Rig]) -> None:
-    r = rig(("a",), restart="temporary")
-    ref = r.slots["a"].ref
-    r.slots["a"].tell(Boom())
-    wait_for(lambda: ref is not None and not ref.is_alive(), what="a died")
-    r.slots["a"].tell("dropped")
-    assert r.slots["a"].ref is None and r.slots["a"].held == ()
-    assert r.fatal == []
-
-
 def test_a_factory_that_cannot_start_a_thread_backs_off(rig: Callable[..., Rig]) -> None:
     # a thread that cannot be started is a shortage, not a crash loop
     slot = Slot("flaky")
@@ -389,7 +388,7 @@ def test_a_factory_that_cannot_start_a_thread_backs_off(rig: Callable[..., Rig])
             raise RuntimeError("can't start new thread")
         return Recorder.start(supervisor=sup, seen=seen, name="flaky", incarnation=n)
 
-    schedule, fatal = FakeSchedule(), []
+    schedule, fatal = FakeSchedule(), list[str]()
     root = RootSupervisor.start(
         specs=[ChildSpec(slot, start)], on_fatal=fatal.append, max_restarts=1, window_s=10,
         clock=FakeClock(), schedule=schedule,
@@ -443,11 +442,13 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     slot = Slot("delivery")
     question_a, question_b = FakeRef("a"), FakeRef("b")
 
+    others: dict[str, Any] = {role: FakeRef(role) for role in ROLES[1:]}
+    config = bridge_config(hermes=str(hermes.path), target="telegram", hermes_profile=None,
+                           send_timeout_ms=60_000)
+    wiring = Wiring(config, cast(Store, None), **{**others, "delivery": slot})
+
     def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
-        return DeliveryActor.start(
-            supervisor=sup, logger=FakeRef("logger"), target="telegram", profile=None,
-            send_timeout_ms=60_000, hermes=str(hermes.path),
-        )
+        return DeliveryActor.start(wiring, supervisor=sup)
 
     root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None,
                                 max_restarts=5, window_s=10)
@@ -566,16 +567,21 @@ def test_a_backoff_episode_lasts_until_the_cap_has_passed_since_the_last_delay()
     assert backoff.next("a") == (1.0, True)
 
 
-def test_the_default_schedule_runs_a_restart_later_and_can_be_cancelled() -> None:
-    # the backoff delay is a message for later on the one timer service
-    from coms_hermes_bridge.actors.supervisor import timer_schedule
+def test_the_default_schedule_runs_a_restart_later_on_the_edge_and_can_be_cancelled() -> None:
+    # a backoff delay is a call set for later on the one loop's timers, never a sleep
+    assert inspect.signature(RootSupervisor).parameters["schedule"].default is later
+    ran: list[tuple[str, bool]] = []
+    fired = threading.Event()
 
-    fired, cancelled = threading.Event(), threading.Event()
-    timer_schedule(0.05, fired.set)
-    cancel = timer_schedule(0.05, cancelled.set)
+    def note(what: str) -> Callable[[], None]:
+        return lambda: ran.append((what, shared_edge().on_loop()))
+
+    cancel = later(0.05, note("cancelled"))
+    later(0.05, note("kept"))
     cancel()
-    wait_for(fired.is_set, what="the scheduled restart ran")
-    assert not cancelled.wait(0.2)
+    later(0.1, fired.set)  # due after both: by then either would have run
+    wait_for(fired.is_set, what="the later call ran")
+    assert ran == [("kept", True)]
 
 
 def test_a_crash_of_the_root_itself_is_fatal_with_its_reason(rig: Callable[..., Rig]) -> None:
@@ -676,6 +682,7 @@ def test_a_temporary_child_that_crashes_is_said_and_not_restarted(
     assert capsys.readouterr().err == (
         "coms-hermes-bridge: warning: t crashed (RuntimeError: boom); not restarted\n"
     )
+    assert r.fatal == []
 
 
 def test_a_child_that_cannot_start_is_restarted_as_if_it_had_crashed(
@@ -766,8 +773,6 @@ def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(
 def test_a_report_is_one_line_of_at_most_max_report_characters(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from coms_hermes_bridge.actors.base import MAX_REPORT
-
     report("first\nsecond\r\nthird", "warning")
     assert capsys.readouterr().err == "coms-hermes-bridge: warning: first second third\n"
     report("x" * MAX_REPORT)  # at the limit: whole
@@ -840,8 +845,6 @@ def test_a_stderr_without_a_descriptor_is_never_taken_for_the_journal(
 
 def test_the_wall_clock_actors_are_given_is_utc() -> None:  # C20: log times are UTC
     from datetime import UTC
-
-    from coms_hermes_bridge.actors.base import utc_now
 
     assert utc_now().tzinfo is UTC
 
