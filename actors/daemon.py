@@ -2,9 +2,9 @@
 
 The main thread does three things only: validate the command line, install
 the shutdown handlers (before anything is published, W7), and wait. The
-supervision tree (actors/supervisor.py) does the rest; a fatal supervision verdict or SIGTERM/SIGINT wakes
-the main thread, which stops the tree (the Peer first, so the registry entry
-and socket go away, W8) and exits 0, or 1 when the daemon gave up.
+supervision tree (actors/supervisor.py) does the rest; a fatal supervision verdict
+or SIGTERM/SIGINT wakes the main thread, which stops the tree (the Peer first, so
+the registry entry and socket go away, W8) and exits 0, or 1 when the daemon gave up.
 """
 
 from __future__ import annotations

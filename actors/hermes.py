@@ -598,7 +598,8 @@ class WatcherActor(PooledChild):
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick
-        target = path if signature is None else f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}"
+        target = (path if signature is None
+                  else f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}")
         try:
             if signature is not None:
                 os.rename(path, target)

@@ -779,7 +779,8 @@ class Intensity:
         if len(whos) == 1:
             return f"{whos.pop()} crashed {len(self._times)} times within {window}"
         last = self._times[-1][1] if self._times else "?"
-        return f"{len(self._times)} crashes within {window} ({', '.join(sorted(whos))}; last {last})"
+        who = ", ".join(sorted(whos))
+        return f"{len(self._times)} crashes within {window} ({who}; last {last})"
 
 
 class Backoff:
@@ -839,7 +840,8 @@ class RestartPolicy:
             if fresh:
                 report(f"{child} ran short of a resource ({error}); restarting it with backoff "
                        f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s", "warning")
-            self._pending[child] = self.schedule(delay, lambda: me.tell(RestartChild(child, unread)))
+            restart = RestartChild(child, unread)
+            self._pending[child] = self.schedule(delay, lambda: me.tell(restart))
             return "later"
         self.backoff.forget(child)
         intensity = self._shared or self._each.setdefault(

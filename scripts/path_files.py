@@ -72,7 +72,7 @@ def path_files() -> dict[str, int]:
             recording = False
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
     files: dict[str, int] = {}
     for filename, calls in seen.items():
         ours = _ours(filename)

@@ -24,8 +24,12 @@ from coms_hermes_bridge.messages.contract import (
     parse_prompt,
     utf16_len,
 )
-from coms_hermes_bridge.messages.wire import ParsedPrompt, QuestionOption, SelectionAnswer
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.wire import (
+    ParsedPrompt,
+    PromptEnvelope,
+    QuestionOption,
+    SelectionAnswer,
+)
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 HERMES_MEDIA = re.compile(

@@ -32,14 +32,15 @@ from coms_hermes_bridge.messages.contract import (
     validate_answer,
 )
 from coms_hermes_bridge.messages.wire import (
+    CancelEnvelope,
     FreeformAnswer,
     ParsedPrompt,
+    PromptEnvelope,
     QuestionOption,
     SelectionAnswer,
     _zone,
     parse_timestamp,
 )
-from coms_hermes_bridge.messages.wire import CancelEnvelope, PromptEnvelope
 from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"

@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import QuestionSpec, SendResponse, SendText
 from coms_hermes_bridge.messages.contract import Rejected, parse_prompt, validate_answer
-from coms_hermes_bridge.messages.wire import AnswerFile
 from coms_hermes_bridge.messages.wire import (
+    AnswerFile,
     CancelEnvelope,
     PromptEnvelope,
     has_lone_surrogate,

@@ -8,13 +8,14 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from coms_hermes_bridge.messages.wire import AnswerFile, LogRecord
 from coms_hermes_bridge.messages.wire import (
     LINE_LIMIT,
     MAX_JSON_DEPTH,
     Ack,
     AgentCard,
+    AnswerFile,
     CancelEnvelope,
+    LogRecord,
     Nack,
     PingEnvelope,
     Pong,

@@ -20,8 +20,8 @@ from typing import Any
 import pykka
 
 from coms_hermes_bridge.actors.config import parse_config
-from coms_hermes_bridge.actors.registry import resolve_identity
 from coms_hermes_bridge.actors.questions import QuestionRouter
+from coms_hermes_bridge.actors.registry import resolve_identity
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Tree as ActorTree
 from coms_hermes_bridge.actors.supervisor import start_tree
