@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,17 @@ from .registry import (
     remove_entry_if_ours,
     write_entry,
 )
-from .runtime import Edge, Episode, PooledChild, Slot, Timer, awaited, report, shared_edge
+from .runtime import (
+    Edge,
+    Episode,
+    PooledChild,
+    Slot,
+    Timer,
+    awaited,
+    report,
+    shared_edge,
+    tell_quietly,
+)
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
@@ -440,15 +451,17 @@ class ResponsePool:
         self._sends: set[asyncio.Task[None]] = set()
         self._flights: asyncio.Semaphore | None = None  # made on the loop
         self._flight_count = flights
-        self._taken = 0  # submitted and not done, counted where submit is called
+        self._taken = 0  # submitted and not done: counted up by any thread, down on the loop
+        self._count_lock = threading.Lock()
         self._closed = False
 
     def submit(self, qid: str, endpoint: str, line: bytes, timeout: float,
                pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
         """Queue a send; False (nothing queued) past `capacity`, or once closed."""
-        if self._closed or self._taken >= self.capacity:
-            return False
-        self._taken += 1
+        with self._count_lock:
+            if self._closed or self._taken >= self.capacity:
+                return False
+            self._taken += 1
         self.edge.call(self._start, qid, endpoint, line, timeout, pauses, done)
         return True
 
@@ -472,7 +485,8 @@ class ResponsePool:
                     break
                 await asyncio.sleep(pause)
         finally:
-            self._taken -= 1
+            with self._count_lock:
+                self._taken -= 1
         try:
             done(reason)
         except Exception as exc:
@@ -491,9 +505,10 @@ class ResponsePool:
 async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
     """Connect, write the line, read the reply, all within `timeout`."""
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK
-                         | socket.SOCK_CLOEXEC)
-    try:
+    sock: socket.socket | None = None
+    try:  # no socket to be had (out of descriptors, of memory) is this attempt's failure
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK
+                             | socket.SOCK_CLOEXEC)
         async with asyncio.timeout(timeout):
             while True:
                 try:
@@ -516,7 +531,8 @@ async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
     except Exception as exc:  # a path no socket can have, say: final, it stays so
         return _failure(exc), True
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
 
 
 _SHARED: ResponsePool | None = None
@@ -617,7 +633,7 @@ class PeerActor(PooledChild):
                 else:
                     self._asked_depth = True
                     me = self.actor_ref
-                    self.depth(lambda depth: me.tell(Heartbeat(depth)))
+                    self.depth(lambda depth: tell_quietly(me, Heartbeat(depth)))
             case Heartbeat(queue_depth=depth):
                 self._asked_depth = False
                 self._last_depth = depth

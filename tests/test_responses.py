@@ -22,16 +22,22 @@ from typing import Any
 
 import pytest
 
-from coms_hermes_bridge.actors import responses
-from coms_hermes_bridge.actors.responses import ResponsePool, send_envelope
-from tests.fakes import Asker, edge_caught_up, read_line, wait_for
+from coms_hermes_bridge.actors import peer
+from coms_hermes_bridge.actors.peer import (
+    RESPONSE_QUEUE,
+    ResponsePool,
+    judge_reply,
+    send_envelope,
+)
+from tests.fakes import Asker, edge_caught_up, read_line, said, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
+NEVER = (30.0, 30.0)  # retry pauses no test waits out: an outcome within one is no retry
 
 
 @pytest.fixture(autouse=True)
 def closed_at_the_end(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every pool and asker a test makes is closed after it: no thread outlives it."""
+    """Every pool and asker a test makes is closed after it: no send or thread outlives it."""
     made: list[Any] = []
     real_pool_init = ResponsePool.__init__
     real_asker_init = Asker.__init__
@@ -75,19 +81,47 @@ class Done:
         return done
 
 
+def socket_module(make: Callable[..., socket.socket]) -> Any:
+    """The socket module as the sender sees it, its sockets made by `make`."""
+    return type("socket_module", (), {**vars(socket), "socket": make})
+
+
+def full_backlog(path: Path) -> tuple[socket.socket, list[socket.socket]]:
+    """A peer at `path` that never accepts, its listen backlog filled (as by many of its
+    peers connecting at once): the server, and the connections that fill it."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    CLOSE_AT_THE_END.append(server)
+    fillers: list[socket.socket] = []
+    while True:
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(path))
+        except BlockingIOError:
+            filler.close()
+            return server, fillers
+        fillers.append(filler)
+
+
+# -- what the asker says ---------------------------------------------------------------
+
+
 def test_an_ack_is_success_and_the_line_arrives_whole(coms_dir: Path) -> None:  # W15
     asker = Asker(coms_dir / "a.sock")
     pool, done = ResponsePool(), Done()
-    assert pool.submit("q", asker.endpoint, LINE, 5.0, (2.0,), done("q"))
+    assert pool.submit("q", asker.endpoint, LINE, 5.0, NEVER, done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the ack")
     assert done.outcomes == {"q": None}
     assert asker.lines == [LINE]
+    assert asker.connections == 1
 
 
 def test_a_nack_is_final_and_says_why(coms_dir: Path) -> None:  # W15
     asker = Asker(coms_dir / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.endpoint, LINE, 5.0, (0.05, 0.05), done("q"))
+    pool.submit("q", asker.endpoint, LINE, 5.0, NEVER, done("q"))
     wait_for(lambda: "q" in done.outcomes, what="the nack")
     assert done.outcomes == {"q": "nack: no such qid"}
     assert asker.connections == 1  # a nack is an answer: not tried again
@@ -102,15 +136,15 @@ def test_an_asker_that_is_gone_is_final_at_once(coms_dir: Path, gone: str) -> No
         leftover.bind(str(path))
         leftover.close()
     pool, done = ResponsePool(), Done()
-    pool.submit("q", str(path), LINE, 5.0, (0.05, 0.05), done("q"))
-    wait_for(lambda: "q" in done.outcomes, what="the refusal")
+    pool.submit("q", str(path), LINE, 5.0, NEVER, done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the refusal, before any retry")
     expected = ("[Errno 2] No such file or directory" if gone == "missing"
                 else "[Errno 111] Connection refused")
     assert done.outcomes == {"q": expected}
     assert send_envelope(str(path), LINE, 5.0) == (expected, True)
 
 
-def test_a_reply_without_a_newline_then_eof_is_judged(coms_dir: Path) -> None:
+def test_a_reply_without_a_newline_then_eof_is_judged(coms_dir: Path) -> None:  # W12
     asker = Asker(coms_dir / "a.sock", lambda _: b'{"type":"ack"}')
     pool, done = ResponsePool(), Done()
     pool.submit("q", asker.endpoint, LINE, 5.0, (), done("q"))
@@ -118,138 +152,16 @@ def test_a_reply_without_a_newline_then_eof_is_judged(coms_dir: Path) -> None:
     assert done.outcomes == {"q": None}
 
 
-def test_a_closed_connection_without_a_reply_is_retried(coms_dir: Path) -> None:  # W15
-    asker = Asker(coms_dir / "a.sock", lambda _: b"")
+@pytest.mark.parametrize("how", ["split", "linger"])
+def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(coms_dir: Path, how: str) -> None:
+    # W12, W15: the reply is one line, however it arrives; the sender does not wait
+    # for the asker to close once the line is in
+    asker = Asker(coms_dir / "a.sock", split=how == "split", linger=how == "linger")
     pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.endpoint, LINE, 5.0, (0.05, 0.05), done("q"))
-    wait_for(lambda: "q" in done.outcomes, what="the last try")
-    assert done.outcomes == {"q": "connection closed without a reply"}
-    assert asker.connections == 3
-    assert send_envelope(asker.endpoint, LINE, 5.0) == ("connection closed without a reply", False)
-
-
-def test_a_silent_asker_times_out_and_is_retried_while_others_are_served(
-    coms_dir: Path,
-) -> None:  # 14.3: retries wait in the pool's heap, not in a thread
-    slow = Asker(coms_dir / "slow.sock", lambda _: None)
-    fast = Asker(coms_dir / "fast.sock")
-    pool, done = ResponsePool(), Done()
-    began = time.monotonic()
-    pool.submit("slow", slow.endpoint, LINE, 0.2, (0.3, 0.3), done("slow"))
-    pool.submit("fast", fast.endpoint, LINE, 5.0, (), done("fast"))
-    wait_for(lambda: "fast" in done.outcomes, timeout=0.15, what="fast served while slow waits")
-    wait_for(lambda: "slow" in done.outcomes, timeout=5, what="slow given up")
-    assert done.outcomes == {"fast": None, "slow": "timed out"}
-    assert slow.connections == 3  # the first try and two retries
-    assert done.at["slow"] - began >= 3 * 0.2 + 0.3 + 0.3  # each try waited its timeout
-
-
-def test_the_pool_refuses_past_its_capacity(coms_dir: Path) -> None:  # 9.1, 14.3
-    gate = threading.Event()
-    asker = Asker(coms_dir / "a.sock", gate=gate)
-    pool, done = ResponsePool(capacity=2), Done()
-    assert pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
-    assert pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
-    assert not pool.submit("c", asker.endpoint, LINE, 5.0, (), done("c"))
-    gate.set()
-    wait_for(lambda: len(done.outcomes) == 2, what="both sent")
-    assert done.outcomes == {"a": None, "b": None}
-    assert pool.submit("d", asker.endpoint, LINE, 5.0, (), done("d"))
-    wait_for(lambda: "d" in done.outcomes, what="d sent")
-
-
-class _Sockets:
-    """The response sender's own sockets, counted as it makes and closes them (the
-    asker's count lags: its handler notes a close only after the sender has moved on)."""
-
-    def __init__(self) -> None:
-        self.open_now = self.most_open = 0
-        self._lock = threading.Lock()
-        counter = self
-
-        class Counted(socket.socket):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, **kwargs)
-                self._counted = True
-                with counter._lock:
-                    counter.open_now += 1
-                    counter.most_open = max(counter.most_open, counter.open_now)
-
-            def close(self) -> None:
-                if self.__dict__.pop("_counted", False):
-                    with counter._lock:
-                        counter.open_now -= 1
-                super().close()
-
-        self.module = type("socket_module", (), {**vars(socket), "socket": Counted})
-
-
-def test_at_most_flights_sends_hold_a_socket_at_once(
-    coms_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # bounded fds
-    gate = threading.Event()
-    asker = Asker(coms_dir / "a.sock", gate=gate)
-    sockets = _Sockets()
-    monkeypatch.setattr(responses, "socket", sockets.module)
-    pool, done = ResponsePool(flights=3), Done()
-    for i in range(10):
-        assert pool.submit(f"q{i}", asker.endpoint, LINE, 5.0, (), done(f"q{i}"))
-    wait_for(lambda: asker.open_now == 3, what="three in flight")
-    time.sleep(0.05)  # give a fourth the chance to connect, if the bound were broken
-    assert asker.open_now == 3
-    assert done.outcomes == {}  # the other seven wait their turn
-    gate.set()
-    wait_for(lambda: len(done.outcomes) == 10, what="every send")
-    assert set(done.outcomes.values()) == {None}
-    assert (sockets.most_open, sockets.open_now) == (3, 0)  # never a fourth, none left open
-
-
-def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(coms_dir: Path) -> None:
-    big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
-    gate = threading.Event()
-    asker = Asker(coms_dir / "a.sock", gate=gate)
-    pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.endpoint, big, 10.0, (), done("q"))
-    wait_for(lambda: asker.lines, timeout=10, what="the whole line read")
-    # waiting for the ack, the socket is watched for reading only: writable, it would
-    # wake the loop at every turn
-    events = concurrent.futures.Future[list[int]]()
-    loop = pool.edge.loop
-    loop.call_soon_threadsafe(lambda: events.set_result(
-        [key.events for key in loop._selector.get_map().values()]))  # type: ignore[attr-defined]
-    assert not any(mask & selectors.EVENT_WRITE for mask in events.result(5))
-    gate.set()
-    wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
+    pool.submit("q", asker.endpoint, LINE, 30.0, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the ack")
     assert done.outcomes == {"q": None}
-    assert asker.lines == [big]
-
-
-def test_a_full_backlog_is_waited_out_until_the_timeout(coms_dir: Path) -> None:  # W15
-    path = coms_dir / "full.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(0)  # never accepts: the backlog fills at once
-    fillers: list[socket.socket] = []
-    while True:  # fill it, as many askers' peers connecting at once would
-        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        filler.setblocking(False)
-        try:
-            filler.connect(str(path))
-        except BlockingIOError:
-            filler.close()
-            break
-        fillers.append(filler)
-    pool, done = ResponsePool(), Done()
-    began = time.monotonic()
-    pool.submit("q", str(path), LINE, 0.3, (), done("q"))
-    wait_for(lambda: "q" in done.outcomes, what="the timeout")
-    assert done.outcomes == {"q": "timed out"}
-    assert done.at["q"] - began >= 0.3
-    # the blocking send gives up at once (EAGAIN) rather than waiting: worth a retry too
-    assert send_envelope(str(path), LINE, 0.3)[1] is False
-    server.close()
-    for filler in fillers:
-        filler.close()
+    assert send_envelope(asker.endpoint, LINE, 30.0) == (None, True)  # not its timeout
 
 
 def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Path) -> None:
@@ -257,7 +169,7 @@ def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Pat
     asker = Asker(coms_dir / "a.sock", lambda _: b"[" * 100_000 + b"\n")
     good = Asker(coms_dir / "b.sock")
     pool, done = ResponsePool(), Done()
-    pool.submit("deep", asker.endpoint, LINE, 5.0, (0.05,), done("deep"))
+    pool.submit("deep", asker.endpoint, LINE, 5.0, NEVER, done("deep"))
     wait_for(lambda: "deep" in done.outcomes, what="the odd reply judged")
     assert done.outcomes["deep"] == "unexpected reply: " + "[" * 200
     assert asker.connections == 1  # an answer, if a strange one: final
@@ -265,67 +177,6 @@ def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Pat
     wait_for(lambda: "next" in done.outcomes, what="the next send")
     assert done.outcomes["next"] is None
     assert send_envelope(asker.endpoint, LINE, 5.0) == ("unexpected reply: " + "[" * 200, True)
-
-
-def test_a_send_that_faults_fails_alone(
-    coms_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # a fault in one send (here: no memory for its socket) is that send's failure
-    asker = Asker(coms_dir / "a.sock")
-    pool, done = ResponsePool(), Done()
-    faults = [OSError(12, "Cannot allocate memory")]
-    real = socket.socket
-
-    def make(*args: Any, **kwargs: Any) -> socket.socket:
-        if faults:
-            raise faults.pop()
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(responses.socket, "socket", make)
-    pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
-    wait_for(lambda: "a" in done.outcomes, what="the first outcome")
-    pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
-    wait_for(lambda: len(done.outcomes) == 2, what="both outcomes")
-    assert done.outcomes == {"a": "[Errno 12] Cannot allocate memory", "b": None}
-
-
-def test_a_closed_pool_drops_its_sends_and_refuses_more(coms_dir: Path) -> None:
-    silent = Asker(coms_dir / "a.sock", lambda _: None)
-    pool, done = ResponsePool(), Done()
-    pool.submit("q", silent.endpoint, LINE, 60.0, (), done("q"))
-    wait_for(lambda: silent.open_now == 1, what="in flight")
-    pool.close()
-    wait_for(lambda: silent.open_now == 0, what="its socket closed")
-    assert done.outcomes == {}  # not sent, not settled: it stays owed
-    assert not pool.submit("r", silent.endpoint, LINE, 1.0, (), done("r"))
-
-
-@pytest.mark.parametrize("how", ["split", "linger"])
-def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(coms_dir: Path, how: str) -> None:
-    # W15: the reply is one line, however it arrives; the sender does not wait
-    # for the asker to close once the line is in
-    asker = Asker(coms_dir / "a.sock", split=how == "split", linger=how == "linger")
-    pool, done = ResponsePool(), Done()
-    pool.submit("q", asker.endpoint, LINE, 5.0, (), done("q"))
-    wait_for(lambda: "q" in done.outcomes, timeout=2, what="the ack")
-    assert done.outcomes == {"q": None}
-    began = time.monotonic()
-    assert send_envelope(asker.endpoint, LINE, 5.0) == (None, True)
-    assert time.monotonic() - began < 2
-
-
-def test_a_silent_asker_times_out_the_blocking_send_too(coms_dir: Path) -> None:
-    silent = Asker(coms_dir / "a.sock", lambda _: None)
-    assert send_envelope(silent.endpoint, LINE, 0.2) == ("timed out", False)
-
-
-def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Path) -> None:
-    # a sender_endpoint longer than a unix socket address may be: said, not raised
-    endpoint = str(coms_dir / ("x" * 200))
-    pool, done = ResponsePool(), Done()
-    pool.submit("q", endpoint, LINE, 5.0, (), done("q"))
-    wait_for(lambda: "q" in done.outcomes, what="the failure")
-    assert done.outcomes == {"q": "AF_UNIX path too long"}
-    assert send_envelope(endpoint, LINE, 5.0) == ("AF_UNIX path too long", False)
 
 
 @pytest.mark.parametrize(("reply", "outcome"), [
@@ -341,61 +192,65 @@ def test_an_endpoint_no_socket_can_have_is_a_failure_worth_no_wait(coms_dir: Pat
     (b"  \n", ("connection closed without a reply", False)),
 ])
 def test_judge_reply(reply: bytes, outcome: tuple[str | None, bool]) -> None:  # W15
-    assert responses.judge_reply(reply) == outcome
+    assert judge_reply(reply) == outcome
 
 
 def test_a_failure_without_words_is_named_by_its_kind() -> None:
-    assert responses._failure(TimeoutError()) == "TimeoutError"
-    assert responses._failure(OSError(2, "No such file")) == "[Errno 2] No such file"
+    assert peer._failure(TimeoutError()) == "TimeoutError"
+    assert peer._failure(OSError(2, "No such file")) == "[Errno 2] No such file"
 
 
-def test_a_pool_of_one_takes_one_send_at_a_time(coms_dir: Path) -> None:
-    gate = threading.Event()
-    asker = Asker(coms_dir / "a.sock", gate=gate)
-    pool, done = ResponsePool(capacity=1), Done()
-    assert pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
-    assert not pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
-    gate.set()
-    wait_for(lambda: "a" in done.outcomes, what="a sent")
-    assert pool.submit("c", asker.endpoint, LINE, 5.0, (), done("c"))
+# -- retries ---------------------------------------------------------------------------
 
 
-def test_a_done_that_raises_is_said_and_the_pool_goes_on(
-    coms_dir: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    asker = Asker(coms_dir / "a.sock")
+def test_a_closed_connection_without_a_reply_is_retried(coms_dir: Path) -> None:  # W15
+    asker = Asker(coms_dir / "a.sock", lambda _: b"")
     pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.endpoint, LINE, 5.0, (0.05, 0.05), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the last try")
+    assert done.outcomes == {"q": "connection closed without a reply"}
+    assert asker.connections == 3  # the first try and one per pause
+    assert send_envelope(asker.endpoint, LINE, 5.0) == ("connection closed without a reply", False)
 
-    def bad(reason: str | None) -> None:
-        raise RuntimeError("the outbox is gone")
 
-    pool.submit("q1", asker.endpoint, LINE, 5.0, (), bad)
-    pool.submit("q2", asker.endpoint, LINE, 5.0, (), done("q2"))
-    wait_for(lambda: "q2" in done.outcomes, what="the next send")
-    said: list[str] = []
-    line = "coms-hermes-bridge: response for q1: RuntimeError('the outbox is gone')\n"
-    wait_for(lambda: said.append(capfd.readouterr().err) or line in "".join(said), what="said")
-    assert "".join(said) == line
-    assert done.outcomes == {"q2": None}
+def test_a_silent_asker_is_retried_after_each_pause_while_others_are_served(
+    coms_dir: Path,
+) -> None:  # W15; a send waiting for its asker holds no thread and holds up no other
+    slow = Asker(coms_dir / "slow.sock", lambda _: None)
+    stuck = Asker(coms_dir / "stuck.sock", lambda _: None)
+    fast = Asker(coms_dir / "fast.sock")
+    pool, done = ResponsePool(), Done()
+    began = time.monotonic()
+    pool.submit("slow", slow.endpoint, LINE, 0.2, (0.3, 0.3), done("slow"))
+    pool.submit("stuck", stuck.endpoint, LINE, 600.0, (), done("stuck"))
+    wait_for(lambda: stuck.open_now == 1, what="stuck waiting for its ack")
+    pool.submit("fast", fast.endpoint, LINE, 5.0, (), done("fast"))
+    wait_for(lambda: "fast" in done.outcomes, what="fast served while stuck waits")
+    wait_for(lambda: "slow" in done.outcomes, what="slow given up")
+    assert done.outcomes == {"fast": None, "slow": "timed out"}  # stuck: still waiting
+    assert slow.connections == 3  # the first try and two retries
+    assert done.at["slow"] - began >= 3 * 0.2 + 0.3 + 0.3  # each try waited its timeout
+    assert send_envelope(slow.endpoint, LINE, 0.2) == ("timed out", False)  # worth a retry
+
+
+def test_a_full_backlog_is_waited_out_until_the_timeout(coms_dir: Path) -> None:  # W15
+    path = coms_dir / "full.sock"
+    full_backlog(path)
+    pool, done = ResponsePool(), Done()
+    began = time.monotonic()
+    pool.submit("q", str(path), LINE, 0.3, (), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the timeout")
+    assert done.outcomes == {"q": "timed out"}
+    assert done.at["q"] - began >= 0.3
+    # the blocking send gives up at once (EAGAIN) rather than waiting: worth a retry too
+    assert send_envelope(str(path), LINE, 0.3)[1] is False
 
 
 def test_a_full_backlog_is_tried_again_until_there_is_room(coms_dir: Path) -> None:  # W15
     path = coms_dir / "busy.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(0)
-    fillers: list[socket.socket] = []
-    while True:
-        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        filler.setblocking(False)
-        try:
-            filler.connect(str(path))
-        except BlockingIOError:
-            filler.close()
-            break
-        fillers.append(filler)
+    server, fillers = full_backlog(path)
     pool, done = ResponsePool(), Done()
-    pool.submit("q", str(path), LINE, 5.0, (), done("q"))
+    pool.submit("q", str(path), LINE, 30.0, (), done("q"))
     edge_caught_up()  # its first connect has met the full backlog
     assert "q" not in done.outcomes
 
@@ -414,22 +269,6 @@ def test_a_full_backlog_is_tried_again_until_there_is_room(coms_dir: Path) -> No
         filler.close()  # room at last
     wait_for(lambda: "q" in done.outcomes, what="the ack")
     assert done.outcomes == {"q": None}
-    server.close()
-
-
-UNENCODABLE = ("'utf-8' codec can't encode character '\\ud800' in position 6: "
-               "surrogates not allowed")
-
-
-def test_a_path_no_socket_can_have_is_final_at_once(coms_dir: Path) -> None:
-    # a lone surrogate cannot be encoded: the endpoint will never do
-    pool, done = ResponsePool(), Done()
-    began = time.monotonic()
-    pool.submit("q", "/tmp/a\ud800b.sock", LINE, 5.0, (30.0,), done("q"))
-    wait_for(lambda: "q" in done.outcomes, what="the failure")
-    assert done.outcomes == {"q": UNENCODABLE}
-    assert done.at["q"] - began < 5  # not after the 30 s pause: no retry
-    assert send_envelope("/tmp/a\ud800b.sock", LINE, 5.0) == (UNENCODABLE, True)
 
 
 def serve_badly(path: Path, handle: Callable[[socket.socket], object]) -> list[int]:
@@ -476,3 +315,166 @@ def test_an_asker_that_hangs_up_mid_line_is_tried_again(coms_dir: Path) -> None:
     wait_for(lambda: "q" in done.outcomes, what="given up")
     assert done.outcomes["q"] in ("[Errno 32] Broken pipe", "[Errno 104] Connection reset by peer")
     assert len(accepted) == 2
+
+
+# -- endpoints no socket can have --------------------------------------------------------
+
+
+def test_an_endpoint_too_long_for_a_socket_is_a_failure_worth_no_wait(coms_dir: Path) -> None:
+    # a sender_endpoint longer than a unix socket address may be: said, not raised
+    endpoint = str(coms_dir / ("x" * 200))
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", endpoint, LINE, 5.0, (0.05, 0.05), done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the failure")
+    assert done.outcomes == {"q": "AF_UNIX path too long"}
+    assert send_envelope(endpoint, LINE, 5.0) == ("AF_UNIX path too long", False)
+
+
+UNENCODABLE = ("'utf-8' codec can't encode character '\\ud800' in position 6: "
+               "surrogates not allowed")
+
+
+def test_a_path_no_socket_can_have_is_final_at_once() -> None:
+    # a lone surrogate cannot be encoded: the endpoint will never do
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", "/tmp/a\ud800b.sock", LINE, 5.0, NEVER, done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the failure, before any retry")
+    assert done.outcomes == {"q": UNENCODABLE}
+    assert send_envelope("/tmp/a\ud800b.sock", LINE, 5.0) == (UNENCODABLE, True)
+
+
+# -- the pool's own bounds and faults ------------------------------------------------------
+
+
+def test_the_pool_refuses_past_its_capacity_until_a_send_is_done(coms_dir: Path) -> None:
+    # W15: at most RESPONSE_QUEUE responses wait or are sent at once; past it, refused
+    assert ResponsePool().capacity == RESPONSE_QUEUE == 20_000
+    gate = threading.Event()
+    asker = Asker(coms_dir / "a.sock", gate=gate)
+    pool, done = ResponsePool(capacity=2), Done()
+    assert pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
+    assert pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
+    assert not pool.submit("c", asker.endpoint, LINE, 5.0, (), done("c"))
+    gate.set()
+    wait_for(lambda: len(done.outcomes) == 2, what="both sent")
+    assert done.outcomes == {"a": None, "b": None}
+    assert pool.submit("d", asker.endpoint, LINE, 5.0, (), done("d"))
+    wait_for(lambda: "d" in done.outcomes, what="d sent")
+    assert asker.connections == 3  # c was never sent
+
+
+class _Sockets:
+    """The response sender's own sockets, counted as it makes and closes them (the
+    asker's count lags: its handler notes a close only after the sender has moved on)."""
+
+    def __init__(self) -> None:
+        self.open_now = self.most_open = 0
+        self._lock = threading.Lock()
+        counter = self
+
+        class Counted(socket.socket):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self._counted = True
+                with counter._lock:
+                    counter.open_now += 1
+                    counter.most_open = max(counter.most_open, counter.open_now)
+
+            def close(self) -> None:
+                if self.__dict__.pop("_counted", False):
+                    with counter._lock:
+                        counter.open_now -= 1
+                super().close()
+
+        self.module = socket_module(Counted)
+
+
+def test_at_most_flights_sends_hold_a_socket_at_once_in_the_order_given(
+    coms_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # bounded descriptors; the rest wait their turn, first come first sent
+    gate = threading.Event()
+    asker = Asker(coms_dir / "a.sock", gate=gate)
+    sockets = _Sockets()
+    monkeypatch.setattr(peer, "socket", sockets.module)
+    pool, done = ResponsePool(flights=3), Done()
+    lines = [b'{"type":"response","msg_id":"q%d"}\n' % i for i in range(10)]
+    for i, line in enumerate(lines):
+        assert pool.submit(f"q{i}", asker.endpoint, line, 5.0, (), done(f"q{i}"))
+    wait_for(lambda: len(asker.lines) == 3, what="three in flight")
+    edge_caught_up()  # every send has had its turn to take a socket, if the bound let it
+    assert (sockets.most_open, sockets.open_now, asker.open_now) == (3, 3, 3)
+    assert sorted(asker.lines) == lines[:3]  # the first three given
+    assert done.outcomes == {}  # the other seven wait their turn
+    gate.set()
+    wait_for(lambda: len(done.outcomes) == 10, what="every send")
+    assert set(done.outcomes.values()) == {None}
+    assert sorted(asker.lines) == sorted(lines)
+    assert (sockets.most_open, sockets.open_now) == (3, 0)  # never a fourth, none left open
+
+
+def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(coms_dir: Path) -> None:
+    big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
+    gate = threading.Event()
+    asker = Asker(coms_dir / "a.sock", gate=gate)
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", asker.endpoint, big, 30.0, (), done("q"))
+    wait_for(lambda: asker.lines, timeout=10, what="the whole line read")
+    # waiting for the ack, the socket is watched for reading only: writable, it would
+    # wake the loop at every turn
+    events = concurrent.futures.Future[list[int]]()
+    loop = pool.edge.loop
+    loop.call_soon_threadsafe(lambda: events.set_result(
+        [key.events for key in loop._selector.get_map().values()]))  # type: ignore[attr-defined]
+    assert not any(mask & selectors.EVENT_WRITE for mask in events.result(5))
+    gate.set()
+    wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
+    assert done.outcomes == {"q": None}
+    assert asker.lines == [big]
+
+
+def test_a_send_that_faults_fails_alone(
+    coms_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # a fault in one send (here: no memory for its socket) is that send's failure
+    asker = Asker(coms_dir / "a.sock")
+    pool, done = ResponsePool(), Done()
+    faults = [OSError(12, "Cannot allocate memory")]
+
+    def make(*args: Any, **kwargs: Any) -> socket.socket:
+        if faults:
+            raise faults.pop()
+        return socket.socket(*args, **kwargs)
+
+    monkeypatch.setattr(peer, "socket", socket_module(make))
+    pool.submit("a", asker.endpoint, LINE, 5.0, (), done("a"))
+    wait_for(lambda: "a" in done.outcomes, what="the first outcome")
+    pool.submit("b", asker.endpoint, LINE, 5.0, (), done("b"))
+    wait_for(lambda: len(done.outcomes) == 2, what="both outcomes")
+    assert done.outcomes == {"a": "[Errno 12] Cannot allocate memory", "b": None}
+
+
+def test_a_done_that_raises_is_said_and_the_pool_goes_on(
+    coms_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    asker = Asker(coms_dir / "a.sock")
+    pool, done = ResponsePool(), Done()
+
+    def bad(reason: str | None) -> None:
+        raise RuntimeError("the outbox is gone")
+
+    pool.submit("q1", asker.endpoint, LINE, 5.0, (), bad)
+    pool.submit("q2", asker.endpoint, LINE, 5.0, (), done("q2"))
+    wait_for(lambda: "q2" in done.outcomes, what="the next send")
+    assert said(capfd) == "coms-hermes-bridge: response for q1: RuntimeError('the outbox is gone')\n"
+    assert done.outcomes == {"q2": None}
+
+
+def test_a_closed_pool_drops_its_sends_and_refuses_more(coms_dir: Path) -> None:
+    silent = Asker(coms_dir / "a.sock", lambda _: None)
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", silent.endpoint, LINE, 60.0, (), done("q"))
+    wait_for(lambda: silent.open_now == 1, what="in flight")
+    pool.close()
+    wait_for(lambda: silent.open_now == 0, what="its socket closed")
+    edge_caught_up()
+    assert done.outcomes == {}  # not sent, not settled: it stays owed
+    assert not pool.submit("r", silent.endpoint, LINE, 1.0, (), done("r"))
