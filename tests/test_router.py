@@ -1,35 +1,49 @@
-"""QuestionRouter with fake collaborators: admission, routing, late notes, restore."""
+"""The QuestionRouter: admission, ownership, routing, late notes, restore, and the
+supervision of the questions it runs.
+
+The Router runs for real on a real Store, its collaborators FakeRefs (`RouterRig`).
+Its questions are FakeRefs too, except where a test is about their crashes: there
+they are Recorders (`Crashing`), real actors that crash on demand and hand their
+unread mail to the Router as any question does.
+"""
 
 from __future__ import annotations
 
+import errno
+import itertools
 import json
+import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pykka
 import pytest
 
+from coms_hermes_bridge.actors.questions import failed_error
+from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
+    Address,
     AnswerArrived,
     AnswerFileSeen,
     CancelQuestion,
     CancelRequested,
+    ChildFailed,
     DisposeAnswerFile,
     FileSignature,
     LogEvent,
     OfferAgain,
     QuestionClosed,
-    QuestionRestarted,
     QuestionSpec,
     RemoveAnswerFile,
-    ResetQuestions,
-    RestoreQuestions,
+    RestartChild,
     SendResponse,
     SendText,
-    StartQuestion,
 )
 from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
@@ -47,10 +61,26 @@ from coms_hermes_bridge.messages.contract import (
     undelivered_note,
 )
 from coms_hermes_bridge.messages.wire import CancelEnvelope
-from tests.fakes import RouterRig, prompt_envelope
+from tests.fakes import (
+    Boom,
+    FakeClock,
+    FakeRef,
+    FakeSchedule,
+    Hold,
+    Recorder,
+    RouterRig,
+    Short,
+    prompt_envelope,
+    wait_for,
+)
 
 QIDS = [f"01HZY3K4M5N6P7Q8R9S0T1V2W{c}" for c in "0123456789"]
+QID = QIDS[0]
+PROMPT = prompt_envelope(QID, text="Ship it?")
 SIG = FileSignature(7, 80, 1)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+Make = Callable[..., RouterRig]
 
 
 def answer_file(qid: str, text: str = "yes") -> bytes:
@@ -59,22 +89,42 @@ def answer_file(qid: str, text: str = "yes") -> bytes:
     ).encode()
 
 
+def seen(qid: str, content: bytes | None = None,
+         signature: FileSignature = SIG) -> AnswerFileSeen:
+    """The Watcher's word of `qid`'s answer file (its content that of `answer_file`)."""
+    return AnswerFileSeen(f"{qid}.answer.json",
+                          answer_file(qid) if content is None else content, signature)
+
+
+def cancel(ref_msg_id: str, sender: str = "builder") -> CancelQuestion:
+    return CancelQuestion(CancelEnvelope.model_validate({
+        "msg_id": QIDS[9], "from": sender, "to": "user-remote",
+        "created_at": "2026-11-30T12:00:00.000Z", "ref_msg_id": ref_msg_id,
+    }))
+
+
+def slot_of(rig: RouterRig, qid: str) -> Slot:
+    """The slot the Router reaches `qid`'s question through (read after a sync)."""
+    return rig.actor.open[qid].slot
+
+
+def _spec(qid: str) -> QuestionSpec:
+    envelope = prompt_envelope(qid)
+    return QuestionSpec(qid, envelope, parse_prompt(envelope), 1000.0, time.time() + 60)
+
+
 @pytest.fixture
-def make(tmp_path: Path) -> Iterator[Any]:
+def make(tmp_path: Path) -> Iterator[Make]:
+    """`make(path=..., config={...}, **options)`: a Router on the state file `path`
+    (the same file again: the daemon restarted, or with `incarnation=1` the Router
+    restarted), settings `config` (a 60 s timeout unless given), the rest its own."""
     stores: list[Store] = []
 
-    def _make(
-        max_open: int = 10_000, resume_owed: bool = True, path: str = "state-a.sqlite3",
-        max_open_per_asker: int | None = None, sibling: Any = None,
-    ) -> RouterRig:
+    def _make(path: str = "state-a.sqlite3", *, config: dict[str, Any] | None = None,
+              **options: Any) -> RouterRig:
         store = Store.open(tmp_path / path)
         stores.append(store)
-        rig = RouterRig(
-            store, timeout_ms=60_000, run_tag="t.0", max_open=max_open, resume_owed=resume_owed,
-            max_open_per_asker=max_open_per_asker, sibling=sibling,
-        )
-        assert rig.questions.expect(ResetQuestions) == ResetQuestions()
-        return rig
+        return RouterRig(store, config={"timeout_ms": 60_000, **(config or {})}, **options)
 
     yield _make
     pykka.ActorRegistry.stop_all()
@@ -85,228 +135,222 @@ def make(tmp_path: Path) -> Iterator[Any]:
 # -- the pure decisions ----------------------------------------------------------
 
 
-def test_triage_decides_from_the_name_alone() -> None:
+def test_triage_decides_from_the_name_alone() -> None:  # C9, C15
     # late, foreign and "already answering" before any parsing
     a, b, c, d = QIDS[:4]
     answering = {a: False, b: True}
-    closed = {c: "answered"}
-    assert triage_answer(f"{a}.answer.json", answering, closed) == ToValidate(a)  # type: ignore[arg-type]
-    assert triage_answer(f"{b}.answer.json", answering, closed) == Answering(b)  # type: ignore[arg-type]
-    assert triage_answer(f"{c}.answer.json", answering, closed) == Late(c, "answered")  # type: ignore[arg-type]
-    assert triage_answer(f"{d}.answer.json", answering, closed) == Rejected("foreign_qid", d)  # type: ignore[arg-type]
-    assert triage_answer("x.answer.json", answering, closed) == Rejected("invalid_qid")  # type: ignore[arg-type]
-    assert triage_answer(f"{a}.json", answering, closed) == Rejected("invalid_path")  # type: ignore[arg-type]
+    closed: dict[str, Any] = {c: "answered"}
+    assert triage_answer(f"{a}.answer.json", answering, closed) == ToValidate(a)
+    assert triage_answer(f"{b}.answer.json", answering, closed) == Answering(b)
+    assert triage_answer(f"{c}.answer.json", answering, closed) == Late(c, "answered")
+    assert triage_answer(f"{d}.answer.json", answering, closed) == Rejected("foreign_qid", d)
+    assert triage_answer("x.answer.json", answering, closed) == Rejected("invalid_qid")
+    assert triage_answer(f"{a}.json", answering, closed) == Rejected("invalid_path")
 
 
-def test_over_capacity() -> None:
+def test_over_capacity_and_the_cancel_target() -> None:  # C13, C14
     assert over_capacity(2, 3) is None
     assert over_capacity(3, 3) == "bridge has 3 open questions; try again later"
     assert over_capacity(4, 3) == "bridge has 4 open questions; try again later"
-
-
-def test_cancel_target() -> None:
     assert cancel_target(QIDS[0], {QIDS[0]}) == QIDS[0]
     assert cancel_target(QIDS[1], {QIDS[0]}) is None
 
 
-# -- admission -----------------------------------------------------------------------
+def test_the_error_a_poison_questions_asker_reads_is_kept_to_500_characters() -> None:
+    prefix = "bridge failed on this question: "
+    assert failed_error("e" * 500) == prefix + "e" * 500  # at the limit: whole
+    assert failed_error("e" * 501) == prefix + "e" * 499 + "…"  # past it: 500 in all
 
 
-def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Any) -> None:
+# -- admission (C2, C3, X2, X4, X5, X10) ------------------------------------------
+
+
+def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Make) -> None:
     rig = make()
     assert rig.admit(prompt_envelope(QIDS[0])) is None  # the ack: stored by then
     assert [s.qid for s in rig.store.load()[0]] == [QIDS[0]]
-    start = rig.questions.expect(StartQuestion)
-    assert start.spec.qid == QIDS[0] and start.child == f"question:{QIDS[0]}:t.0.1"
-    assert rig.store.open_spec(QIDS[0], start.child) is not None  # owned by the child
+    [(spec, child, _question)] = rig.started[QIDS[0]]
+    assert spec.qid == QIDS[0] and child == f"question:{QIDS[0]}:t.0.1"
+    assert rig.store.open_spec(QIDS[0], child) is not None  # owned by the child
     sent = rig.delivery.expect(SendText)
-    assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", start.slot)
+    assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", slot_of(rig, QIDS[0]))
     assert rig.depth() == 1
 
 
-def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Any) -> None:
+def test_a_question_gets_the_askers_timeout_and_the_project_line(make: Make) -> None:  # X5, X4
+    rig = make(config={"project": "shop", "timeout_ms": 1_800_000}, clock=lambda: 1000.0)
+    assert rig.admit(prompt_envelope(QID, sender_name="agent-a", reply_timeout_ms=400)) is None
+    [(spec, child, _question)] = rig.started[QID]
+    assert (spec.timeout_ms, spec.deadline) == (400, 1000.4)
+    assert rig.store.open_spec(QID, child).timeout_ms == 400  # type: ignore[union-attr]
+    text = rig.delivery.expect(SendText).text
+    assert text.startswith(f"❓ [HUB-Q:{QID}] Ship?\n\n📁 Project: shop\n\nContext: From agent-a")
+
+
+def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Make) -> None:
     # nacked at once with the count; the open ones are untouched
-    rig = make(max_open=3)
+    rig = make(config={"max_open": 3})
     for qid in QIDS[:3]:
         rig.opened(prompt_envelope(qid))
     assert rig.admit(prompt_envelope(QIDS[3])) == "bridge has 3 open questions; try again later"
     assert [s.qid for s in rig.store.load()[0]] == QIDS[:3]
-    rig.questions.assert_nothing()  # the nack is replied after the turn's tells
+    assert list(rig.started) == QIDS[:3]  # the nack is replied after the turn's tells
     assert rig.depth() == 3
     assert rig.ref.is_alive()
-    # its own asker's resend of an open question is acked, not refused (X2), nor stored again
+    # its own asker's resend of an open question is acked, not refused (X2), nor run again
     assert rig.admit(prompt_envelope(QIDS[0])) is None
-    rig.questions.assert_nothing()
+    assert [len(starts) for starts in rig.started.values()] == [1, 1, 1]
 
 
-def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Any) -> None:
-    # C3
+def test_a_resend_by_the_asker_changes_nothing_and_a_replay_is_refused(make: Make) -> None:  # X2
+    rig = make()
+    original = prompt_envelope(QID, sender_name="agent-a", sender_endpoint="/tmp/a.sock")
+    _spec, child, _question = rig.opened(original)
+    rig.delivery.expect(SendText)
+    assert rig.admit(original) is None  # acked
+    for other in (prompt_envelope(QID, sender_name="agent-b", sender_endpoint="/tmp/b.sock"),
+                  prompt_envelope(QID, text="Ship now?", sender_name="agent-a",
+                                  sender_endpoint="/tmp/a.sock")):
+        assert rig.admit(other) == f"qid {QID} is already in use"
+        record = rig.logger.expect(LogEvent).record
+        assert (record.event, record.qid) == ("duplicate_refused", QID)
+        assert record.detail == {"from": other.sender_name, "reason": "open"}
+    # the nacks are replied after their turns' tells: nothing started or sent again
+    assert len(rig.started[QID]) == 1
+    rig.delivery.assert_nothing()
+    assert rig.depth() == 1
+    # once closed, the qid stays refused, even to its asker
+    rig.ref.tell(QuestionClosed(QID, "answered", child))
+    assert rig.depth() == 0  # read after the close, in turn
+    assert rig.admit(original) == f"qid {QID} is already in use"
+    assert rig.logger.expect(LogEvent).record.detail == {"from": "agent-a", "reason": "closed"}
+
+
+def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Make) -> None:  # X10
+    rig = make(config={"max_open_per_asker": 2})
+    rig.opened(prompt_envelope(QIDS[0]))
+    _spec, second, _question = rig.opened(prompt_envelope(QIDS[1]))
+    assert rig.admit(prompt_envelope(QIDS[2])) == "builder has 2 open questions; try again later"
+    assert [spec.qid for spec in rig.store.load()[0]] == QIDS[:2]  # nothing stored
+    assert rig.admit(prompt_envelope(QIDS[3], sender_name="reviewer")) is None
+    assert list(rig.started) == [QIDS[0], QIDS[1], QIDS[3]]
+    assert rig.admit(prompt_envelope(QIDS[1])) is None  # its own resend: acked (X2)
+    rig.ref.tell(QuestionClosed(QIDS[1], "answered", second))
+    assert rig.admit(prompt_envelope(QIDS[4])) is None  # room again once one closed
+    assert list(rig.started) == [QIDS[0], QIDS[1], QIDS[3], QIDS[4]]
+
+
+def test_an_invalid_qid_is_answered_with_an_error_and_not_stored(make: Make) -> None:  # C3
     rig = make()
     bad = prompt_envelope("not-a-ulid")
     assert rig.admit(bad) is None
     assert rig.peer.expect(SendResponse) == SendResponse(bad, None, INVALID_QID_ERROR)
     assert rig.store.load() == ([], [])
+    assert rig.started == {}
 
 
-# -- answers -----------------------------------------------------------------------
-
-
-def test_an_answer_reaches_its_question_once(make: Any) -> None:
-    # Watcher -> Router -> Question; the second sighting is dropped
-    # until the question restarts
+def test_a_store_that_cannot_take_a_question_is_nacked_in_our_words_and_said(
+    make: Make, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # never a crash: the table is fine, the asker may try again
     rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.depth()  # both handled
-    held = start.slot.held  # nobody runs the question here: the slot holds for it
-    assert len(held) == 1 and isinstance(held[0], AnswerArrived) and held[0].answer.answer == "yes"
-    rig.ref.tell(QuestionRestarted(QIDS[0], start.child))
-    # the answer may have died with it: the watcher is asked for the file again
-    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(rig.store, "put_open", full)
+    capsys.readouterr()
+    assert rig.admit(prompt_envelope(QIDS[0])) == NOT_ADMITTED
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: error: could not take question {QIDS[0]!r}: "
+        "OperationalError('database or disk is full')\n")
+    assert rig.ref.is_alive() and rig.depth() == 0
+
+
+# -- cancel and close (C12-C14, X2) ---------------------------------------------------
+
+
+def test_only_the_asker_cancels_and_only_an_open_question(make: Make) -> None:  # X2, C13, C14
+    rig = make()
+    _spec, _child, question = rig.opened(prompt_envelope(QID, sender_name="agent-a"))
+    rig.ref.tell(cancel(QIDS[1], "agent-a"))  # not open here: nothing
+    rig.ref.tell(cancel(QID, "evil"))
+    record = rig.logger.expect(LogEvent).record
+    assert (record.event, record.qid, record.detail) == ("cancel_refused", QID, {"from": "evil"})
     rig.depth()
-    assert len(start.slot.held) == 2
+    question.assert_nothing()
+    rig.ref.tell(cancel(QID, "agent-a"))
+    assert question.next() == CancelRequested()
+    rig.depth()
+    question.assert_nothing()
+    rig.logger.assert_nothing()
+
+
+def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(
+    make: Make,
+) -> None:
+    rig = make()
+    _spec, child, question = rig.opened(prompt_envelope(QIDS[0]))
+    rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
+    assert rig.depth() == 1
+    rig.ref.tell(QuestionClosed(QIDS[0], "answered", child))
+    assert rig.depth() == 0
+    assert rig.actor.closed == {QIDS[0]: "answered"}
+    assert question.next() == "stopped"  # what runs it goes with it
+
+
+def test_the_memory_of_closed_questions_is_bounded_and_keeps_the_latest(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:  # bounded: CLOSED_MEMORY qids remembered (for late files and reused qids)
+    monkeypatch.setattr("coms_hermes_bridge.actors.questions.CLOSED_MEMORY", 2)
+    rig = make()
+    for qid in QIDS[:3]:
+        _spec, child, _question = rig.opened(prompt_envelope(qid))
+        rig.ref.tell(QuestionClosed(qid, "answered", child))
+    rig.depth()
+    assert list(rig.actor.closed) == QIDS[1:3]
+
+
+# -- answers (C9, C15, X6, X11) -------------------------------------------------------
+
+
+def test_an_answer_reaches_its_question_once_and_again_after_it_restarted(make: Make) -> None:
+    # Watcher -> Router -> Question; a second sighting is dropped while it is handled. A
+    # question that crashes meanwhile may have lost it: the Watcher is asked for the file
+    # again at once (it hands a file on once), and only for a question that was handling one
+    rig = make()
+    _spec, child, question = rig.opened(prompt_envelope(QID))
+    name = f"{QID}.answer.json"
+    rig.ref.tell(seen(QID))
+    rig.ref.tell(seen(QID))
+    rig.depth()  # both handled
+    arrived = question.expect(AnswerArrived)
+    assert (arrived.answer.answer, arrived.name, arrived.signature) == ("yes", name, SIG)
+    question.assert_nothing()
+    rig.ref.tell(ChildFailed(child, "RuntimeError: boom"))
+    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
+    rig.ref.tell(ChildFailed(child, "RuntimeError: boom"))  # not answering any more: nothing
+    rig.depth()
+    rig.watcher.assert_nothing()
+    assert [c for _spec, c, _q in rig.started[QID]] == [child] * 3  # restarted twice, same name
+    rig.ref.tell(seen(QID))
+    rig.depth()
+    assert isinstance(rig.question(QID).next(), AnswerArrived)
     rig.watcher.assert_nothing()
 
 
-def test_a_foreign_file_is_refused_without_reading_it(make: Any) -> None:
-    rig = make()
-    name = f"{QIDS[1]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, b"{not json", SIG))
-    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
-        name, SIG, Rejected("foreign_qid", QIDS[1])
-    )
-
-
-def test_a_bad_answer_to_an_open_question_is_refused(make: Any) -> None:
+def test_a_file_whose_name_or_content_is_no_answer_is_refused(make: Make) -> None:  # C9
+    # the name alone decides where it can; the version refused is the one seen
     rig = make()
     rig.opened(prompt_envelope(QIDS[0]))
-    name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
-    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
-        name, SIG, Rejected("qid_mismatch", QIDS[0]))
-
-
-def test_a_file_whose_name_is_no_answer_files_is_refused_by_its_name(make: Any) -> None:
-    # C9: the name alone decides; the version refused is the one seen
-    rig = make()
     rig.ref.tell(AnswerFileSeen("notes.txt", b"{}", SIG))
     assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
         "notes.txt", SIG, Rejected("invalid_path"))
-
-
-def test_a_late_answer_owes_its_note_when_judged(make: Any) -> None:
-    # C15: the note is in the store before Delivery is told; the file is to go (the
-    # Watcher then never offers that version again: one note per version)
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", start.child))
-    name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
-    record = rig.logger.expect(LogEvent).record
-    assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
-    note = rig.delivery.expect(SendText)
-    while note.purpose != "late_note":
-        note = rig.delivery.expect(SendText)
-    assert note.text == late_note(QIDS[0]) and note.note_id is not None
-    assert rig.store.owed_notes() == [note]
-    rig.depth()
-    rig.delivery.assert_nothing()
-    rig.logger.assert_nothing()
-
-
-def test_the_file_that_answered_a_question_is_not_late(make: Any) -> None:
-    # a crash between storing the answer and removing its file
-    rig = make()
-    envelope = prompt_envelope(QIDS[0])
-    spec = QuestionSpec(QIDS[0], envelope, parse_prompt(envelope), 1, time.time())
-    rig.store.put_open(spec, owner="q")
-    rig.store.close(QIDS[0], "answered", owner="q", answer_file=(f"{QIDS[0]}.answer.json", SIG))
-    rig.ref.stop()
-    rig = make()
-    name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
-    rig.depth()  # that turn is over
-    rig.logger.assert_nothing()
-
-
-def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: Any) -> None:
-    # a rescan re-offering the answering file between the close and its
-    # removal logged a spurious late_answer and sent a late note to the human
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.depth()
-    assert len(start.slot.held) == 1  # AnswerArrived
-    # the question closes its row with the file that answered, then says so
-    rig.store.close(QIDS[0], "answered", owner=start.child, answer_file=(name, SIG))
-    rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))  # offered again
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
-    rig.depth()  # that turn is over
-    rig.logger.assert_nothing()
-    assert rig.store.owed_notes() == []
-    # another version of the file after the close is late, as before (C15)
-    other = FileSignature(SIG.inode, SIG.size + 1, SIG.mtime_ns)
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), other))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, other)
-    assert rig.logger.expect(LogEvent).record.event == "late_answer"
-
-
-# -- cancel, close, restore ---------------------------------------------------------
-
-
-def test_cancel_goes_to_the_open_question_only(make: Any) -> None:
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    for ref in (QIDS[0], QIDS[1]):
-        cancel = CancelEnvelope.model_validate(
-            {"msg_id": QIDS[5], "from": "builder", "to": "user-remote",
-             "created_at": "2026-11-30T12:00:00.000Z", "ref_msg_id": ref}
-        )
-        rig.ref.tell(CancelQuestion(cancel))
-    rig.depth()
-    assert start.slot.held == (CancelRequested(),)
-
-
-def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(make: Any) -> None:
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
-    assert rig.depth() == 1
-    rig.ref.tell(QuestionClosed(QIDS[0], "answered", start.child))
-    assert rig.depth() == 0
-    assert rig.actor.closed == {QIDS[0]: "answered"}
-
-
-def test_start_restores_open_questions_and_sends_what_is_owed(make: Any) -> None:
-    # restore: pending questions are sent again, owed notes and responses too
-    first = make()
-    first.opened(prompt_envelope(QIDS[0]))
-    second_start = first.opened(prompt_envelope(QIDS[1]))
-    first.store.set_state(QIDS[1], "delivered", owner=second_start.child)
-    note = SendText(QIDS[2], "ℹ note", "late_note", note_id="late:x")
-    first.store.owe_note(note)
-    first.ref.stop()
-    rig = make()
-    starts = [rig.questions.expect(StartQuestion), rig.questions.expect(StartQuestion)]
-    assert [s.spec.qid for s in starts] == QIDS[:2]
-    assert [s.spec.state for s in starts] == [None, "delivered"]
-    told = [rig.delivery.expect(SendText) for _ in range(2)]
-    assert told[0] == note
-    assert (told[1].qid, told[1].purpose, told[1].reply_to) == (QIDS[0], "question", starts[0].slot)
-    rig.depth()  # the restore (before the first message) is over
-    rig.delivery.assert_nothing()
-    # the rows now belong to the new children
-    assert rig.store.open_spec(QIDS[1], starts[1].child) is not None
-
-
-# -- late files: each judged once, within a bounded memory (C15) ----------
+    rig.ref.tell(seen(QIDS[1], b"{not json"))  # a foreign qid: never read
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+        f"{QIDS[1]}.answer.json", SIG, Rejected("foreign_qid", QIDS[1]))
+    rig.ref.tell(seen(QIDS[0], answer_file(QIDS[1])))  # an open one's, with another qid inside
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+        f"{QIDS[0]}.answer.json", SIG, Rejected("qid_mismatch", QIDS[0]))
 
 
 def _late_notes(rig: RouterRig, count: int) -> list[SendText]:
@@ -327,14 +371,33 @@ def _late_records(rig: RouterRig, count: int) -> list[Any]:
     return records
 
 
-def test_each_late_file_gets_its_own_note_and_log_line(make: Any) -> None:
+def test_a_late_answer_owes_its_note_when_judged(make: Make) -> None:
+    # C15: the note is in the store before Delivery is told; the file is to go (the
+    # Watcher then never offers that version again: one note per version)
+    rig = make()
+    _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
+    rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", child))
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(seen(QIDS[0]))
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    record = rig.logger.expect(LogEvent).record
+    assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
+    [note] = _late_notes(rig, 1)
+    assert note.text == late_note(QIDS[0]) and note.note_id is not None
+    assert rig.store.owed_notes() == [note]
+    rig.depth()
+    rig.delivery.assert_nothing()
+    rig.logger.assert_nothing()
+
+
+def test_each_late_file_gets_its_own_note_and_log_line(make: Make) -> None:
     # C15, C20: two closed questions, one late file each: two notes, two lines naming them
     rig = make()
     for qid, state in ((QIDS[0], "cancelled"), (QIDS[1], "timeout")):
-        start = rig.opened(prompt_envelope(qid))
-        rig.ref.tell(QuestionClosed(qid, state, start.child))  # type: ignore[arg-type]
+        _spec, child, _question = rig.opened(prompt_envelope(qid))
+        rig.ref.tell(QuestionClosed(qid, state, child))  # type: ignore[arg-type]
     for qid in QIDS[:2]:
-        rig.ref.tell(AnswerFileSeen(f"{qid}.answer.json", answer_file(qid), SIG))
+        rig.ref.tell(seen(qid))
     assert [rig.watcher.expect(RemoveAnswerFile) for _ in range(2)] == [
         RemoveAnswerFile(f"{QIDS[0]}.answer.json", SIG),
         RemoveAnswerFile(f"{QIDS[1]}.answer.json", SIG),
@@ -346,17 +409,48 @@ def test_each_late_file_gets_its_own_note_and_log_line(make: Any) -> None:
     assert [n.text for n in _late_notes(rig, 2)] == [late_note(QIDS[0]), late_note(QIDS[1])]
 
 
-# -- files for qids not open here (X6, X11) ----------------------------------------
+def test_the_file_that_answered_a_question_is_not_late_after_a_restart(make: Make) -> None:
+    # a crash between storing the answer and removing its file
+    first = make()
+    envelope = prompt_envelope(QIDS[0])
+    spec = QuestionSpec(QIDS[0], envelope, parse_prompt(envelope), 1, time.time())
+    first.store.put_open(spec, owner="q")
+    first.store.close(QIDS[0], "answered", owner="q",
+                      answer_file=(f"{QIDS[0]}.answer.json", SIG))
+    first.ref.stop()
+    rig = make()
+    rig.ref.tell(seen(QIDS[0]))
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QIDS[0]}.answer.json", SIG)
+    rig.depth()  # that turn is over
+    rig.logger.assert_nothing()
 
 
-def _spec(qid: str) -> QuestionSpec:
-    envelope = prompt_envelope(qid)
-    return QuestionSpec(qid, envelope, parse_prompt(envelope), 1000.0, time.time() + 60)
+def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: Make) -> None:
+    # a rescan re-offering the answering file between the close and its removal logs no
+    # late_answer and sends the human no late note
+    rig = make()
+    _spec, child, question = rig.opened(prompt_envelope(QIDS[0]))
+    name = f"{QIDS[0]}.answer.json"
+    rig.ref.tell(seen(QIDS[0]))
+    assert isinstance(question.next(), AnswerArrived)
+    # the question closes its row with the file that answered, then says so
+    rig.store.close(QIDS[0], "answered", owner=child, answer_file=(name, SIG))
+    rig.ref.tell(QuestionClosed(QIDS[0], "answered", child))
+    rig.ref.tell(seen(QIDS[0]))  # offered again
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    rig.depth()  # that turn is over
+    rig.logger.assert_nothing()
+    assert rig.store.owed_notes() == []
+    # another version of the file after the close is late, as before (C15)
+    other = FileSignature(SIG.inode, SIG.size + 1, SIG.mtime_ns)
+    rig.ref.tell(seen(QIDS[0], signature=other))
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, other)
+    assert rig.logger.expect(LogEvent).record.event == "late_answer"
 
 
 @pytest.mark.parametrize("how", ["open", "closed", "undelivered"])
-def test_a_file_a_sibling_knows_is_left_for_it(make: Any, tmp_path: Path, how: str) -> None:
-    # X6 as revised: another project's bridge beside ours owns the qid, up or down
+def test_a_file_a_sibling_knows_is_left_for_it(make: Make, tmp_path: Path, how: str) -> None:
+    # X6: another project's bridge beside ours owns the qid, up or down
     sibling = Store.open(tmp_path / "state-b.sqlite3")
     try:
         sibling.put_open(_spec(QIDS[1]), owner="q")
@@ -366,15 +460,14 @@ def test_a_file_a_sibling_knows_is_left_for_it(make: Any, tmp_path: Path, how: s
     finally:
         sibling.shutdown()  # down: its file still says what it owns
     rig = make()
-    name = f"{QIDS[1]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
+    rig.ref.tell(seen(QIDS[1]))
     assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
-        name, SIG, OwnedElsewhere(QIDS[1], "b"))
+        f"{QIDS[1]}.answer.json", SIG, OwnedElsewhere(QIDS[1], "b"))
     rig.depth()  # that turn is over
     rig.logger.assert_nothing()
 
 
-def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Any, tmp_path: Path) -> None:
+def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Make, tmp_path: Path) -> None:
     # X6, X11: a failed delivery is remembered for an hour only
     sibling = Store.open(tmp_path / "state-b.sqlite3")
     try:
@@ -383,19 +476,19 @@ def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Any, tmp_path
     finally:
         sibling.shutdown()
     rig = make()
-    rig.ref.tell(AnswerFileSeen(f"{QIDS[1]}.answer.json", answer_file(QIDS[1]), SIG))
+    rig.ref.tell(seen(QIDS[1]))
     assert rig.watcher.expect(DisposeAnswerFile).verdict == Rejected("foreign_qid", QIDS[1])
 
 
-def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) -> None:
+def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Make) -> None:
     # X11: hermes failed, yet the human answered: told, note owed, the file to go (the
     # Watcher then never offers that version again: one note per version)
     rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
-    rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
+    _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
+    rig.store.close(QIDS[0], None, owner=child, undelivered_at=time.time())
+    rig.ref.tell(QuestionClosed(QIDS[0], None, child))
     name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
+    rig.ref.tell(seen(QIDS[0]))
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
     record = rig.logger.expect(LogEvent).record
     assert (record.qid, record.event, record.detail) == (
@@ -412,82 +505,72 @@ def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Any) 
     rig.watcher.assert_nothing()
 
 
-def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Any) -> None:  # X10
-    rig = make(max_open_per_asker=2)
-    rig.opened(prompt_envelope(QIDS[0]))
-    second = rig.opened(prompt_envelope(QIDS[1]))
-    assert rig.admit(prompt_envelope(QIDS[2])) == "builder has 2 open questions; try again later"
-    assert [spec.qid for spec in rig.store.load()[0]] == QIDS[:2]  # nothing stored
-    other = prompt_envelope(QIDS[3], sender_name="reviewer")
-    assert rig.admit(other) is None
-    assert rig.questions.expect(StartQuestion).spec.qid == QIDS[3]
-    assert rig.admit(prompt_envelope(QIDS[1])) is None  # its own resend: acked (X2)
-    rig.ref.tell(QuestionClosed(QIDS[1], "answered", second.child))
-    assert rig.admit(prompt_envelope(QIDS[4])) is None  # room again once one closed
-    assert rig.questions.expect(StartQuestion).spec.qid == QIDS[4]
-
-
-def test_an_answer_being_handled_when_all_questions_restart_is_offered_again(make: Any) -> None:
-    # the QuestionSupervisor (or the Router) crashed while a question handled an answer:
-    # its file is asked for again at once, for the question started anew from its row
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.opened(prompt_envelope(QIDS[1]))
-    name = f"{QIDS[0]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.depth()
-    assert isinstance(start.slot.held[0], AnswerArrived)
-    rig.ref.tell(RestoreQuestions())
-    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)  # only the one being handled
-    again = rig.questions.expect(StartQuestion)
-    assert again.spec.qid == QIDS[0] and again.child != start.child
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[0]), SIG))
-    rig.depth()
-    assert isinstance(again.slot.held[0], AnswerArrived)
-    rig.watcher.assert_nothing()
-
-
-def test_a_restarted_router_has_every_open_questions_file_looked_at_again(make: Any) -> None:
-    # the Router itself crashed: it cannot know which answer its old questions were
-    # handling, so each open qid's file is offered again at once (the first start's deep
-    # rescan covers that case on its own)
-    first = make()
-    first.opened(prompt_envelope(QIDS[0]))
-    first.opened(prompt_envelope(QIDS[1]))
-    first.watcher.assert_nothing()  # admission's reply comes after its turn's tells
-    again = make(resume_owed=False)  # the same state file, as a restarted child
-    offered = {again.watcher.expect(OfferAgain).name for _ in range(2)}
-    assert offered == {f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"}
-    fresh = make(path="state-other.sqlite3")
-    fresh.depth()  # its start (the restore) is over
-    fresh.watcher.assert_nothing()
-
-
-def test_siblings_are_not_read_when_our_own_memory_decides(make: Any) -> None:  # X11, X6
+def test_siblings_are_not_read_when_our_own_memory_decides(make: Make) -> None:  # X11, X6
     # reading other bridges' state files costs I/O on the actors' thread: only when needed
     asked: list[str] = []
-    rig = make(sibling=lambda qid: asked.append(qid) or "b")
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.store.close(QIDS[0], None, owner=start.child, undelivered_at=time.time())
-    rig.ref.tell(QuestionClosed(QIDS[0], None, start.child))
-    rig.ref.tell(AnswerFileSeen(f"{QIDS[0]}.answer.json", answer_file(QIDS[0]), SIG))
+
+    def sibling(qid: str) -> str:
+        asked.append(qid)
+        return "b"
+
+    rig = make(sibling=sibling)
+    _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
+    rig.store.close(QIDS[0], None, owner=child, undelivered_at=time.time())
+    rig.ref.tell(QuestionClosed(QIDS[0], None, child))
+    rig.ref.tell(seen(QIDS[0]))
     assert rig.watcher.expect(RemoveAnswerFile).name == f"{QIDS[0]}.answer.json"  # X11's way
-    rig.ref.tell(AnswerFileSeen(f"{QIDS[1]}.answer.json", answer_file(QIDS[1]), SIG))
+    rig.ref.tell(seen(QIDS[1]))
     assert rig.watcher.expect(DisposeAnswerFile).verdict == OwnedElsewhere(QIDS[1], "b")
     assert asked == [QIDS[1]]
 
 
-# -- what a start restores, and what it says (C18) --------------------------------
+# -- what a start restores, and what it says (C18) ------------------------------------
+
+
+def test_a_start_restores_open_questions_and_sends_what_is_owed(make: Make) -> None:
+    # pending questions are sent to Telegram again (at least once), owed notes too
+    first = make()
+    first.opened(prompt_envelope(QIDS[0]))
+    _spec, second, _question = first.opened(prompt_envelope(QIDS[1]))
+    first.store.set_state(QIDS[1], "delivered", owner=second)
+    note = SendText(QIDS[2], "ℹ note", "late_note", note_id="late:x")
+    first.store.owe_note(note)
+    first.ref.stop()
+    rig = make()
+    rig.depth()  # the restore (before the first message) is over
+    assert list(rig.started) == QIDS[:2]
+    starts = [rig.started[qid][0] for qid in QIDS[:2]]
+    assert [spec.state for spec, _child, _q in starts] == [None, "delivered"]
+    told = [rig.delivery.expect(SendText) for _ in range(2)]
+    assert told[0] == note
+    assert (told[1].qid, told[1].purpose, told[1].reply_to) == (
+        QIDS[0], "question", slot_of(rig, QIDS[0]))
+    rig.delivery.assert_nothing()
+    # the rows now belong to the new children
+    assert rig.store.open_spec(QIDS[1], starts[1][1]) is not None
+
+
+def test_a_restored_question_still_pending_is_sent_to_telegram_again(make: Make) -> None:
+    # it may or may not have reached Telegram before the stop: at least once
+    first = make()
+    _spec, child, _question = first.opened(prompt_envelope(QIDS[0]))
+    first.store.set_state(QIDS[0], "pending", owner=child)
+    first.ref.stop()
+    rig = make()
+    sent = rig.delivery.expect(SendText)
+    [(spec, _child, _q)] = rig.started[QIDS[0]]
+    assert spec.state == "pending"
+    assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", slot_of(rig, QIDS[0]))
 
 
 def test_a_start_resends_owed_responses_remembers_closed_states_and_says_so(
-    make: Any, capsys: pytest.CaptureFixture[str]
+    make: Make, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first = make()
     first.opened(prompt_envelope(QIDS[0]))
-    closing = first.opened(prompt_envelope(QIDS[1]))
-    owed = SendResponse(prompt_envelope(QIDS[1]), None, "cancelled by the asker", closing.child)
-    assert first.store.close(QIDS[1], "cancelled", owner=closing.child, response=owed)
+    _spec, closing, _question = first.opened(prompt_envelope(QIDS[1]))
+    owed = SendResponse(prompt_envelope(QIDS[1]), None, "cancelled by the asker", closing)
+    assert first.store.close(QIDS[1], "cancelled", owner=closing, response=owed)
     first.ref.stop()
     capsys.readouterr()
     rig = make()
@@ -495,120 +578,396 @@ def test_a_start_resends_owed_responses_remembers_closed_states_and_says_so(
     rig.depth()
     assert capsys.readouterr().err == (
         "coms-hermes-bridge: info: restored 1 open and 1 closed question(s)\n")
-    name = f"{QIDS[1]}.answer.json"
-    rig.ref.tell(AnswerFileSeen(name, answer_file(QIDS[1]), SIG))
+    rig.ref.tell(seen(QIDS[1]))
     record = _late_records(rig, 1)[0]
     assert (record.qid, record.detail) == (QIDS[1], {"state": "cancelled"})  # as it closed
 
 
 @pytest.mark.parametrize("what", ["only closed", "nothing"])
 def test_the_restore_line_counts_what_there_was_and_is_left_out_for_nothing(
-    make: Any, capsys: pytest.CaptureFixture[str], what: str
+    make: Make, capsys: pytest.CaptureFixture[str], what: str
 ) -> None:
     first = make()
     if what == "only closed":
-        start = first.opened(prompt_envelope(QIDS[0]))
-        first.store.close(QIDS[0], "answered", owner=start.child)
+        _spec, child, _question = first.opened(prompt_envelope(QIDS[0]))
+        first.store.close(QIDS[0], "answered", owner=child)
     first.ref.stop()
     capsys.readouterr()
     make().depth()
-    said = capsys.readouterr().err
-    assert said == ("coms-hermes-bridge: info: restored 0 open and 1 closed question(s)\n"
-                    if what == "only closed" else "")
-
-
-def test_a_restarted_router_restores_without_a_line(
-    make: Any, capsys: pytest.CaptureFixture[str]
-) -> None:  # the line is the daemon's start, not each Router incarnation's
-    first = make()
-    first.opened(prompt_envelope(QIDS[0]))
-    first.ref.stop()
-    capsys.readouterr()
-    rig = make(resume_owed=False)
-    assert rig.questions.expect(StartQuestion).spec.qid == QIDS[0]
-    rig.depth()
-    assert capsys.readouterr().err == ""
-
-
-def test_a_store_that_cannot_take_a_question_is_nacked_in_our_words_and_said(
-    make: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # never a crash: the table is fine, the asker may try again
-    import sqlite3
-
-    rig = make()
-
-    def full(*args: Any, **kwargs: Any) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    monkeypatch.setattr(rig.store, "put_open", full)
-    capsys.readouterr()
-    assert rig.admit(prompt_envelope(QIDS[0])) == NOT_ADMITTED
     assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: error: could not take question {QIDS[0]!r}: "
-        "OperationalError('database or disk is full')\n")
-    assert rig.ref.is_alive() and rig.depth() == 0
+        "coms-hermes-bridge: info: restored 0 open and 1 closed question(s)\n"
+        if what == "only closed" else "")
 
 
-def test_the_memory_of_closed_questions_is_bounded_and_keeps_the_latest(
-    make: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:  # bounded: CLOSED_MEMORY qids remembered (for late files and reused qids)
-    monkeypatch.setattr("coms_hermes_bridge.actors.router.CLOSED_MEMORY", 2)
-    rig = make()
-    for qid in QIDS[:3]:
-        start = rig.opened(prompt_envelope(qid))
-        rig.ref.tell(QuestionClosed(qid, "answered", start.child))
-    rig.depth()
-    assert list(rig.actor.closed) == QIDS[1:3]
-
-
-def test_a_restart_of_an_unknown_or_replaced_question_changes_nothing(make: Any) -> None:
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    rig.ref.tell(QuestionRestarted(QIDS[5], "question:nobody"))  # not open here
-    rig.ref.tell(QuestionRestarted(QIDS[0], "question:an-older-child"))  # not this one
-    rig.depth()
-    assert rig.ref.is_alive() and rig.actor.open[QIDS[0]].child == start.child
-    rig.watcher.assert_nothing()
-
-
-def test_an_unknown_message_names_the_router_and_the_message(make: Any) -> None:
-    rig = make()
-    rig.ref.tell(("no", "such"))
-    assert rig.supervisor.next().error == (
-        "UnknownMessage: router does not take tuple: ('no', 'such')")
-
-
-def test_a_restored_question_still_pending_is_sent_to_telegram_again(make: Any) -> None:
-    # it may or may not have reached Telegram before the stop: at least once
+def test_a_restarted_router_runs_its_questions_afresh_and_has_their_files_looked_at_again(
+    make: Make, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the Router crashed: its questions died with it and start again under new names
+    # (the store's owner guard keeps a leftover from writing); it cannot know which
+    # answer they were handling, so each open qid's file is offered again at once. It
+    # restores without a line (the line is the daemon's start) and sends nothing owed
+    # again (that is the first start's)
     first = make()
-    start = first.opened(prompt_envelope(QIDS[0]))
-    first.store.set_state(QIDS[0], "pending", owner=start.child)
+    _spec, old, _question = first.opened(prompt_envelope(QIDS[0]))
+    first.opened(prompt_envelope(QIDS[1]))
+    first.ref.tell(seen(QIDS[0]))
+    first.depth()
+    first.watcher.assert_nothing()
+    first.store.owe_note(SendText(QIDS[2], "ℹ note", "late_note", note_id="late:x"))
     first.ref.stop()
-    rig = make()
-    again = rig.questions.expect(StartQuestion)
-    assert again.spec.state == "pending"
-    sent = rig.delivery.expect(SendText)
-    assert (sent.qid, sent.purpose, sent.reply_to) == (QIDS[0], "question", again.slot)
+    capsys.readouterr()
+    again = make(incarnation=1)  # the same state file, as a restarted child
+    offered = {again.watcher.expect(OfferAgain).name for _ in range(2)}
+    assert offered == {f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"}
+    [(_spec, new, _question)] = again.started[QIDS[0]]
+    assert new == f"question:{QIDS[0]}:t.1.1" and new != old
+    assert again.store.open_spec(QIDS[0], old) is None  # the old name writes no more
+    again.ref.tell(seen(QIDS[0]))  # the Watcher's answer to OfferAgain
+    again.depth()
+    assert isinstance(again.question(QIDS[0]).next(), AnswerArrived)
+    # both still pending: asked again, at least once; the owed note is not sent again
+    assert [again.delivery.expect(SendText).qid for _ in range(2)] == QIDS[:2]
+    again.delivery.assert_nothing()
+    again.watcher.assert_nothing()
+    assert capsys.readouterr().err == ""
+    again.ref.stop()
+    # a first start offers nothing: the Watcher's first deep rescan covers it
+    fresh = make()
+    fresh.depth()  # its start (the restore) is over
+    fresh.watcher.assert_nothing()
 
 
 def test_a_question_closed_between_the_restores_read_and_its_claim_stays_closed(
-    make: Any, monkeypatch: pytest.MonkeyPatch,
+    make: Make, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # restart-safe both ways: a question that ended meanwhile is never asked again
-    rig = make()
-    start = rig.opened(prompt_envelope(QIDS[0]))
-    assert rig.delivery.expect(SendText).qid == QIDS[0]  # asked once, at admission
-    read = rig.store.load
+    first = make()
+    _spec, child, _question = first.opened(prompt_envelope(QIDS[0]))
+    assert first.delivery.expect(SendText).qid == QIDS[0]  # asked once, at admission
+    first.ref.stop()
+    read = Store.load
 
-    def load_then_close() -> Any:
-        rows = read()
+    def load_then_close(store: Store) -> Any:
+        rows = read(store)
         # the old question ends its row just after the Router read it, before the claim
-        rig.store.close(QIDS[0], "answered", owner=start.child)
+        store.close(QIDS[0], "answered", owner=child)
         return rows
 
-    monkeypatch.setattr(rig.store, "load", load_then_close)
-    rig.ref.tell(RestoreQuestions())
-    assert rig.questions.expect(ResetQuestions) == ResetQuestions()
+    monkeypatch.setattr(Store, "load", load_then_close)
+    rig = make()
     assert rig.depth() == 0
-    rig.questions.assert_nothing()  # not started again
+    assert rig.started == {}  # not started again
     rig.delivery.assert_nothing()  # nor asked again
-    assert read()[0] == []
+    monkeypatch.undo()
+    assert rig.store.load()[0] == []
+
+
+def test_an_unknown_message_names_the_router_and_the_message(make: Make) -> None:
+    rig = make()
+    rig.ref.tell(("no", "such"))
+    assert rig.supervisor.expect(ChildFailed).error == (
+        "UnknownMessage: router does not take tuple: ('no', 'such')")
+
+
+# -- the questions' supervision: restart from the row, replay, bounds, poison (C19) ---
+
+
+class _Relay:
+    """A question's supervisor address: tells the Router, then records it in `reported`."""
+
+    def __init__(self, to: Address, reported: FakeRef) -> None:
+        self.to, self.reported = to, reported
+
+    def tell(self, message: Any) -> None:
+        self.to.tell(message)
+        self.reported.tell(message)
+
+
+class Crashing:
+    """A Router whose questions are Recorders: each tells `seen` what it reads, tagged with
+    its incarnation (0, 1, ... in start order), and crashes on Boom or Short. Each start is
+    recorded (`starts`: spec, name, slot, the Router's address it was wired with), or
+    raises the next of `fails`; what the questions tell the Router is also in `reported`.
+    The restart bound is 3 in 10 s on `clock`; put-off restarts wait on `schedule`. QID
+    is admitted and its row delivered: run as `child` behind `slot`."""
+
+    def __init__(self, make: Make) -> None:
+        self.seen, self.reported = FakeRef("seen"), FakeRef("reported")
+        self.clock, self.schedule = FakeClock(), FakeSchedule()
+        self.starts: list[tuple[QuestionSpec, str, Slot, Address]] = []
+        self.fails: list[Exception] = []
+        self._incarnation = itertools.count()
+        self.rig = make(start_question=self._start, question_restarts=3, window_s=10,
+                        monotonic=self.clock, schedule=self.schedule, now=lambda: NOW)
+        assert self.rig.admit(PROMPT) is None
+        _spec, self.child, self.slot, _router = self.starts[0]
+        assert self.rig.store.set_state(QID, "delivered", owner=self.child)
+
+    def _start(self, wiring: Wiring, spec: QuestionSpec, child: str, slot: Slot) -> Any:
+        self.starts.append((spec, child, slot, wiring.router))
+        if self.fails:
+            raise self.fails.pop(0)
+        return Recorder.start(supervisor=_Relay(wiring.router, self.reported), seen=self.seen,
+                              name=child, incarnation=next(self._incarnation))
+
+    def crash(self, slot: Slot | None = None) -> None:
+        """Crash a question (QID's unless `slot`) and wait until it runs again."""
+        slot = slot or self.slot
+        before = slot.ref
+        slot.tell(Boom())
+        self.restarted(before, slot)
+
+    def restarted(self, before: Any, slot: Slot | None = None) -> None:
+        slot = slot or self.slot
+        wait_for(lambda: slot.ref not in (None, before), what="the question restarted")
+
+
+@pytest.fixture
+def crashing(make: Make) -> Crashing:
+    return Crashing(make)
+
+
+def test_a_crashed_question_restarts_from_its_row_with_its_unread_mail_first(
+    crashing: Crashing, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the store row is the one record of its state; what it had not read is replayed to
+    # the new incarnation ahead of what came later, through the same slot
+    c = crashing
+    release = threading.Event()
+    before = c.slot.ref
+    for message in (Hold(release), Boom(), "m1", "m2", "m3"):
+        c.slot.tell(message)
+    release.set()
+    c.restarted(before)
+    c.slot.tell("m4")
+    assert [c.seen.next() for _ in range(4)] == [(1, "m1"), (1, "m2"), (1, "m3"), (1, "m4")]
+    assert [spec.state for spec, _child, _slot, _router in c.starts] == [None, "delivered"]
+    assert [(child, slot is c.slot, router is c.rig.me)
+            for _spec, child, slot, router in c.starts] == [(c.child, True, True)] * 2
+    assert c.rig.depth() == 1
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: warning: {c.child} crashed (RuntimeError: boom); restarting it\n")
+
+
+def test_a_poison_question_is_closed_with_an_error_and_the_rest_lives_on(
+    crashing: Crashing, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # past its bound the question is closed, its asker told, the event logged, the row
+    # gone (not restored), the Router alive and the question's address retired
+    c = crashing
+    for _ in range(3):
+        c.crash()
+    capsys.readouterr()
+    c.slot.tell(Boom())
+    owed = c.rig.peer.expect(SendResponse)
+    assert owed == SendResponse(
+        PROMPT, None, "bridge failed on this question: RuntimeError: boom", c.child)
+    record = c.rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event, record.detail) == (
+        QID, "question_failed", {"error": "RuntimeError: boom"})
+    assert record.at == "2026-11-30T12:00:00.000Z"
+    assert c.rig.depth() == 0 and c.rig.actor.closed == {}  # no state it closed in (C19)
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: error: question {QID} crashed 4 times within 10s; "
+        "closed it with an error (RuntimeError: boom)\n")
+    assert c.rig.store.load() == ([], [])  # not restored on the next start
+    assert c.rig.store.outbox() == [owed]  # owed until the Peer has handed it over
+    assert len(c.starts) == 4
+    c.slot.tell("dropped")
+    assert c.slot.held == ()
+    # the Router takes the next question as before
+    assert c.rig.admit(prompt_envelope(QIDS[1])) is None and c.rig.depth() == 1
+
+
+def test_restarts_spread_over_time_are_not_poison(crashing: Crashing) -> None:
+    c = crashing
+    for _ in range(3):
+        c.crash()
+    c.clock.now += 10.5
+    c.crash()
+    c.rig.depth()
+    c.rig.peer.assert_nothing()
+
+
+def test_each_question_has_a_restart_bound_of_its_own(crashing: Crashing) -> None:
+    # another question's crashes do not count toward this one's bound
+    c = crashing
+    assert c.rig.admit(prompt_envelope(QIDS[1])) is None
+    other = c.starts[-1][2]
+    for slot in (c.slot, other, c.slot, other, c.slot, other):  # 3 crashes each
+        c.crash(slot)
+    assert c.rig.depth() == 2
+    c.rig.peer.assert_nothing()  # neither is poison: 3 crashes each, within each bound
+
+
+def test_a_shortage_is_retried_with_backoff_not_counted(crashing: Crashing) -> None:
+    # a shortage (no file descriptor, say) is retried after a growing backoff, past the
+    # bound of 3, and what was told meanwhile waits for the new incarnation, in order
+    c = crashing
+    release = threading.Event()
+    for attempt in range(5):
+        before = c.slot.ref
+        if attempt == 0:
+            c.slot.tell(Hold(release))
+        c.slot.tell(Short(errno.EMFILE))
+        if attempt == 0:  # unread work waits out the backoff and comes back in order
+            c.slot.tell("u1")
+            c.slot.tell("u2")
+            release.set()
+        wait_for(lambda n=attempt: len(c.schedule.delays) == n + 1,  # type: ignore[misc]
+                 what="the restart put off")
+        c.slot.tell(f"while down {attempt}")
+        c.schedule.fire()
+        c.restarted(before)
+        if attempt == 0:
+            assert [c.seen.next(), c.seen.next()] == [(1, "u1"), (1, "u2")]
+        assert c.seen.next() == (attempt + 1, f"while down {attempt}")
+    assert c.schedule.delays == [0.1, 0.2, 0.4, 0.8, 1.6]
+    c.rig.depth()
+    c.rig.peer.assert_nothing()
+
+
+def test_a_question_that_cannot_start_is_restarted_then_given_up_with_its_error(
+    crashing: Crashing, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as if it had crashed at once: counted, and past its bound the asker is told why
+    c = crashing
+    capsys.readouterr()
+    c.fails.extend(ValueError("bad spec") for _ in range(10))
+    before = c.slot.ref
+    c.slot.tell(Boom())
+    owed = c.rig.peer.expect(SendResponse)
+    assert owed == SendResponse(
+        PROMPT, None, "bridge failed on this question: ValueError: bad spec", c.child)
+    assert len(c.starts) == 1 + 3  # the first start, then three restarts, each failing
+    assert before is not None and not before.is_alive()
+    assert c.rig.depth() == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"coms-hermes-bridge: warning: {c.child} crashed (RuntimeError: boom); restarting it",
+        f"coms-hermes-bridge: warning: {c.child} crashed (ValueError: bad spec); restarting it",
+        f"coms-hermes-bridge: warning: {c.child} crashed (ValueError: bad spec); restarting it",
+        f"coms-hermes-bridge: error: question {QID} crashed 4 times within 10s; "
+        "closed it with an error (ValueError: bad spec)",
+    ]
+
+
+def test_a_question_with_no_thread_to_start_on_waits_out_a_backoff_with_its_mail(
+    crashing: Crashing,
+) -> None:
+    c = crashing
+    c.fails.append(RuntimeError("can't start new thread"))
+    before = c.slot.ref
+    release = threading.Event()
+    c.slot.tell(Hold(release))
+    c.slot.tell(Boom())
+    c.slot.tell("unread")
+    release.set()
+    wait_for(lambda: c.schedule.delays, what="the start put off")
+    assert c.schedule.delays == [0.1]  # a shortage: backoff, not counted
+    c.schedule.fire()
+    c.restarted(before)
+    assert c.seen.next() == (1, "unread")
+
+
+def test_a_poison_question_not_recorded_still_tells_its_asker(
+    crashing: Crashing, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = crashing
+
+    def close(*args: Any, **kwargs: Any) -> bool:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(c.rig.store, "close", close)
+    c.fails.extend(ValueError("bad") for _ in range(10))
+    c.slot.tell(Boom())
+    assert c.rig.peer.expect(SendResponse) == SendResponse(
+        PROMPT, None, "bridge failed on this question: ValueError: bad", c.child)
+    record = c.rig.logger.expect(LogEvent).record
+    assert (record.event, record.detail) == ("question_failed", {"error": "ValueError: bad"})
+    assert c.rig.depth() == 0
+    assert (f"coms-hermes-bridge: could not record question {QID} as failed: "
+            "OSError('disk I/O error')\n") in capsys.readouterr().err
+
+
+def test_a_question_whose_row_is_gone_is_not_restarted_and_takes_no_more_mail(
+    crashing: Crashing,
+) -> None:
+    # replaced by a repeated qid meanwhile: nothing to resume
+    c = crashing
+    c.rig.store.put_open(c.starts[0][0], owner="question:someone-else")
+    c.slot.tell(Boom())
+    assert c.reported.expect(ChildFailed).child == c.child
+    assert c.rig.depth() == 0 and c.rig.actor.closed == {}
+    assert len(c.starts) == 1  # not started again
+    c.slot.tell("late")
+    assert c.slot.held == ()  # retired: nothing waits for a successor
+    c.seen.assert_nothing()
+    c.rig.peer.assert_nothing()
+
+
+def test_word_from_a_question_it_no_longer_runs_changes_nothing(
+    crashing: Crashing, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a question that crashed after it closed, a restart put off for it, the last words of
+    # one that is gone, and anything from a name it never gave out: all let be
+    c = crashing
+    assert c.rig.admit(prompt_envelope(QIDS[1])) is None
+    other = c.starts[-1][1]
+    release = threading.Event()
+    before = c.slot.ref
+    assert before is not None
+    c.slot.tell(Hold(release))
+    c.slot.tell(Boom())
+    c.rig.store.close(QID, "answered", owner=c.child)
+    c.rig.ref.tell(QuestionClosed(QID, "answered", c.child))
+    assert c.rig.depth() == 1
+    release.set()
+    assert c.reported.expect(ChildFailed).child == c.child  # crashed after its close
+    for message in (
+        RestartChild(c.child, ("x",)),
+        QuestionClosed(QID, "timeout", c.child),
+        ChildFailed(f"question:{QIDS[1]}:an-older-child", "RuntimeError: boom"),
+        RestartChild(f"question:{QIDS[1]}:an-older-child"),
+        QuestionClosed(QIDS[1], "answered", f"question:{QIDS[1]}:an-older-child"),
+        ChildFailed(f"question:{QIDS[5]}:t.0.9", "RuntimeError: boom"),
+        ChildFailed("no-question-at-all", "RuntimeError: boom"),
+    ):
+        c.rig.ref.tell(message)
+    assert c.rig.depth() == 1
+    assert c.rig.ref.is_alive() and c.rig.actor.open[QIDS[1]].child == other
+    assert c.rig.actor.closed == {QID: "answered"}
+    assert len(c.starts) == 2  # nothing started again
+    c.rig.peer.assert_nothing()
+    c.rig.watcher.assert_nothing()
+    c.seen.assert_nothing()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_question_loses_its_put_off_restart(crashing: Crashing) -> None:
+    c = crashing
+    c.slot.tell(Short())
+    wait_for(lambda: c.schedule.delays, what="the restart put off")
+    c.rig.ref.tell(QuestionClosed(QID, "cancelled", c.child))
+    c.rig.depth()
+    assert c.schedule.cancelled == [0]
+
+
+def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(crashing: Crashing) -> None:
+    c = crashing
+    before = c.slot.ref
+    c.slot.tell(Short())
+    wait_for(lambda: c.schedule.delays, what="the restart put off")
+    c.schedule.fire()
+    c.restarted(before)
+    c.rig.ref.stop(block=True, timeout=5)
+    assert c.schedule.cancelled == []
+
+
+def test_a_stopping_router_stops_its_questions(crashing: Crashing) -> None:
+    # they die with the table that runs them; a successor starts them again
+    c = crashing
+    question = c.slot.ref
+    assert question is not None
+    c.rig.ref.stop(timeout=5)
+    wait_for(lambda: not question.is_alive(), what="the question stopped with it")
+    c.slot.tell("dropped")
+    assert c.slot.held == ()
