@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
+import pykka
 import pytest
 
+from coms_hermes_bridge.actors import supervisor
+from coms_hermes_bridge.actors.runtime import Slot
+from coms_hermes_bridge.messages.commands import QueueDepthQuery
 from tests.bridge_process import request
 from tests.fakes import wait_for
 from tests.tree_rig import Boom, Tree, running_tree
@@ -140,3 +146,119 @@ def test_poison_question_is_closed_with_an_error_and_the_daemon_lives_on(tree: T
     assert tree.asker.response()["response"] == {"kind": "freeform", "text": "fine"}
     assert tree.fatal == []
     assert tree.tree.root.is_alive()
+
+
+def test_the_open_count_is_the_routers_and_none_while_it_restarts(tree: Tree) -> None:
+    # C21: the watchdog's proof of life is the Router's own count
+    assert tree.tree.queue_depth() == 0
+    tree.ask("counted?")
+    assert tree.tree.queue_depth() == 1
+    restarting = supervisor.Tree(tree.tree.root, {"router": Slot("router")})
+    with pytest.raises(TimeoutError, match=r"^the router is restarting$"):
+        restarting.queue_depth()
+
+
+def test_a_router_that_does_not_answer_the_count_in_time_is_a_timeout() -> None:
+    class Silent:
+        ref = object()
+
+        def __init__(self) -> None:
+            self.told: list[Any] = []
+
+        def tell(self, message: Any) -> None:
+            self.told.append(message)
+
+    silent = Silent()
+    mute = supervisor.Tree(None, {"router": silent})  # type: ignore[arg-type, dict-item]
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        mute.queue_depth(0.05)
+    assert time.monotonic() - started < 5
+    assert [type(m) for m in silent.told] == [QueueDepthQuery]
+
+
+def test_by_default_the_sixth_crash_within_ten_seconds_ends_the_daemon() -> None:
+    # the root's intensity, as the daemon starts it: 5 restarts in 10 s, the 6th is fatal
+    with running_tree(options={}) as tree:
+        for _ in range(5):
+            tree.crash("logger")
+        assert tree.fatal == []
+        tree.tree.slots["logger"].tell(Boom())
+        assert tree.fatal_event.wait(10)
+        assert tree.fatal[0].startswith("logger crashed 6 times within 10s; last error: ")
+
+
+def test_the_tree_runs_on_the_clocks_and_under_the_run_tag_it_is_given() -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    ahead = time.time() + 3600  # an hour ahead: the deadline follows the injected clock
+    with running_tree(options={"now": lambda: at, "clock": lambda: ahead}) as tree:
+        qid = tree.ask("whose clock?")
+        question = tree.router.open[qid]
+        # the question's name carries the daemon's run tag (the owner guard across runs)
+        assert question.child == f"question:{qid}:{tree.session_id[-8:]}.0.1"
+        spec = tree.store.open_spec(qid, question.child)
+        assert spec is not None and spec.deadline == ahead + spec.timeout_ms / 1000
+        wait_for(lambda: any(r["event"] == "question_received" for r in tree.log_records()),
+                 what="question_received logged")
+        assert tree.log_records()[0]["at"] == "2026-01-02T03:04:05.000Z"
+
+
+def test_the_roots_stop_returns_once_every_child_has_stopped(tree: Tree) -> None:
+    refs = [slot.ref for slot in tree.tree.slots.values()]
+    assert all(ref is not None and ref.is_alive() for ref in refs)
+    tree.tree.root.stop()
+    assert [ref.is_alive() for ref in refs if ref is not None] == [False] * len(refs)
+    assert pykka.ActorRegistry.get_by_class(supervisor.RootSupervisor) == []
+
+
+class Monotonic:
+    """The supervisors' clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _crash_question(tree: Tree, qid: str) -> None:
+    """Crash the question's actor; return once it is running again or gone for good."""
+    question = tree.router.open[qid]
+    before = question.slot.ref
+    question.slot.tell(Boom())
+    wait_for(lambda: tree.router.open.get(qid) is None or question.slot.ref not in (None, before),
+             what="the question restarted or given up")
+
+
+@pytest.mark.parametrize(("window_s", "poison"), [(100, True), (10, False)])
+def test_the_questions_restart_bound_window_and_clock_are_the_trees(
+    window_s: float, poison: bool
+) -> None:
+    # a second crash 20 s (on the tree's clock) after the first: within a 100 s window the
+    # question is poison (one restart allowed), past a 10 s one it is restarted again
+    clock = Monotonic()
+    options = {"question_restarts": 1, "window_s": window_s, "monotonic": clock}
+    with running_tree(options=options) as tree:
+        qid = tree.ask("crash twice?")
+        wait_for(lambda: tree.state(qid) == "delivered", what="delivered")
+        _crash_question(tree, qid)
+        assert tree.state(qid) == "delivered"
+        clock.now += 20
+        _crash_question(tree, qid)
+        if poison:
+            assert tree.asker.response_for(qid)["error"].startswith(
+                "bridge failed on this question: ")
+        else:
+            assert tree.state(qid) == "delivered"
+            tree.answer(qid, "still here")
+            assert tree.asker.response_for(qid)["response"] == {"kind": "freeform",
+                                                                "text": "still here"}
+
+
+def test_the_roots_intensity_counts_on_the_trees_clock() -> None:
+    clock = Monotonic()
+    with running_tree(options={"max_restarts": 1, "window_s": 10, "monotonic": clock}) as tree:
+        for _ in range(3):  # each crash 20 s after the last: never two within the window
+            tree.crash("logger")
+            clock.now += 20
+        assert tree.fatal == []

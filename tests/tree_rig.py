@@ -44,6 +44,7 @@ class Tree:
     endpoint: str
     fatal: list[str]
     fatal_event: threading.Event
+    session_id: str = ""
 
     def ask(self, text: str) -> str:
         env = self.asker.prompt_envelope(text)
@@ -88,8 +89,9 @@ class Tree:
 
 
 @contextmanager
-def running_tree(*flags: str) -> Iterator[Tree]:
-    """Start the tree (with daemon `flags`), wait for the peer, stop it all afterwards."""
+def running_tree(*flags: str, options: dict[str, Any] | None = None) -> Iterator[Tree]:
+    """Start the tree (with daemon `flags`), wait for the peer, stop it all afterwards.
+    `options` go to start_tree (3 restarts in 10 s unless they say otherwise)."""
     base = Path(tempfile.mkdtemp(prefix="chs", dir="/tmp"))
     hermes = FakeHermes(base / "bin")
     env = {"HOME": str(base / "h"), "PI_COMS_DIR": str(base / "c")}
@@ -106,15 +108,13 @@ def running_tree(*flags: str) -> Iterator[Tree]:
         event.set()
 
     store = Store.open(config.state_path)
-    actors = start_tree(
-        config=config, identity=identity, store=store, on_fatal=on_fatal, max_restarts=3,
-        window_s=10,
-    )
+    actors = start_tree(config=config, identity=identity, store=store, on_fatal=on_fatal,
+                        **({"max_restarts": 3, "window_s": 10} if options is None else options))
     entry = config.coms_dir / "projects" / "default" / "agents" / "user-remote.json"
     wait_for(entry.exists, what="peer ready")
     asker = Asker.beside(base)
     yield Tree(actors, store, asker, hermes, config.questions_dir, str(identity.endpoint), fatal,
-               event)
+               event, identity.session_id)
     pykka.ActorRegistry.stop_all()
     store.shutdown()
     asker.close()
