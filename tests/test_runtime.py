@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,11 +252,14 @@ def test_a_fault_in_a_callback_is_one_line_on_stderr_and_the_loop_goes_on(
     passed(edge)
     assert seen == [1, 2, 3]
     source = f"{__file__}:{bad_call.__code__.co_firstlineno}"
-    assert capfd.readouterr().err.splitlines() == [
+    lines = capfd.readouterr().err.splitlines()
+    # asyncio names a callback by its source where it can find one (a plain method has none,
+    # the wrapper a mutation tool puts around it has): the rest of the line is exact
+    assert re.fullmatch(r"coms-hermes-bridge: test-edge: Exception in callback Timer\._fire\(\)"
+                        r"( at \S+)?: RuntimeError\('bad action'\)", lines.pop(1))
+    assert lines == [
         "coms-hermes-bridge: test-edge: Exception in callback "
         f"{bad_call.__qualname__}() at {source}: RuntimeError('bad call')",
-        "coms-hermes-bridge: test-edge: Exception in callback Timer._fire(): "
-        "RuntimeError('bad action')",
         "coms-hermes-bridge: test-edge: lost task: ValueError('v')",
         "coms-hermes-bridge: test-edge: no exception",
     ]
