@@ -21,7 +21,7 @@ import dataclasses
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,12 +60,9 @@ from ..messages.contract import (
     NOT_ADMITTED,
     Accepted,
     AlreadyOpen,
-    Answering,
-    Late,
     OwnedElsewhere,
     Refused,
     Rejected,
-    ToValidate,
     Undelivered,
     admission,
     answer_name,
@@ -89,7 +86,6 @@ from ..messages.contract import (
     timeout_error,
     timeout_note,
     transition,
-    triage_answer,
     undelivered_note,
     validate_answer,
 )
@@ -126,31 +122,13 @@ def failed_error(error: str) -> str:
 
 @dataclass(slots=True)
 class OpenQuestion:
-    """Where to reach one open question, whose it is (X2), and whether it is handling an
-    answer. Its state is its row's and its actor's, not the Router's."""
+    """Where to reach one open question, and whose it is (X2). Its state is its row's and
+    its actor's; which answer file it handles is the Watcher's to know."""
 
     qid: str
     child: str
     slot: Slot
     prompt: PromptEnvelope
-    answering: bool = False
-
-
-class _Answering(Mapping[str, bool]):
-    """Which open questions handle an answer: a view of the table, not a copy, so routing
-    one answer costs the same with 10 or 10,000 open."""
-
-    def __init__(self, table: dict[str, OpenQuestion]) -> None:
-        self._table = table
-
-    def __getitem__(self, qid: str) -> bool:
-        return self._table[qid].answering
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table)
-
-    def __len__(self) -> int:
-        return len(self._table)
 
 
 class QuestionRouter(PooledChild):
@@ -356,15 +334,15 @@ class QuestionRouter(PooledChild):
             self._restart(question, unread)
 
     def _restart(self, question: OpenQuestion, unread: tuple[Any, ...]) -> None:
-        """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. The
-        answer it was handling may have died with it: its file is offered again now."""
+        """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. An
+        answer it was handling may have died with it: its file, if any, is offered again
+        now (the Watcher hands a version on once; a second sighting of the file that
+        answered comes back from the closed question and is removed, not noted)."""
         spec = self.w.store.open_spec(question.qid, question.child)
         if spec is None:
             self._forget(question)
             return
-        if question.answering:
-            self.w.watcher.tell(OfferAgain(answer_name(question.qid)))
-            question.answering = False
+        self.w.watcher.tell(OfferAgain(answer_name(question.qid)))
         self._spawn(question, spec, unread)
 
     def _give_up(self, question: OpenQuestion, verdict: str, error: str) -> None:
@@ -396,33 +374,27 @@ class QuestionRouter(PooledChild):
     # -- answers ------------------------------------------------------------
 
     def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
-        verdict = triage_answer(name, _Answering(self.open), self.closed)
+        """C9: the name decides before a byte is parsed; only an open question's file is."""
+        verdict = validate_answer(name, content, self.open)
         match verdict:
-            case Answering():
-                return  # the same file seen twice is handled once
-            case Late(qid=qid):
-                if self.w.store.answered_by(qid) == (name, signature):
-                    # the very file that answered it, offered again before its removal
-                    self.w.watcher.tell(RemoveAnswerFile(name, signature))
-                else:
-                    note = SendText(qid, late_note(qid), "late_note",
-                                    note_id=f"late:{qid}:{ULID()}")
-                    self._noted(name, signature, note, "late_answer", {"state": verdict.state})
+            case Accepted(qid=qid, answer=answer):
+                self.open[qid].slot.tell(AnswerArrived(answer, name, signature))
             case Rejected(reason="foreign_qid", qid=str(qid)):
-                self._foreign(name, signature, qid)
+                self._not_open(name, signature, qid)
             case Rejected():
                 self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
-            case ToValidate(qid=qid):
-                checked = validate_answer(name, content, self.open)
-                if isinstance(checked, Accepted):
-                    question = self.open[qid]
-                    question.answering = True
-                    question.slot.tell(AnswerArrived(checked.answer, name, signature))
-                else:
-                    self.w.watcher.tell(DisposeAnswerFile(name, signature, checked))
 
-    def _foreign(self, name: str, signature: FileSignature, qid: str) -> None:
-        """Neither open nor closed here: ours undelivered (X11), a sibling's (X6), or foreign."""
+    def _not_open(self, name: str, signature: FileSignature, qid: str) -> None:
+        """Closed here (late, C15), ours undelivered (X11), a sibling's (X6), or foreign."""
+        state = self.closed.get(qid)
+        if state is not None:
+            if self.w.store.answered_by(qid) == (name, signature):
+                # the very file that answered it, offered again before its removal
+                self.w.watcher.tell(RemoveAnswerFile(name, signature))
+            else:
+                note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
+                self._noted(name, signature, note, "late_answer", {"state": state})
+            return
         undelivered = self.w.store.undelivered(qid, self.w.clock())
         # siblings' files are read only when our own memory does not decide it
         verdict = foreign_verdict(qid, undelivered, None if undelivered else self.sibling(qid))
@@ -579,10 +551,9 @@ class QuestionActor(PooledChild):
                                 answer_file=answer_file, note=note, undelivered_at=undelivered_at)
         if not owned:
             # the row is another actor's now (restarted under new names, or closed for
-            # good): this one does nothing more in the qid's name
-            self.release()
-            self.w.router.tell(QuestionClosed(self.qid, None, self.child_name))
-            self.stop()
+            # good): this one ends, claiming no state, and does nothing more in its name
+            self.state = None
+            self._close()
             return False
         self.state = state
         self._log(event, detail)
