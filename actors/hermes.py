@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import errno
 import functools
 import itertools
 import os
@@ -189,8 +188,6 @@ NOTE_MEMORY = 1_000
 HEAL_REPORT_INTERVAL_S = 10.0
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _ASIDE = itertools.count(1)  # names for versions being removed (never answer names)
-# what is at a name when it is not an answer to read
-_GONE, _DIRECTORY, _NOT_A_FILE, _FILE = "gone", "directory", "not a regular file", "regular file"
 
 
 def _signature(st: os.stat_result) -> FileSignature:
@@ -299,8 +296,8 @@ class WatcherActor(PooledChild):
 
     def on_receive(self, message: Any) -> None:
         match message:
-            case FilesChanged(names=names):
-                for name in dict.fromkeys(names):
+            case FilesChanged(names=names):  # (each name once: _events made them so)
+                for name in names:
                     self._examine(name)
             case Rescan(deep=True):
                 self._deep_queued = False
@@ -423,12 +420,9 @@ class WatcherActor(PooledChild):
                 self._tracked.popitem(last=False)
         return tracked
 
-    def _waited(self, name: str, window_s: float) -> bool:
-        return self.clock() - self._track(name).first_seen >= window_s
-
     def _grace_over(self, name: str) -> bool:
         """C10: has the file had its grace window since it was first seen?"""
-        return self._waited(name, grace_ms(self.poll_ms) / 1000)
+        return self.clock() - self._track(name).first_seen >= grace_ms(self.poll_ms) / 1000
 
     def _examine(self, name: str) -> None:
         qid = qid_of_name(name)
@@ -440,64 +434,46 @@ class WatcherActor(PooledChild):
             if tracked.doomed:
                 self._remove_judged(name, tracked.handed)  # judged once: never offered again
                 return
-        if isinstance(qid, Rejected):  # a bad name's file is never read
-            read: tuple[bytes | None, FileSignature] | str | None = self._kind(name)
-        else:
-            self._track(name)  # C10's grace runs from the first sighting
+        if not isinstance(qid, Rejected):  # a bad name's file is never read
+            tracked = self._track(name)  # C10's grace runs from the first sighting
             read = self._read(name)
-        if read == _GONE:
-            self._tracked.pop(name, None)
-        elif read == _DIRECTORY:
-            return  # not ours to remove; nothing the gateway writes
-        elif read == _NOT_A_FILE:
-            # a symlink, FIFO or socket is never an answer (and is not followed); only
-            # that very one goes, never an answer renamed over it meanwhile
-            if self._grace_over(name):
-                try:
-                    version = _signature(os.lstat(self._prefix + name))
-                except OSError:
-                    return
-                self._reject(name, "invalid_path", None, version)
-        elif isinstance(qid, Rejected):
-            if self._grace_over(name):  # a writer's temporary name may be renamed any moment
-                self._reject(name, qid.reason, None)
-        elif isinstance(read, tuple):
-            content, signature = read
-            tracked = self._track(name)
-            tracked.handed, tracked.resend_at = signature, self.clock() + self.reoffer_s
-            self.w.router.tell(AnswerFileSeen(name, content, signature))
-        # else: unsteady or unreadable for now; its next event or a rescan brings it back
-
-    def _kind(self, name: str) -> str:
+            if read is not None:
+                content, signature = read
+                tracked.handed, tracked.resend_at = signature, self.clock() + self.reoffer_s
+                self.w.router.tell(AnswerFileSeen(name, content, signature))
+                return
+        # not read: what is there decides, and the version rejected is the one looked at
+        # (never an answer renamed over it meanwhile)
         try:
             st = os.lstat(self._prefix + name)
-        except OSError:
-            return _GONE  # or unreachable: forgotten, as if gone; a later event brings it back
-        if stat.S_ISDIR(st.st_mode):
-            return _DIRECTORY
-        return _FILE if stat.S_ISREG(st.st_mode) else _NOT_A_FILE
+        except OSError:  # gone (or unreachable): forgotten; a later event brings it back
+            self._tracked.pop(name, None)
+            return
+        if stat.S_ISREG(st.st_mode):
+            # a writer's temporary name may be renamed any moment; a good name's file is
+            # unsteady or unreadable for now: its next event or a rescan brings it back
+            if isinstance(qid, Rejected) and self._grace_over(name):
+                self._reject(name, qid.reason, None, _signature(st))
+        elif not stat.S_ISDIR(st.st_mode) and self._grace_over(name):
+            # a symlink, FIFO or socket is never an answer (and is not followed); a
+            # directory is not ours to remove (nothing the gateway writes)
+            self._reject(name, "invalid_path", None, _signature(st))
 
-    def _read(self, name: str) -> tuple[bytes | None, FileSignature] | str | None:
-        """The bytes (None over the limit: not read) and the version they came from; or
-        what is there when it is no regular file; None when it cannot be read now."""
+    def _read(self, name: str) -> tuple[bytes | None, FileSignature] | None:
+        """The bytes (None over the limit: not read) and the version they came from; None
+        when it is no regular file or cannot be read whole now."""
         path = self._prefix + name
         for _ in range(_READ_ATTEMPTS):
             try:
                 # O_NONBLOCK, O_NOFOLLOW: a FIFO or a symlink swapped in is no answer;
                 # O_NOCTTY: nor is a terminal, which must not become ours
                 fd = os.open(path, _OPEN_FLAGS)
-            except FileNotFoundError:
-                return _GONE
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
-                    return _NOT_A_FILE
-                # not openable (no permission, a device on a nodev mount): a regular
-                # file is tried again later; anything else is no answer
-                return self._kind(name)
+            except OSError:
+                return None
             try:
                 before = os.fstat(fd)
                 if not stat.S_ISREG(before.st_mode):
-                    return _DIRECTORY if stat.S_ISDIR(before.st_mode) else _NOT_A_FILE
+                    return None
                 content: bytes | None = None
                 if before.st_size <= ANSWER_FILE_LIMIT:
                     content = _read_at_most(fd, ANSWER_FILE_LIMIT)
@@ -532,10 +508,10 @@ class WatcherActor(PooledChild):
             case OwnedElsewhere():  # X6: a sibling's, however long it is down
                 self._hold(name, signature, self.clock() + self.reoffer_s)
             case Rejected(reason="invalid_json"):  # C10: perhaps half written
-                window_s = grace_ms(self.poll_ms) / 1000
-                if self._waited(name, window_s):
+                if self._grace_over(name):
                     self._reject(name, verdict.reason, verdict.qid, signature)
                 else:  # given afresh once the window is over (the qid may be known by then)
+                    window_s = grace_ms(self.poll_ms) / 1000
                     self._hold(name, signature, self._track(name).first_seen + window_s)
             case Rejected(reason=reason, qid=qid, error=error):
                 self._reject(name, reason, qid, signature, error)
@@ -559,13 +535,13 @@ class WatcherActor(PooledChild):
         tracked.handed, tracked.resend_at = signature, until
 
     def _reject(self, name: str, reason: RejectReason, qid: str | None,
-                signature: FileSignature | None = None, error: str | None = None) -> None:
+                signature: FileSignature, error: str | None = None) -> None:
         """C9: removed and logged as answer_rejected, by the remover alone: bridges that
         share the directory may reject the same file, and it is logged once."""
         if not self._remove(name, signature):
             return
         detail: dict[str, Any] = {"reason": reason, "file": name}
-        if signature is not None and signature.size > ANSWER_FILE_LIMIT:
+        if signature.size > ANSWER_FILE_LIMIT:
             detail.update(size=signature.size, limit=ANSWER_FILE_LIMIT)  # never read
         if error is not None:
             detail["error"] = error
@@ -587,26 +563,24 @@ class WatcherActor(PooledChild):
         self._noted[qid] = now
         self.w.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
 
-    def _remove(self, name: str, signature: FileSignature | None = None) -> bool:
-        """Remove the file; True if this call removed it.
+    def _remove(self, name: str, signature: FileSignature) -> bool:
+        """Remove that version of the file; True if this call removed it.
 
-        With `signature`, only that version: a newer one renamed over it since it was
-        judged (a second answer, a moment after the first) must never go with it.
-        Linux cannot unlink "this inode only", so the file is renamed aside (atomic),
-        looked at, and put back without clobbering anything if it is not the one.
+        A newer one renamed over it since it was judged (a second answer, a moment after
+        the first) must never go with it. Linux cannot unlink "this inode only", so the
+        file is renamed aside (atomic), looked at, and put back without clobbering
+        anything if it is not the one.
         """
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick
-        target = (path if signature is None
-                  else f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}")
+        aside = f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}"
         try:
-            if signature is not None:
-                os.rename(path, target)
-                if _signature(os.lstat(target)) != signature:
-                    self._put_back(target, path)
-                    return False
-            os.remove(target)
+            os.rename(path, aside)
+            if _signature(os.lstat(aside)) != signature:
+                self._put_back(aside, path)
+                return False
+            os.remove(aside)
         except FileNotFoundError:
             return False
         except OSError as exc:
