@@ -106,7 +106,6 @@ from .store import CLOSED_MEMORY, remind_note_id, sibling_of
 if TYPE_CHECKING:
     from .supervisor import Wiring
 
-FAILED_PREFIX = "bridge failed on this question"
 _ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
 
 # (wiring, spec, child name, its slot) -> the question's ref
@@ -117,7 +116,7 @@ def failed_error(error: str) -> str:
     """The error response a poison question's asker gets."""
     if len(error) > _ERROR_LIMIT:
         error = error[: _ERROR_LIMIT - 1] + "…"
-    return f"{FAILED_PREFIX}: {error}"
+    return f"bridge failed on this question: {error}"
 
 
 @dataclass(slots=True)
@@ -153,7 +152,7 @@ class QuestionRouter(PooledChild):
         super().__init__(name, supervisor)
         self.w = wiring
         self.incarnation = incarnation
-        self.start_question = start_question or QuestionActor.run
+        self.start_question = start_question or QuestionActor.start
         self.sibling = sibling or (lambda qid: sibling_of(wiring.store.path, qid, wiring.clock()))
         self.policy = RestartPolicy(question_restarts, window_s, monotonic, schedule,
                                     per_child=True)
@@ -423,7 +422,7 @@ class QuestionActor(PooledChild):
     `transition` table, is written to the question's row first (a restart resumes from
     it) and is logged; a terminal question tells the Router and stops itself."""
 
-    def __init__(self, wiring: Wiring, *, spec: QuestionSpec, name: str, me: Address) -> None:
+    def __init__(self, wiring: Wiring, spec: QuestionSpec, name: str, me: Slot) -> None:
         super().__init__(name, wiring.router)
         self.w = wiring
         self.spec = spec
@@ -432,11 +431,6 @@ class QuestionActor(PooledChild):
         self.me = me
         self._timer: Timer | None = None
         self._reminder: Timer | None = None
-
-    @classmethod
-    def run(cls, wiring: Wiring, spec: QuestionSpec, child: str, slot: Slot
-            ) -> pykka.ActorRef[Any]:
-        return cls.start(wiring, spec=spec, name=child, me=slot)
 
     # -- life ---------------------------------------------------------------
 
@@ -451,8 +445,8 @@ class QuestionActor(PooledChild):
         # only if not decided yet (a moment passed while the daemon was down fires at once)
         now = time.time()  # the loop's timers count real seconds, whatever clock is injected
         self._timer = self.tell_later(self.spec.deadline - now, TimedOut(), self.me)
-        after = remind_after_s(self.spec.timeout_ms, self.w.config.remind_before_ms)
-        if self._reminds() and after is not None:
+        after = self._remind_after()
+        if after is not None:
             asked = self.spec.deadline - self.spec.timeout_ms / 1000
             self._reminder = self.tell_later(asked + after - now, RemindDue(), self.me)
 
@@ -495,7 +489,7 @@ class QuestionActor(PooledChild):
                     self._close()
                     self.w.delivery.tell(note)
             case RemindDue():
-                if self._is_open() and self._reminds():
+                if self._is_open() and self._remind_after() is not None:
                     self._remind()
             case TimedOut():
                 if self._is_open():
@@ -509,12 +503,13 @@ class QuestionActor(PooledChild):
             case _:
                 raise UnknownMessage(self.child_name, message)
 
-    def _reminds(self) -> bool:
-        """X9: configured, useful for this question, not decided yet, and before the
-        deadline (after a restart past both moments the timeout comes, not a reminder)."""
-        return (not self.spec.reminded
-                and remind_after_s(self.spec.timeout_ms, self.w.config.remind_before_ms)
-                is not None and self.w.clock() < self.spec.deadline)
+    def _remind_after(self) -> float | None:
+        """X9: when to remind, counted from the asking, if a reminder is due: configured,
+        useful for this question, not decided yet, and before the deadline (after a
+        restart past both moments the timeout comes, not a reminder)."""
+        if self.spec.reminded or self.w.clock() >= self.spec.deadline:
+            return None
+        return remind_after_s(self.spec.timeout_ms, self.w.config.remind_before_ms)
 
     def _remind(self) -> None:
         """X9: decided once, stored as owed with the mark on the row, then sent."""

@@ -1,7 +1,8 @@
 """QuestionActor through its messages, with fake collaborators and a real Store (C11, C13-C19).
 
-Each question is started as the QuestionRouter starts one (`QuestionActor.run`: the
-Wiring, its name and the Slot it is reached through); its supervisor is the router."""
+Each question is started as the QuestionRouter starts one (`QuestionActor.start`: the
+Wiring, its spec, its name and the Slot it is reached through); its supervisor is the
+router."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class Rig(WiredRig[QuestionActor]):
 
     def start(self, actor_class: type[QuestionActor], options: dict[str, Any]
               ) -> pykka.ActorRef[QuestionActor]:
-        return actor_class.run(self.wiring, self.spec, self.name, self.slot)
+        return actor_class.start(self.wiring, self.spec, self.name, self.slot)
 
     def events(self, count: int) -> list[tuple[str, Any]]:
         """The next `count` log events as (event, detail)."""
@@ -392,7 +393,7 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
     # the restart, as a restarted Router's: the row claimed under a new name, same deadline
     assert store.claim(QID, "question:x:2")
     slot = Slot("question:x:2")
-    second = QuestionActor.run(first.wiring, spec, "question:x:2", slot)
+    second = QuestionActor.start(first.wiring, spec, "question:x:2", slot)
     slot.bind(second)
     assert first.logger.expect(LogEvent, timeout=5).record.event == "timeout"
     assert time.time() >= deadline  # not a moment before
@@ -417,7 +418,7 @@ def test_two_thousand_open_questions_run_on_a_few_threads(store: Store) -> None:
         spec = question_spec(timeout_s=600, qid=f"01ARZ3NDEKTSV4RRFFQ{i:07d}")
         store.put_open(spec, owner=f"question:x:{i}")
         slot = Slot(f"question:x:{i}")
-        slot.bind(QuestionActor.run(wiring, spec, f"question:x:{i}", slot))
+        slot.bind(QuestionActor.start(wiring, spec, f"question:x:{i}", slot))
         slots.append((spec.qid, slot))
     for qid, slot in slots:
         slot.tell(Delivered(qid))
