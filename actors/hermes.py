@@ -1,15 +1,9 @@
-"""The Hermes side: DeliveryActor runs `hermes send` (out), WatcherActor reads the
-gateway's answer files (in).
+"""The Hermes side: DeliveryActor runs `hermes send` (out, W20, C18), WatcherActor reads
+the gateway's answer files (in, C7-C10, C15, W21, X6, X7).
 
-Delivery is the only caller of hermes (W20, C18): sends run one at a time, in
-the order asked, so a note never overtakes the question it follows in the
-chat; a wedged hermes costs at most one send timeout, then its whole process
-group is killed. The Watcher owns the questions directory (C7-C10, C15, W21,
-X6, X7): it keeps it in being (0700, made again when deleted), notices files
-(inotify, plus a slow rescan as a safety net), reads them within a size bound
-and removes them. It does not know which questions are open; the Router does,
-so every file with a well-formed name goes there, and a verdict comes back
-for a file that is not an answer to an open question.
+The Watcher does not know which questions are open; the Router does, so every file
+with a well-formed name goes there, and a verdict comes back for a file that is not
+an answer to an open question.
 """
 
 from __future__ import annotations
@@ -76,7 +70,9 @@ if TYPE_CHECKING:
 
 
 class DeliveryActor(PooledChild):
-    """Queues SendText jobs and has the loop run hermes for each in turn."""
+    """Sends run one at a time, in the order asked, so a note never overtakes the question
+    it follows in the chat; a wedged hermes costs at most one send timeout (its whole
+    process group is killed)."""
 
     def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "delivery") -> None:
         super().__init__(name, supervisor)
@@ -114,7 +110,6 @@ class DeliveryActor(PooledChild):
         return [c.hermes, *profile, "send", "--to", c.target, text]
 
     def _next(self) -> None:
-        """Start the next job unless one runs; a withdrawn reminder is skipped."""
         while self._current is None and self._jobs:
             job = self._jobs.popleft()
             if self._withdrawn(job):
@@ -208,14 +203,9 @@ class _Tracked:
 
 
 class WatcherActor(PooledChild):
-    """Turns files in the questions directory into AnswerFileSeen, and disposes of them.
-
-    Per name it remembers when the file was first seen and which version it handed
-    on, so a rescan re-reads only what changed or waited long enough. A plain rescan
-    does not even stat a file handed on and not yet due: inotify reports every new
-    version of it; only after inotify overflowed does the next rescan look at every
-    file. Paths are plain strings: with thousands of answers at once, pathlib's
-    joining was a tenth of the daemon's time.
+    """The one owner of "which answer file is being handled" (`_Tracked`, per name), so a
+    rescan re-reads only what changed or waited long enough. Paths are plain strings:
+    with thousands of answers at once, pathlib's joining was a tenth of the daemon's time.
     """
 
     def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "watcher",
@@ -275,7 +265,6 @@ class WatcherActor(PooledChild):
             inotify.close()
 
     def _events(self, inotify: INotify) -> None:
-        """inotify has events: the names, the end of the watch, lost events, as messages."""
         me = self.actor_ref
         try:
             events = inotify.read(timeout=0)
@@ -353,7 +342,6 @@ class WatcherActor(PooledChild):
         return True
 
     def _make_and_watch(self) -> None:
-        """Make the directory (0700, or tighten it) and watch it, dropping any old watch."""
         inotify = self._inotify
         if inotify is None:
             raise OSError("the watcher is stopping")

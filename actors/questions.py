@@ -1,16 +1,6 @@
-"""The questions: the Router that owns the table of open ones and runs them, and one
-QuestionActor per open qid.
-
-The Router owns the qid -> question table, the memory of recently closed qids,
-admission (a prompt is stored before its ack), answer and cancel routing, and the
-open count. It is also the questions' supervisor (OTP's simple_one_for_one): the
-table it routes by is the table it runs, so the open set is held once. A question
-that crashes is restarted from its store row (the one record of its state) with
-its unread mail; one that crashes more than `question_restarts` times within
-`window_s` is poison: closed with an error response owed to its asker, and the
-daemon and every other question carry on. Its table is rebuilt from the store
-whenever it starts; after a crash of its own the questions start afresh under new
-names, so the store's owner guard keeps any leftover actor from writing.
+"""The questions: the Router, which owns the table of open ones and is their supervisor
+(OTP's simple_one_for_one: the table it routes by is the table it runs, so the open set
+is held once), and one QuestionActor per open qid (docs/architecture.md, "Questions").
 
 The decisions are pure functions in `messages.contract`; these actors decide when.
 """
@@ -131,7 +121,6 @@ class OpenQuestion:
 
 
 class QuestionRouter(PooledChild):
-    """Owns and runs the open questions; told by the Peer, the Watcher and the questions."""
 
     def __init__(
         self,
@@ -187,8 +176,7 @@ class QuestionRouter(PooledChild):
         if first and (specs or closed):
             report(f"restored {len(specs)} open and {len(closed)} closed question(s)", "info")
 
-    def release(self) -> None:
-        """The questions die with the table that runs them; a successor starts them again."""
+    def release(self) -> None:  # its questions die with it; a successor starts them again
         self.policy.cancel_all()
         for question in self.open.values():
             self._halt(question)
@@ -287,8 +275,8 @@ class QuestionRouter(PooledChild):
         return sum(1 for question in self.open.values() if question.prompt.sender_name == asker)
 
     def _start(self, spec: QuestionSpec, *, claim: bool) -> OpenQuestion | None:
-        """Write (or claim) the row, then run the question behind a slot of its own. The
-        name is unique across runs and restarts: the owner guard and the outbox key on it."""
+        """The name is unique across runs and restarts: the owner guard and the outbox key
+        on it."""
         child = f"question:{spec.qid}:{self._run_tag}.{next(self._serial)}"
         if claim:
             if not self.w.store.claim(spec.qid, child):
@@ -345,7 +333,6 @@ class QuestionRouter(PooledChild):
         self._spawn(question, spec, unread)
 
     def _give_up(self, question: OpenQuestion, verdict: str, error: str) -> None:
-        """A poison question: closed with an error for its asker, never restored."""
         qid, child = question.qid, question.child
         self._forget(question)
         owed = SendResponse(question.prompt, None, failed_error(error), child)
@@ -418,9 +405,8 @@ class QuestionRouter(PooledChild):
 
 
 class QuestionActor(PooledChild):
-    """One qid's state machine (C19) and its timers. Each transition goes through the pure
-    `transition` table, is written to the question's row first (a restart resumes from
-    it) and is logged; a terminal question tells the Router and stops itself."""
+    """One qid's state machine (C19) and its timers; its row is the record a restart
+    resumes from (see _move)."""
 
     def __init__(self, wiring: Wiring, spec: QuestionSpec, name: str, me: Slot) -> None:
         super().__init__(name, wiring.router)
