@@ -343,8 +343,7 @@ class WatcherActor(PooledChild):
 
     def _make_and_watch(self) -> None:
         inotify = self._inotify
-        if inotify is None:
-            raise OSError("the watcher is stopping")
+        assert inotify is not None  # None only after release(), when no message is handled
         if self._wd is not None:  # deleted, moved or replaced: stop following the old one
             with contextlib.suppress(OSError):
                 inotify.rm_watch(self._wd)

@@ -185,11 +185,8 @@ class QuestionRouter(PooledChild):
     def _halt(question: OpenQuestion) -> None:
         ref = question.slot.ref
         question.slot.retire()
-        if ref is not None:
-            try:
-                ref.stop(block=False)
-            except pykka.ActorDeadError:
-                pass
+        if ref is not None:  # pykka's stop of a dead actor fails its future, never raises
+            ref.stop(block=False)
 
     # -- messages -----------------------------------------------------------
 
