@@ -52,7 +52,7 @@ from ..messages.contract import (
     qid_of_name,
     unreadable_note,
 )
-from ..messages.wire import Event, RejectReason
+from ..messages.wire import RejectReason
 from .files import private_dir
 from .runtime import (
     Episode,
@@ -236,7 +236,8 @@ class WatcherActor(PooledChild):
         # 0700 before the first look (another local user who could write here could
         # forge answers); a directory that cannot be made at start is a setup fault
         self._make_and_watch()
-        shared_edge().call(self._listen, inotify)
+        edge = shared_edge()
+        edge.call(edge.loop.add_reader, inotify.fileno(), self._events, inotify)
         self._rescan(deep=True)  # files written while no watcher ran raise no event
         self._next_beat()
 
@@ -255,9 +256,6 @@ class WatcherActor(PooledChild):
         self._beat = self.tell_later(self.poll_ms / 1000, Rescan())
 
     # -- on the loop --------------------------------------------------------
-
-    def _listen(self, inotify: INotify) -> None:
-        shared_edge().loop.add_reader(inotify.fileno(), self._events, inotify)
 
     def _unlisten(self, inotify: INotify) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -532,7 +530,7 @@ class WatcherActor(PooledChild):
             detail.update(size=signature.size, limit=ANSWER_FILE_LIMIT)  # never read
         if error is not None:
             detail["error"] = error
-        self._log(qid, "answer_rejected", detail)
+        self.w.logger.tell(LogEvent(log_record(self.w.now(), qid, "answer_rejected", detail)))
         report(f"rejected answer file {name}: {reason}" + (f" ({error})" if error else ""),
                "warning")
         if qid is not None and reason in UNREADABLE_REASONS:
@@ -593,9 +591,6 @@ class WatcherActor(PooledChild):
                 os.rename(aside, path)
                 return
         os.remove(aside)
-
-    def _log(self, qid: str | None, event: Event, detail: dict[str, Any]) -> None:
-        self.w.logger.tell(LogEvent(log_record(self.w.now(), qid, event, detail)))
 
 
 def _read_at_most(fd: int, limit: int) -> bytes | None:
