@@ -66,11 +66,7 @@ def js_trim(text: str) -> str:
 
 def iso(moment: datetime) -> str:
     """An instant as JavaScript's toISOString() writes it: UTC, milliseconds, Z."""
-    u = moment.astimezone(UTC)
-    return (
-        f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}"
-        f".{u.microsecond // 1000:03d}Z"
-    )
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def format_ms(ms: float) -> str:
@@ -149,14 +145,6 @@ def duplicate_error(qid: str) -> str:
     return f"qid {qid} is already in use"
 
 
-def same_asker(prompt: PromptEnvelope, open_prompt: PromptEnvelope) -> bool:
-    """X2: the same endpoint asking the same thing is the same asker retrying."""
-    return (
-        prompt.sender_endpoint == open_prompt.sender_endpoint
-        and prompt.prompt == open_prompt.prompt
-    )
-
-
 def admission(
     qid: str, prompt: PromptEnvelope, open_prompt: PromptEnvelope | None, recently_closed: bool
 ) -> Admission:
@@ -167,7 +155,9 @@ def admission(
     still be answering it, and a new question must not inherit that answer).
     """
     if open_prompt is not None:
-        if same_asker(prompt, open_prompt):
+        # the same endpoint asking the same thing is the same asker retrying
+        if (prompt.sender_endpoint, prompt.prompt) == (
+            open_prompt.sender_endpoint, open_prompt.prompt):
             return AlreadyOpen()
         return Refused(duplicate_error(qid), "open")
     if recently_closed:
@@ -533,17 +523,6 @@ class Rejected:
     error: str | None = None  # what in the file broke the rule, where that is worth saying
 
 
-@dataclass(frozen=True, slots=True)
-class Late:
-    """C15: the file answers a question that is already closed."""
-
-    qid: str
-    state: State
-
-
-Verdict = Accepted | Rejected | Late
-
-
 def answer_name(qid: str) -> str:
     """The one name an answer to `qid` can have (C7): a name is enough to find its file."""
     return f"{qid}{ANSWER_SUFFIX}"
@@ -588,23 +567,6 @@ def validate_answer(
 
 
 @dataclass(frozen=True, slots=True)
-class Answering:
-    """The qid's question is already handling an answer: the same file seen again."""
-
-    qid: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToValidate:
-    """The name is an open, idle question's: only now is the content worth parsing."""
-
-    qid: str
-
-
-Triage = ToValidate | Answering | Late | Rejected
-
-
-@dataclass(frozen=True, slots=True)
 class OwnedElsewhere:
     """X6: a sibling bridge on this host (another project) owns the qid; its file is its own."""
 
@@ -633,27 +595,6 @@ def foreign_verdict(
     if sibling is not None:
         return OwnedElsewhere(qid, sibling)
     return Rejected("foreign_qid", qid)
-
-
-def triage_answer(
-    name: str, answering: Mapping[str, bool], closed: Mapping[str, State]
-) -> Triage:
-    """C15, C9: what the name alone decides, before a byte of the content is parsed.
-
-    `answering` maps each open qid to whether its question is already handling
-    an answer. Late (closed qid), foreign (unknown qid) and a second sighting
-    of a file being answered are decided here; only an open question's file
-    goes on to `validate_answer`.
-    """
-    qid = qid_of_name(name)
-    if isinstance(qid, Rejected):
-        return qid
-    if qid in closed:
-        return Late(qid, closed[qid])
-    busy = answering.get(qid)
-    if busy is None:
-        return Rejected("foreign_qid", qid)
-    return Answering(qid) if busy else ToValidate(qid)
 
 
 # -- admission and cancel (X2, X10, C13, C14) ----------------------------------

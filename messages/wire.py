@@ -318,10 +318,8 @@ class CancelEnvelope(ValidText, WireModel):
     created_at: NonEmpty
     ref_msg_id: NonEmpty
 
-    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-
-    def json_body(self) -> Any:
-        return self.model_dump(mode="json", by_alias=True)
+    model_config = ConfigDict(
+        frozen=True, extra="ignore", populate_by_name=True, serialize_by_alias=True)
 
 
 class PingEnvelope(WireModel):

@@ -13,9 +13,7 @@ from coms_hermes_bridge.messages.contract import (
     UNREADABLE_REASONS,
     Accepted,
     ForbiddenTransition,
-    Late,
     Rejected,
-    ToValidate,
     cancel_note,
     delivery_error,
     format_question,
@@ -30,7 +28,6 @@ from coms_hermes_bridge.messages.contract import (
     timeout_error,
     timeout_note,
     transition,
-    triage_answer,
     truncate_utf16,
     unreadable_note,
     utf16_len,
@@ -375,21 +372,6 @@ def test_answer_at_accepts_iso_forms() -> None:
     # C8: `at` is an ISO timestamp that parses
     for at in ("2026-11-30T12:01:00Z", "2026-11-30T12:01:00.123+02:00", "2026-11-30"):
         assert isinstance(validate_answer(NAME, body(at=at), {QID}), Accepted)
-
-
-@pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
-def test_closed_qid_is_late_before_any_other_check(state: str) -> None:
-    # C15: whatever the file holds (the name alone decides; the content is never read)
-    closed = {QID: state}
-    assert triage_answer(NAME, {}, closed) == Late(QID, state)  # type: ignore[arg-type]
-    assert triage_answer(NAME, {QID: True}, closed) == Late(QID, state)  # type: ignore[arg-type]
-
-
-def test_triage_falls_through_to_c9() -> None:
-    # C15 then C9
-    assert triage_answer("x.txt", {}, {QID: "answered"}) == Rejected("invalid_path")
-    assert triage_answer(NAME, {QID: False}, {OTHER: "timeout"}) == ToValidate(QID)
-    assert isinstance(validate_answer(NAME, body(), {QID}), Accepted)
 
 
 @pytest.mark.parametrize(("poll", "grace"), [(1000, 2000), (100, 1000), (400, 1000), (600, 1200)])

@@ -12,11 +12,8 @@ import json
 import pytest
 
 from coms_hermes_bridge.messages.contract import (
-    Answering,
-    Late,
     OwnedElsewhere,
     Rejected,
-    ToValidate,
     Undelivered,
     cancel_target,
     defuse_markers,
@@ -29,7 +26,6 @@ from coms_hermes_bridge.messages.contract import (
     remind_after_s,
     remind_note,
     span,
-    triage_answer,
     undelivered_note,
     utf16_len,
 )
@@ -107,30 +103,6 @@ def test_a_marker_whose_q_is_just_past_a_kept_range_is_defused() -> None:
     text = "see HUB-Q:x"
     q = text.index("Q")
     assert defuse_markers(text, keep=[(0, q)]) == "see HUB-Ɋ:x"
-
-
-# -- C9, C15: what the name alone decides ------------------------------------------
-
-
-@pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
-def test_a_closed_qids_file_is_late_with_its_final_state(state: str) -> None:
-    # C15: the late note and log name the qid and how it closed
-    assert triage_answer(NAME, {}, {QID: state}) == Late(QID, state)  # type: ignore[arg-type]
-
-
-def test_an_unknown_qids_file_is_foreign() -> None:
-    # C9, X6: a valid name whose qid is neither open nor closed here
-    assert triage_answer(NAME, {}, {}) == Rejected("foreign_qid", QID)
-
-
-def test_an_open_idle_questions_file_goes_on_to_validation() -> None:
-    # C9
-    assert triage_answer(NAME, {QID: False}, {}) == ToValidate(QID)
-
-
-def test_a_file_seen_again_while_its_question_answers_is_not_validated_twice() -> None:
-    # C9, C12: one answer per question
-    assert triage_answer(NAME, {QID: True}, {}) == Answering(QID)
 
 
 # -- C13, C14 ------------------------------------------------------------

@@ -48,16 +48,12 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
     NOT_ADMITTED,
-    Answering,
-    Late,
     OwnedElsewhere,
     Rejected,
-    ToValidate,
     cancel_target,
     late_note,
     over_capacity,
     parse_prompt,
-    triage_answer,
     undelivered_note,
 )
 from coms_hermes_bridge.messages.wire import CancelEnvelope
@@ -130,22 +126,6 @@ def make(tmp_path: Path) -> Iterator[Make]:
     pykka.ActorRegistry.stop_all()
     for store in stores:
         store.shutdown()
-
-
-# -- the pure decisions ----------------------------------------------------------
-
-
-def test_triage_decides_from_the_name_alone() -> None:  # C9, C15
-    # late, foreign and "already answering" before any parsing
-    a, b, c, d = QIDS[:4]
-    answering = {a: False, b: True}
-    closed: dict[str, Any] = {c: "answered"}
-    assert triage_answer(f"{a}.answer.json", answering, closed) == ToValidate(a)
-    assert triage_answer(f"{b}.answer.json", answering, closed) == Answering(b)
-    assert triage_answer(f"{c}.answer.json", answering, closed) == Late(c, "answered")
-    assert triage_answer(f"{d}.answer.json", answering, closed) == Rejected("foreign_qid", d)
-    assert triage_answer("x.answer.json", answering, closed) == Rejected("invalid_qid")
-    assert triage_answer(f"{a}.json", answering, closed) == Rejected("invalid_path")
 
 
 def test_over_capacity_and_the_cancel_target() -> None:  # C13, C14
