@@ -43,7 +43,6 @@ from ..messages.commands import (
 from ..messages.contract import (
     ANSWER_FILE_LIMIT,
     UNREADABLE_REASONS,
-    OwnedElsewhere,
     Rejected,
     delivery_error,
     format_ms,
@@ -480,8 +479,7 @@ class WatcherActor(PooledChild):
 
     # -- verdicts -----------------------------------------------------------
 
-    def _dispose(self, name: str, signature: FileSignature,
-                 verdict: Rejected | OwnedElsewhere) -> None:
+    def _dispose(self, name: str, signature: FileSignature, verdict: Rejected) -> None:
         current = self._current(name)
         if current is None:
             self._tracked.pop(name, None)
@@ -490,8 +488,6 @@ class WatcherActor(PooledChild):
             self._examine(name)
             return
         match verdict:
-            case OwnedElsewhere():  # X6: a sibling's, however long it is down
-                self._hold(name, signature, self.clock() + self.reoffer_s)
             case Rejected(reason="invalid_json"):  # C10: perhaps half written
                 if self._grace_over(name):
                     self._reject(name, verdict.reason, verdict.qid, signature)

@@ -387,8 +387,10 @@ class QuestionRouter(PooledChild):
                                 note_id=f"undelivered:{qid}:{ULID()}")
                 self._noted(name, signature, note, "answer_rejected",
                             {"reason": "foreign_qid", "file": name, "delivery_failed": True})
-            case OwnedElsewhere() | Rejected():
+            case Rejected():
                 self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
+            case OwnedElsewhere():  # X6: left for its owner, however long it is down; the
+                pass  # Watcher offers it again `reoffer_s` after it handed it on
 
     def _noted(self, name: str, signature: FileSignature, note: SendText, event: Event,
                detail: dict[str, Any]) -> None:

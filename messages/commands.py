@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
 
-from .contract import OwnedElsewhere, Rejected
+from .contract import Rejected
 from .wire import AnswerFile, CancelEnvelope, LogRecord, ParsedPrompt, PromptEnvelope, State
 
 
@@ -199,7 +199,7 @@ class DisposeAnswerFile:
 
     name: str
     signature: FileSignature
-    verdict: Rejected | OwnedElsewhere
+    verdict: Rejected
 
 
 @dataclass(frozen=True, slots=True)

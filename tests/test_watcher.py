@@ -44,7 +44,6 @@ from coms_hermes_bridge.messages.contract import (
     ANSWER_FILE_LIMIT,
     NO_QID,
     UNREADABLE_REASONS,
-    OwnedElsewhere,
     Rejected,
     unreadable_note,
 )
@@ -482,8 +481,7 @@ def test_a_file_gone_is_forgotten_and_a_new_one_by_its_name_gets_a_fresh_grace(
     else:
         os.remove(rig.dir / NAME)  # meanwhile, by someone else (a sibling bridge, say)
         if gone == "removed by another":
-            for verdict in (Rejected("invalid_json", QID), Rejected("foreign_qid", QID),
-                            OwnedElsewhere(QID, "other")):
+            for verdict in (Rejected("invalid_json", QID), Rejected("foreign_qid", QID)):
                 rig.ref.tell(DisposeAnswerFile(NAME, old, verdict))
         else:
             rig.ref.tell(RemoveAnswerFile(NAME, old))
@@ -505,7 +503,6 @@ def test_a_verdict_on_an_older_version_re_examines_the_file(tmp_path: Path) -> N
     rig.seen(b"{}")
     new = write(rig.dir / NAME, ANSWER)
     rig.ref.tell(DisposeAnswerFile(NAME, old, Rejected("invalid_schema", QID)))
-    rig.ref.tell(DisposeAnswerFile(NAME, old, OwnedElsewhere(QID, "other")))
     assert rig.seen(ANSWER).signature == new
     rig.sync()
     assert (rig.dir / NAME).read_bytes() == ANSWER
@@ -1097,12 +1094,12 @@ def test_a_plain_rescan_goes_on_past_a_file_handed_on_and_not_due(
 
 
 def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path) -> None:  # X6
+    # the Router tells nothing back for a sibling's file: handed on, it rests until due
     clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     rig.sync()
     clock.now += DEFAULT_REOFFER_S - 0.1
     rig.ref.tell(Rescan())
@@ -1113,13 +1110,11 @@ def test_a_siblings_file_is_left_alone_and_judged_again_when_due(tmp_path: Path)
     clock.now += 0.1
     rig.ref.tell(Rescan())  # due: judged afresh (the sibling may have forgotten it by now)
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     rig.sync()
     clock.now += 1000 * DEFAULT_REOFFER_S
     rig.ref.tell(Rescan())
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     assert (rig.dir / NAME).exists()
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     rig.sync()
     write(rig.dir / NAME, b"{}")  # a new version of a held file is looked at at once
     rig.seen(b"{}")
@@ -1131,9 +1126,8 @@ def test_a_siblings_file_its_owner_takes_is_forgotten(tmp_path: Path) -> None:  
     clock = FakeClock()
     rig = start(tmp_path, clock=clock)
     rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
+    write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, OwnedElsewhere(QID, "other")))
     (rig.dir / NAME).unlink()  # the other bridge answered its question with it
     clock.now += DEFAULT_REOFFER_S + 1
     rig.ref.tell(Rescan())
