@@ -241,9 +241,7 @@ class WatcherActor(PooledChild):
         self._next_beat()
 
     def release(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            self._beat = None
+        # (a beat still set tells this stopped actor nothing: tell_quietly drops it)
         inotify, self._inotify, self._wd = self._inotify, None, None
         if inotify is not None:  # closed on the loop once it stopped reading it
             shared_edge().call(self._unlisten, inotify)
@@ -311,9 +309,9 @@ class WatcherActor(PooledChild):
 
     # -- the directory ------------------------------------------------------
 
-    def _ensure_watch(self, *, force: bool = False) -> bool:
-        """The directory exists, is 0700 and is watched; False when it cannot be, for now.
-        A failure while running is said once and retried at every beat: the watcher lives
+    def _ensure_watch(self, *, force: bool = False) -> None:
+        """The directory exists, is 0700 and is watched, or it cannot be, for now. A
+        failure while running is said once and retried at every beat: the watcher lives
         on (no restart loop), polling if it must."""
         try:
             st: os.stat_result | None = os.stat(self.questions_dir)
@@ -321,14 +319,14 @@ class WatcherActor(PooledChild):
             st = None
         watched = st is not None and self._watched == (st.st_dev, st.st_ino)
         if watched and self._wd is not None and not force:
-            return True
+            return
         try:
             self._make_and_watch()
         except OSError as exc:
             if self._heal_failing.happened(cause=exc.errno):  # (the errno picks the type)
                 report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
                        f"retrying every {self.poll_ms:g}ms")
-            return False
+            return
         if self._heal_failing.over():
             report(f"{self.child_name}: watching {self.questions_dir} again")
         elif st is None:
@@ -336,7 +334,6 @@ class WatcherActor(PooledChild):
         else:
             self._report_heal("was no longer watched; watching it again" if watched
                               else "was replaced; watching the new one")
-        return True
 
     def _make_and_watch(self) -> None:
         inotify = self._inotify
@@ -368,20 +365,17 @@ class WatcherActor(PooledChild):
     # -- examining files ----------------------------------------------------
 
     def _rescan(self, *, deep: bool = False) -> None:
-        if not self._ensure_watch() and not self.questions_dir.is_dir():
+        self._ensure_watch()
+        if not self.questions_dir.is_dir():
             return  # said once by _ensure_watch; tried again at the next beat
-        names: list[str] = []
-        complete = True
         try:
             with os.scandir(self.questions_dir) as entries:
-                for entry in entries:
-                    if len(names) >= SCAN_LIMIT:
-                        complete = False
-                        break
-                    names.append(entry.name)
+                names = [entry.name for entry in itertools.islice(entries, SCAN_LIMIT + 1)]
         except OSError as exc:
             report(f"{self.child_name}: cannot list {self.questions_dir}: {exc}")
             return
+        complete = len(names) <= SCAN_LIMIT
+        del names[SCAN_LIMIT:]
         if not complete and self._scan_cut.happened():
             report(f"{self.child_name}: {self.questions_dir} holds more than {SCAN_LIMIT} "
                    f"entries; each rescan looks at {SCAN_LIMIT} of them")
@@ -472,10 +466,9 @@ class WatcherActor(PooledChild):
 
     def _current(self, name: str) -> FileSignature | None:
         try:
-            st = os.lstat(self._prefix + name)
+            return _signature(os.lstat(self._prefix + name))
         except OSError:
             return None
-        return _signature(st) if stat.S_ISREG(st.st_mode) else None
 
     # -- verdicts -----------------------------------------------------------
 

@@ -243,6 +243,39 @@ def test_an_inotify_overflow_brings_a_deep_rescan(
     assert rig.seen().signature == changed
 
 
+def test_overflows_before_the_deep_rescan_bring_one_and_a_later_one_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # bounded: a storm of overflows queues one deep rescan at a time, not one each
+    deeps: list[bool] = []
+    real_rescan = WatcherActor._rescan
+
+    def rescan(actor: WatcherActor, *, deep: bool = False) -> None:
+        if deep:
+            deeps.append(True)
+        real_rescan(actor, deep=deep)
+
+    monkeypatch.setattr(WatcherActor, "_rescan", rescan)
+
+    class Overflowed:  # what the loop reads after the kernel dropped events
+        def read(self, timeout: int | None = None) -> list[Any]:
+            return [inotify_simple.Event(-1, inotify_simple.flags.Q_OVERFLOW, 0, "")]
+
+    rig = start(tmp_path)
+    rig.sync()
+    assert deeps == [True]  # the start's own
+    edge, free = hermes.shared_edge(), threading.Event()
+    edge.call(free.wait, 10)  # the loop is busy: the rescan told cannot run yet
+    rig.actor._events(Overflowed())  # white-box: two reads on the loop, as a storm
+    rig.actor._events(Overflowed())  # of events between two turns of the watcher
+    free.set()
+    rig.sync()
+    assert deeps == [True, True]
+    edge.call(rig.actor._events, Overflowed())  # after it ran, an overflow brings another
+    wait_for(lambda: deeps == [True, True, True], what="the third deep rescan")
+    rig.sync()
+    assert deeps == [True, True, True]
+
+
 def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:
     clock = FakeClock()
     rig = start(tmp_path, clock=clock)
@@ -464,17 +497,19 @@ def test_invalid_json_stays_for_the_grace_then_goes_and_only_then_is_noted(
     assert rig.delivery.next() == note("invalid_json")
 
 
-@pytest.mark.parametrize("gone", ["rejected by it", "removed by another", "taken by another"])
+@pytest.mark.parametrize(
+    "gone", ["rejected by it", "removed by another", "taken by another", "seen gone"])
 def test_a_file_gone_is_forgotten_and_a_new_one_by_its_name_gets_a_fresh_grace(
     tmp_path: Path, gone: str
 ) -> None:  # C10; C9, X6: a verdict on a file that is gone does nothing
     clock = FakeClock()
-    rig = start(tmp_path, poll_ms=100, clock=clock)  # grace 1000 ms
+    # no beat during the test (its complete rescan would forget the name too); grace 120 s
+    rig = start(tmp_path, clock=clock)
     rig.sync()
     old = write(rig.dir / NAME, b"{")
     rig.seen(b"{")
     rig.sync()  # every event of that write handled: the watcher still knows the name
-    clock.now += 2  # past the grace of its first sighting
+    clock.now += 121  # past the grace of its first sighting
     if gone == "rejected by it":
         rig.ref.tell(DisposeAnswerFile(NAME, old, Rejected("invalid_json", QID)))
         assert rig.logged().detail == {"reason": "invalid_json", "file": NAME}
@@ -483,6 +518,8 @@ def test_a_file_gone_is_forgotten_and_a_new_one_by_its_name_gets_a_fresh_grace(
         if gone == "removed by another":
             for verdict in (Rejected("invalid_json", QID), Rejected("foreign_qid", QID)):
                 rig.ref.tell(DisposeAnswerFile(NAME, old, verdict))
+        elif gone == "seen gone":  # an event for a name whose file is gone by then
+            rig.ref.tell(FilesChanged((NAME,)))
         else:
             rig.ref.tell(RemoveAnswerFile(NAME, old))
         rig.sync()
@@ -580,6 +617,26 @@ def refused_renames(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     monkeypatch.setattr(os, "rename", rename)
     return refused
+
+
+def test_a_file_another_bridge_removes_first_is_not_logged_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C9, X6: the remover alone logs a rejection, even when it wins by a hair
+    rig = start(tmp_path)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    real = os.rename
+
+    def taken_first(src: str, dst: str) -> None:
+        os.remove(src)  # the sibling's removal lands between our look and our rename
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", taken_first)
+    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    rig.sync()
+    rig.logger.assert_nothing()
+    rig.delivery.assert_nothing()
 
 
 def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
@@ -792,6 +849,7 @@ def test_a_watch_the_kernel_ended_is_made_again_and_what_changed_is_looked_at(
     rig.sync()
     write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
+    rig.sync()  # every event of that write handled: only a deep rescan looks at it again
     changed = untold_change(rig.dir / NAME)
     actor = rig.actor
     assert actor._inotify is not None and actor._wd is not None
