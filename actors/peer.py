@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import json
 import os
 import socket
@@ -408,34 +409,13 @@ def _failure(exc: BaseException) -> str:
 
 
 def exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
-    """One request line to a peer's socket and its reply up to the first newline (at most
-    MAX_REPLY bytes), blocking at most `timeout` per step (W12), for one-off callers
-    (the `cancel` and `doctor` commands). Raises OSError."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
-        conn.connect(endpoint)
-        conn.sendall(line)
-        reply = b""
-        while b"\n" not in reply and len(reply) <= MAX_REPLY:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            reply += chunk
-    return reply
+    """`_exchange` for one-off callers off the loop (the `doctor` command). Raises OSError."""
+    return asyncio.run(_exchange(endpoint, line, timeout))
 
 
 def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
-    """`exchange` judged: an ack, a nack, or a socket refused or missing are final; a
-    timeout, a full backlog or a dropped connection may pass."""
-    try:
-        reply = exchange(endpoint, line, timeout)
-    except TimeoutError:
-        return "timed out", False
-    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        return _failure(exc), True  # gone, or a path no socket can have (unencodable)
-    except OSError as exc:
-        return _failure(exc), False
-    return judge_reply(reply)
+    """`_attempt` for one-off callers off the loop (the `cancel` command)."""
+    return asyncio.run(_attempt(endpoint, line, timeout))
 
 
 class ResponsePool:
@@ -448,45 +428,34 @@ class ResponsePool:
                  edge: Edge | None = None) -> None:
         self.capacity = capacity
         self.edge = edge or shared_edge()
-        self._sends: set[asyncio.Task[None]] = set()
-        self._flights: asyncio.Semaphore | None = None  # made on the loop
-        self._flight_count = flights
-        self._taken = 0  # submitted and not done: counted up by any thread, down on the loop
-        self._count_lock = threading.Lock()
+        self._flights = asyncio.Semaphore(flights)  # bound to the loop at its first use
+        self._sends: set[concurrent.futures.Future[None]] = set()  # submitted, not done
+        self._lock = threading.Lock()
         self._closed = False
 
     def submit(self, qid: str, endpoint: str, line: bytes, timeout: float,
                pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
         """Queue a send; False (nothing queued) past `capacity`, or once closed."""
-        with self._count_lock:
-            if self._closed or self._taken >= self.capacity:
+        with self._lock:
+            if self._closed or len(self._sends) >= self.capacity:
                 return False
-            self._taken += 1
-        self.edge.call(self._start, qid, endpoint, line, timeout, pauses, done)
+            send = self.edge.spawn(self._send(qid, endpoint, line, timeout, pauses, done))
+            self._sends.add(send)
+        send.add_done_callback(self._sent)
         return True
 
-    def _start(self, qid: str, endpoint: str, line: bytes, timeout: float,
-               pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
-        if self._closed:
-            return
-        task = self.edge.loop.create_task(self._send(qid, endpoint, line, timeout, pauses, done))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+    def _sent(self, send: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._sends.discard(send)
 
     async def _send(self, qid: str, endpoint: str, line: bytes, timeout: float,
                     pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
-        if self._flights is None:
-            self._flights = asyncio.Semaphore(self._flight_count)
-        try:
-            for pause in (*pauses, None):
-                async with self._flights:  # a socket is held only while an attempt runs
-                    reason, final = await _attempt(endpoint, line, timeout)
-                if final or pause is None:
-                    break
-                await asyncio.sleep(pause)
-        finally:
-            with self._count_lock:
-                self._taken -= 1
+        for pause in (*pauses, None):
+            async with self._flights:  # a socket is held only while an attempt runs
+                reason, final = await _attempt(endpoint, line, timeout)
+            if final or pause is None:
+                break
+            await asyncio.sleep(pause)
         try:
             done(reason)
         except Exception as exc:
@@ -494,27 +463,26 @@ class ResponsePool:
 
     def close(self) -> None:
         """Drop every send (a pool of a test's or a tool's own): what was not sent stays owed."""
-        self._closed = True
-        self.edge.call(self._drop)
+        with self._lock:
+            self._closed = True
+            sends = list(self._sends)
+        for send in sends:
+            send.cancel()
 
-    def _drop(self) -> None:
-        for task in list(self._sends):
-            task.cancel()
 
-
-async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
-    """Connect, write the line, read the reply, all within `timeout`."""
+async def _exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
+    """Connect, write the line, and read the reply up to its first newline (at most
+    MAX_REPLY bytes), all within `timeout` (W12). A full backlog is waited out: room
+    comes as the peer accepts."""
     loop = asyncio.get_running_loop()
-    sock: socket.socket | None = None
-    try:  # no socket to be had (out of descriptors, of memory) is this attempt's failure
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK
-                             | socket.SOCK_CLOEXEC)
+    flags = socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+    with socket.socket(socket.AF_UNIX, flags) as sock:
         async with asyncio.timeout(timeout):
             while True:
                 try:
                     sock.connect(endpoint)
                     break
-                except BlockingIOError:  # a full backlog: room comes as the asker accepts
+                except BlockingIOError:
                     await asyncio.sleep(CONNECT_RETRY_S)
             await loop.sock_sendall(sock, line)
             reply = bytearray()
@@ -523,27 +491,28 @@ async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
                 if not chunk:
                     break
                 reply += chunk
-        return judge_reply(bytes(reply))
+    return bytes(reply)
+
+
+async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
+    """One send judged: an ack, a nack, or a socket refused or missing are final; a
+    timeout, a full backlog or a dropped connection may pass. No socket to be had (out
+    of descriptors, of memory) is this attempt's failure, not the response's."""
+    try:
+        return judge_reply(await _exchange(endpoint, line, timeout))
     except TimeoutError:
         return "timed out", False
     except OSError as exc:
         return _failure(exc), exc.errno in _GONE
     except Exception as exc:  # a path no socket can have, say: final, it stays so
         return _failure(exc), True
-    finally:
-        if sock is not None:
-            sock.close()
 
 
-_SHARED: ResponsePool | None = None
-
-
+@functools.cache
 def shared_responses() -> ResponsePool:
     """The process's response sender, made on first use: it outlives every Peer."""
-    global _SHARED
-    if _SHARED is None:
-        _SHARED = ResponsePool()
-    return _SHARED
+    return ResponsePool()
+
 
 
 # -- the actor --------------------------------------------------------------------------
@@ -590,7 +559,7 @@ class PeerActor(PooledChild):
         self.responses = responses or shared_responses()
         self._last_depth = 0
         self._listener: Listener | None = None
-        self._bound = self._published = self._asked_depth = self._released = False
+        self._bound = self._published = self._asked_depth = False
         self._beat: Timer | None = None
         self._failing = Episode()  # the registry entry cannot be written
 
@@ -605,10 +574,8 @@ class PeerActor(PooledChild):
         self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
 
     def release(self) -> None:
-        """Undo begin in reverse: unpublish before the socket stops answering (W8)."""
-        if self._released:
-            return
-        self._released = True
+        """Undo begin in reverse: unpublish before the socket stops answering (W8). Each
+        step is done once, however often release is called."""
         try:
             if self._beat is not None:
                 self._beat.cancel()
@@ -617,6 +584,7 @@ class PeerActor(PooledChild):
                 self._published = False
             if self._listener is not None:
                 self._listener.stop()
+                self._listener = None
             if self._bound:
                 with contextlib.suppress(OSError):
                     self.identity.endpoint.unlink()
