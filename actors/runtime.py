@@ -331,17 +331,14 @@ def _spawner() -> concurrent.futures.ThreadPoolExecutor:
         return _SPAWNER
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    kill_group(proc.pid)
-    proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-
-
 def _kill_spawned(spawned: asyncio.Future[subprocess.Popen[bytes]]) -> None:
     if not spawned.cancelled() and spawned.exception() is None:
-        _reap(spawned.result())
+        proc = spawned.result()
+        kill_group(proc.pid)
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _drain(loop: asyncio.AbstractEventLoop, fd: int, tail: bytearray, reads: int) -> None:
@@ -414,9 +411,6 @@ async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
 
 # -- actor turns on the loop ----------------------------------------------------
 
-DEFAULT_THROUGHPUT = 8
-
-
 class PoolInbox:
     """A mailbox that asks its edge for a turn of its actor when mail comes, as Akka's
     dispatchers do: never more than one turn queued or running. `get` never blocks
@@ -472,10 +466,6 @@ class PoolInbox:
         with self._lock:
             return not self._queue
 
-    def qsize(self) -> int:
-        with self._lock:
-            return len(self._queue) if self._queue else 0
-
     def run_turn(self) -> None:
         """One turn of the actor; then another is queued if mail came, else it is idle."""
         actor, edge = self._actor, self._edge
@@ -515,12 +505,6 @@ class StopFlag:
             if self._event is not None:
                 self._event.set()
 
-    def clear(self) -> None:
-        with StopFlag._lock:
-            self._flag = False
-            if self._event is not None:
-                self._event.clear()
-
     def wait(self, timeout: float | None = None) -> bool:
         with StopFlag._lock:
             if self._flag:
@@ -536,7 +520,7 @@ class PooledActor(pykka.Actor):
     says), at most `throughput` messages a turn so a busy actor starves nobody."""
 
     edge: ClassVar[Edge | None] = None
-    throughput: ClassVar[int] = DEFAULT_THROUGHPUT
+    throughput: ClassVar[int] = 8
     _started = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import pykka.debug
 
-from .runtime import report
+from .runtime import Episode, report
 
 # A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
 PROBE_TIMEOUT_S = 2.0
@@ -70,7 +70,7 @@ class ServiceLink:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
-        self._missed = False
+        self._unanswered = Episode()  # one line per bad spell, not one per tick
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], pid: int | None = None) -> ServiceLink:
@@ -126,17 +126,15 @@ class ServiceLink:
             try:
                 count = probe(timeout)
             except Exception as exc:
-                if not self._missed:  # one line per bad spell, not one per tick
+                if self._unanswered.happened():
                     report(
                         f"actor tree did not answer within {timeout:g}s ({type(exc).__name__});"
                         " withholding the watchdog ping",
                         "warning",
                     )
-                self._missed = True
                 continue
-            if self._missed:
+            if self._unanswered.over():
                 report("actor tree answers again; watchdog pings resume", "info")
-                self._missed = False
             if not self._stop.is_set():
                 self.notify("WATCHDOG=1", _status(count))
 

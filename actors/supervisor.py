@@ -7,7 +7,7 @@
       watcher   WatcherActor     questions/: inotify, rescan, grace
       peer      PeerActor        socket, registry entry, heartbeat, responses
 
-Shaped like an OTP supervisor: child specs, restart types, one intensity with
+Shaped like an OTP supervisor: child specs (every child permanent), one intensity with
 backoff for resource shortages (runtime.RestartPolicy), and no business state.
 Children start top to bottom and stop bottom to top: the Peer goes first (no
 new questions, the registry entry leaves, W8), and its entry, written last, is
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import pykka
 
@@ -38,7 +38,6 @@ from .runtime import GiveUp, RestartPolicy, Schedule, Slot, is_resource_shortage
 from .runtime import utc_now as _utc_now
 from .store import Store
 
-Restart = Literal["permanent", "transient", "temporary"]
 CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
 DEPTH_TIMEOUT_S = 2.0
 
@@ -68,12 +67,7 @@ class ChildSpec:
 
     slot: Slot
     start: Callable[[Address, int], pykka.ActorRef[Any]]
-    restart: Restart = "permanent"
     shutdown_s: float = 1.0
-
-    @property
-    def id(self) -> str:
-        return self.slot.name
 
 
 class RootSupervisor(pykka.ThreadingActor):
@@ -86,22 +80,20 @@ class RootSupervisor(pykka.ThreadingActor):
                  max_restarts: int, window_s: float,
                  clock: Callable[[], float] = time.monotonic, schedule: Schedule = later) -> None:
         super().__init__()
-        self.specs = {spec.id: spec for spec in specs}
-        self.order = [spec.id for spec in specs]
+        self.specs = {spec.slot.name: spec for spec in specs}  # in start order
         self.on_fatal = on_fatal
         self.policy = RestartPolicy(max_restarts, window_s, clock, schedule, per_child=False)
         self.incarnations: dict[str, int] = {}
         self._failed = False
 
     def on_start(self) -> None:
-        for child in self.order:
+        for child in self.specs:
             self._start(child, ())
 
     def on_stop(self) -> None:
         # no message is handled after this: no crash of a child stopped here restarts it
         self.policy.cancel_all()
-        for child in reversed(self.order):
-            spec = self.specs[child]
+        for spec in reversed(self.specs.values()):
             ref = spec.slot.ref
             spec.slot.retire()
             if ref is not None:
@@ -131,10 +123,6 @@ class RootSupervisor(pykka.ThreadingActor):
                       shortage: bool) -> None:
         spec = self.specs.get(child)
         if spec is None or self._failed:
-            return
-        if spec.restart == "temporary":
-            report(f"{child} crashed ({error}); not restarted", "warning")
-            spec.slot.retire()
             return
         verdict = self.policy.crashed(child, error, unread, shortage, self.actor_ref)
         if isinstance(verdict, GiveUp):

@@ -36,7 +36,7 @@ from coms_hermes_bridge.actors.runtime import (
     utc_now,
 )
 from coms_hermes_bridge.actors.store import Store
-from coms_hermes_bridge.actors.supervisor import ChildSpec, Restart, RootSupervisor, Wiring
+from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor, Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     ChildFailed,
@@ -69,12 +69,12 @@ class Rig(ActorRig[RootSupervisor]):
     """A RootSupervisor of Recorder children, each telling its FakeRef in `seen` what
     it read; its clock and delayed restarts are the test's. `options` are the root's own."""
 
-    def __init__(self, names: tuple[str, ...], restart: Restart, **options: Any) -> None:
+    def __init__(self, names: tuple[str, ...], **options: Any) -> None:
         self.slots = {n: Slot(n) for n in names}
         self.seen = {n: FakeRef(n) for n in names}
         self.clock, self.schedule = FakeClock(), FakeSchedule()
         self.fatal: list[str] = []
-        specs = [ChildSpec(self.slots[n], self._starter(n), restart) for n in names]
+        specs = [ChildSpec(self.slots[n], self._starter(n)) for n in names]
         super().__init__(RootSupervisor, (), specs=specs, on_fatal=self.fatal.append,
                          clock=self.clock, schedule=self.schedule, **options)
         for slot in self.slots.values():
@@ -108,11 +108,10 @@ def rig() -> Iterator[Callable[..., Rig]]:
 
     def make(
         names: tuple[str, ...] = ("a", "b"),
-        restart: Restart = "permanent",
         max_restarts: int = 3,
         window_s: float = 10.0,
     ) -> Rig:
-        rigs.append(Rig(names, restart, max_restarts=max_restarts, window_s=window_s))
+        rigs.append(Rig(names, max_restarts=max_restarts, window_s=window_s))
         return rigs[-1]
 
     yield make
@@ -666,23 +665,6 @@ def test_a_put_off_restart_that_came_is_no_longer_cancellable() -> None:
     policy.cancel_all()
     policy.restarting("b")  # told before the cancel, read after it: harmless
     assert schedule.cancelled == [1]
-
-
-def test_a_temporary_child_that_crashes_is_said_and_not_restarted(
-    rig: Callable[..., Rig], capsys: pytest.CaptureFixture[str]
-) -> None:
-    r = rig(("t",), restart="temporary")
-    before = r.slots["t"].ref
-    r.slots["t"].tell(Boom())
-    wait_for(lambda: before is not None and not before.is_alive(), what="t crashed")
-    r.sync()
-    assert r.slots["t"].ref is None
-    r.slots["t"].tell("after")
-    assert r.slots["t"].held == ()  # retired: nothing waits for a successor
-    assert capsys.readouterr().err == (
-        "coms-hermes-bridge: warning: t crashed (RuntimeError: boom); not restarted\n"
-    )
-    assert r.fatal == []
 
 
 def test_a_child_that_cannot_start_is_restarted_as_if_it_had_crashed(
