@@ -14,7 +14,6 @@ survives a crash mid-write without a hand-written journal.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sqlite3
@@ -26,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from ..messages.commands import (
     FileSignature,
@@ -37,6 +36,8 @@ from ..messages.commands import (
 from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from .runtime import later, report
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 4
 CLOSED_MEMORY = 1000
@@ -546,26 +547,9 @@ class Store:
 
     def owed_notes(self) -> list[SendText]:
         """Notes decided but not yet run by hermes, oldest first (sent again at start)."""
-        with self._transaction() as conn:
-            rows = conn.execute(
-                "SELECT rowid, id, qid, purpose, text FROM notes ORDER BY seq"
-            ).fetchall()
-        notes: list[SendText] = []
-        bad: list[int] = []
-        for rowid, note_id, qid, purpose, text in rows:
-            if (
-                all(isinstance(v, str) for v in (note_id, qid, text))
-                and purpose in _NOTE_PURPOSES
-                and not has_lone_surrogate([note_id, qid, text])  # X12: hermes could not take it
-            ):
-                notes.append(SendText(qid, text, purpose, note_id=note_id))
-            else:
-                bad.append(rowid)  # by rowid: a bad key may not even bind
-                report(f"state database {self.path}: dropped a note owed for {qid!r}")
-        if bad:
-            with self._transaction() as conn:
-                conn.executemany("DELETE FROM notes WHERE rowid = ?", [(b,) for b in bad])
-        return notes
+        return self._read_or_drop(
+            "notes", "a note owed for", _note, "SELECT rowid, qid, id, purpose, text FROM notes"
+            " ORDER BY seq")
 
     def undelivered(self, qid: str, now: float) -> bool:
         """Did this bridge fail to deliver `qid` within the last UNDELIVERED_MEMORY_S (X11)?"""
@@ -653,27 +637,9 @@ class Store:
 
     def outbox(self) -> list[SendResponse]:
         """Responses decided but not yet handed to their askers, oldest first."""
-        with self._transaction() as conn:
-            rows = conn.execute(
-                "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY seq"
-            ).fetchall()
-        owed: list[SendResponse] = []
-        bad: list[int] = []
-        for rowid, qid, owner, prompt, response, error in rows:
-            try:
-                if has_lone_surrogate([qid, owner, response, error]):  # X12, as on the wire
-                    raise ValueError("text that is not valid Unicode")
-                envelope = PromptEnvelope.model_validate(loads(prompt))
-                owed.append(SendResponse(envelope, loads(response), error, owner or None))
-            except Exception as exc:  # whatever the decoder raises (RecursionError too)
-                bad.append(rowid)
-                report(
-                    f"state database {self.path}: dropped a response owed for {qid!r}: {exc!r:.200}"
-                )
-        if bad:  # said once: the row goes, or it would be said at every start
-            with self._transaction() as conn:
-                conn.executemany("DELETE FROM outbox WHERE rowid = ?", [(b,) for b in bad])
-        return owed
+        return self._read_or_drop(
+            "outbox", "a response owed for", _owed,
+            "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY seq")
 
     def answered_by(self, qid: str) -> tuple[str, FileSignature] | None:
         """The answer file (name and version) that answered `qid`, if it was answered."""
@@ -698,40 +664,29 @@ class Store:
         """
         with self._transaction() as conn:
             self._trim_closed(conn)
-            specs: list[QuestionSpec] = []
-            bad_open: list[int] = []
-            for rowid, *row in conn.execute(
-                "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state, reminded"
-                " FROM open_questions ORDER BY seq, rowid"
-            ).fetchall():
-                qid = row[0]
-                try:
-                    specs.append(_spec(*row))
-                except Exception as exc:  # RecursionError, MemoryError...: never block a start
-                    bad_open.append(rowid)
-                    report(
-                        f"state database {self.path}: dropped open question {qid!r}: {exc!r:.200}"
-                    )
-            closed: list[tuple[str, State]] = []
-            bad_closed: list[int] = []
-            for rowid, qid, state in conn.execute(
-                "SELECT rowid, qid, state FROM closed_questions ORDER BY seq"
-            ).fetchall():
-                if isinstance(qid, str) and state in _STATES and not has_lone_surrogate(qid):
-                    closed.append((qid, state))
-                else:
-                    bad_closed.append(rowid)
-                    report(
-                        f"state database {self.path}: dropped closed question {qid!r}:"
-                        f" bad state {state!r}"
-                    )
-            conn.executemany(
-                "DELETE FROM open_questions WHERE rowid = ?", [(r,) for r in bad_open]
-            )
-            conn.executemany(
-                "DELETE FROM closed_questions WHERE rowid = ?", [(r,) for r in bad_closed]
-            )
+        specs = self._read_or_drop(
+            "open_questions", "open question", _spec,
+            "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state, reminded"
+            " FROM open_questions ORDER BY seq, rowid")
+        closed = self._read_or_drop(
+            "closed_questions", "closed question", _closed,
+            "SELECT rowid, qid, state FROM closed_questions ORDER BY seq")
         return specs, closed
+
+    def _read_or_drop(self, table: str, what: str, decode: Callable[..., T], sql: str) -> list[T]:
+        """The rows `sql` selects (rowid, then the key), decoded; a row that does not decode
+        is deleted, by rowid (a bad key may not even bind), and said once: kept, it would
+        be said at every start."""
+        with self._transaction() as conn:
+            rows = conn.execute(sql).fetchall()
+        good, bad = _decode(rows, decode)
+        for _, key, exc in bad:
+            report(f"state database {self.path}: dropped {what} {key!r}: {exc!r:.200}")
+        if bad:
+            with self._transaction() as conn:
+                conn.executemany(f"DELETE FROM {table} WHERE rowid = ?",
+                                 [(rowid,) for rowid, _, _ in bad])
+        return good
 
     def shutdown(self) -> None:
         """Close the file; safe to call twice, since both stop and crash paths may call it.
@@ -838,6 +793,45 @@ def _spec(
         state=cast("State | None", state),
         reminded=bool(reminded),
     )
+
+
+def _closed(qid: object, state: object) -> tuple[str, State]:
+    """One closed question's row; ValueError if it does not parse."""
+    if not isinstance(qid, str) or has_lone_surrogate(qid) or state not in _STATES:
+        raise ValueError(f"bad state {state!r}")
+    return qid, cast("State", state)
+
+
+def _note(qid: Any, note_id: Any, purpose: Any, text: Any) -> SendText:
+    """One owed note's row; ValueError if it does not parse, or hermes could not take its
+    text (X12)."""
+    if not (isinstance(qid, str) and isinstance(note_id, str) and isinstance(text, str)
+            and purpose in _NOTE_PURPOSES and not has_lone_surrogate([note_id, qid, text])):
+        raise ValueError("not a note hermes can send")
+    return SendText(qid, text, purpose, note_id=note_id)
+
+
+def _owed(qid: Any, owner: Any, prompt: Any, response: Any, error: Any) -> SendResponse:
+    """One owed response's row; whatever the decoder raises if it does not parse."""
+    if has_lone_surrogate([qid, owner, response, error]):  # X12, as on the wire
+        raise ValueError("text that is not valid Unicode")
+    envelope = PromptEnvelope.model_validate(loads(prompt))
+    return SendResponse(envelope, loads(response), error, owner or None)
+
+
+def _decode(rows: list[Any], decode: Callable[..., T]
+            ) -> tuple[list[T], list[tuple[Any, Any, Exception]]]:
+    """Each row (rowid first) decoded, and the (rowid, key, error) of each that is not:
+    whatever the decoder raises (RecursionError too), one bad row never keeps the
+    others from being read."""
+    good: list[T] = []
+    bad: list[tuple[Any, Any, Exception]] = []
+    for rowid, *row in rows:
+        try:
+            good.append(decode(*row))
+        except Exception as exc:
+            bad.append((rowid, row[0], exc))
+    return good, bad
 
 
 # -- reading without the daemon's lock (the operator's verbs, sibling bridges) ------------
@@ -963,22 +957,13 @@ def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
         }
         if not {"open_questions", "closed_questions"} <= tables:
             return Snapshot((), ())  # created, never written
-        specs: list[QuestionSpec] = []
-        for row in conn.execute(
-            "SELECT qid, prompt, parsed, timeout_ms, deadline, state"
-            " FROM open_questions ORDER BY seq, rowid"
-        ).fetchall():
-            with contextlib.suppress(ValueError, TypeError):
-                specs.append(_spec(*row))
-        closed = tuple(
-            (qid, state)
-            for qid, state in conn.execute(
-                "SELECT qid, state FROM closed_questions ORDER BY seq DESC LIMIT ?",
-                (max(0, closed_limit),),
-            ).fetchall()
-            if isinstance(qid, str) and state in _STATES
-        )
-        return Snapshot(tuple(specs), closed)
+        specs, _ = _decode(conn.execute(
+            "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state"
+            " FROM open_questions ORDER BY seq, rowid").fetchall(), _spec)
+        closed, _ = _decode(conn.execute(
+            "SELECT rowid, qid, state FROM closed_questions ORDER BY seq DESC LIMIT ?",
+            (max(0, closed_limit),)).fetchall(), _closed)
+        return Snapshot(tuple(specs), tuple(closed))
     except sqlite3.Error as exc:
         raise OSError(f"cannot read state database {path}: {exc}") from exc
     finally:
