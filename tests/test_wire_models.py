@@ -254,6 +254,16 @@ def test_a_line_with_no_text_to_cut_is_written_whole() -> None:  # W13
     assert fit_line(body, limit=50) == dumps(body) + "\n"
 
 
+def test_the_longest_texts_anywhere_in_the_value_are_cut_to_one_common_size() -> None:
+    # W13: texts in lists and nested objects alike, each to the same encoded size (within
+    # a character of rounding); the short ones, keys and the shape stay as they were,
+    # and the cut ones keep their start
+    body = {"a": "s" * 10, "b": ["x" * 300, {"c": "y" * 200, "d": "z" * 40}], "e": "w" * 100}
+    cut = {"a": "s" * 10, "b": ["x" * 77 + "…", {"c": "y" * 77 + "…", "d": "z" * 40}],
+           "e": "w" * 76 + "…"}
+    assert fit_line(body, limit=400) == dumps(cut) + "\n"
+
+
 @pytest.mark.parametrize("unit", ["x", "é", "\n", "😀", '"'])
 def test_long_texts_are_cut_with_an_ellipsis_under_64_kib(unit: str) -> None:
     body = {"msg_id": QID, "error": "hermes send failed (1): " + unit * 200_000,
