@@ -109,12 +109,11 @@ class ValidText(BaseModel):
 
 def invalid_text(exc: ValidationError) -> str | None:
     """The `<field> is not valid Unicode` reason in a validation error, if that is its cause."""
-    for error in exc.errors(include_url=False, include_context=False, include_input=False):
+    # (ValidText's check runs before any field's, so pydantic's own string_unicode
+    # never comes first)
+    for error in exc.errors():
         if error["type"] == INVALID_UNICODE:
             return str(error["msg"])
-        if error["type"] == "string_unicode" and error["loc"]:
-            # pydantic's own check, made by constrained strings before ours runs
-            return f"{error['loc'][0]} is not valid Unicode"
     return None
 
 

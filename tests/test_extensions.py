@@ -113,6 +113,14 @@ def test_garbage_at_is_refused(at: str) -> None:
     assert verdict.reason == "invalid_schema"  # type: ignore[union-attr]
 
 
+def test_at_is_read_up_to_100_characters_and_refused_past_them() -> None:
+    # X4, bounded: padding counts, so the work on any `at` has a bound
+    at = "2026-11-30T12:00:00Z"
+    assert parse_timestamp(at.ljust(100)) == datetime(2026, 11, 30, 12, tzinfo=UTC)
+    with pytest.raises(ValueError, match="^timestamp too long$"):
+        parse_timestamp(at.ljust(101))
+
+
 @pytest.mark.parametrize("at", [
     *(at for at in ACCEPTED_AT if re.match(r"\s*\d{4}-\d{2}-\d{2}[T ]", at)),
     "2026-11-30T18:00:00.5-05:30",
