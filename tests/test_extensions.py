@@ -117,7 +117,7 @@ def test_at_is_read_up_to_100_characters_and_refused_past_them() -> None:
     # X4, bounded: padding counts, so the work on any `at` has a bound
     at = "2026-11-30T12:00:00Z"
     assert parse_timestamp(at.ljust(100)) == datetime(2026, 11, 30, 12, tzinfo=UTC)
-    with pytest.raises(ValueError, match="^timestamp too long$"):
+    with pytest.raises(ValueError, match=r"^timestamp too long$"):
         parse_timestamp(at.ljust(101))
 
 
