@@ -1118,10 +1118,14 @@ def test_a_rescan_cut_at_its_limit_says_so_once_and_forgets_nothing(
     rig.sync()
     assert capsys.readouterr().err == ""  # said once per episode
     assert set(rig.actor._tracked) >= seen  # a cut listing forgets none of what it missed
-    (tmp_path / "questions" / (set(names) - seen).pop()).unlink()
-    rig.ref.tell(Rescan())  # complete again: the episode is over
+    gone = sorted(seen)[0]
+    (tmp_path / "questions" / gone).unlink()
+    rig.ref.tell(Rescan())  # exactly the limit: a complete listing, which forgets the gone
+    [missed] = set(names) - seen
+    assert rig.seen().name == missed
     rig.sync()
-    assert set(rig.actor._tracked) == seen
+    assert set(rig.actor._tracked) == seen - {gone} | {missed}
+    assert capsys.readouterr().err == ""
 
 
 def test_a_plain_rescan_goes_on_past_a_file_handed_on_and_not_due(
