@@ -50,7 +50,6 @@ from ..messages.contract import (
     NOT_ADMITTED,
     Accepted,
     AlreadyOpen,
-    OwnedElsewhere,
     Refused,
     Rejected,
     Undelivered,
@@ -389,8 +388,8 @@ class QuestionRouter(PooledChild):
                             {"reason": "foreign_qid", "file": name, "delivery_failed": True})
             case Rejected():
                 self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
-            case OwnedElsewhere():  # X6: left for its owner, however long it is down; the
-                pass  # Watcher offers it again `reoffer_s` after it handed it on
+            # OwnedElsewhere (X6): left for its owner, however long it is down; the Watcher
+            # offers it again `reoffer_s` after it handed it on
 
     def _noted(self, name: str, signature: FileSignature, note: SendText, event: Event,
                detail: dict[str, Any]) -> None:
