@@ -795,11 +795,11 @@ def _spec(
     )
 
 
-def _closed(qid: object, state: object) -> tuple[str, State]:
+def _closed(qid: Any, state: Any) -> tuple[str, State]:
     """One closed question's row; ValueError if it does not parse."""
     if not isinstance(qid, str) or has_lone_surrogate(qid) or state not in _STATES:
         raise ValueError(f"bad state {state!r}")
-    return qid, cast("State", state)
+    return qid, state
 
 
 def _note(qid: Any, note_id: Any, purpose: Any, text: Any) -> SendText:

@@ -1348,6 +1348,37 @@ def test_each_way_an_open_row_fails_to_parse_is_said_and_the_row_dropped(
     assert reopen(Store.open(path)) == ([spec(QID2)], [])  # deleted: said once, not each start
 
 
+def test_a_bad_closed_row_and_a_bad_owed_note_are_said_and_dropped(
+    store: Store, path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # one bad row never keeps the others; said once, with why
+    store.put_open(spec(QID))
+    store.close(QID, "answered")
+    store.put_open(spec(QID2))
+    store.close(QID2, "timeout")
+    store.owe_note(SendText(QID, "ℹ late", "late_note", note_id="n1"))
+    store.owe_note(SendText(QID2, "ℹ late", "late_note", note_id="n2"))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE closed_questions SET state = 'bogus' WHERE qid = ?", (QID,))
+        conn.execute("UPDATE notes SET purpose = 'gossip' WHERE id = 'n1'")
+    conn.close()
+    capsys.readouterr()
+    assert reopen(store) == ([], [(QID2, "timeout")])
+    reopened = Store.open(path)
+    try:
+        assert reopened.owed_notes() == [SendText(QID2, "ℹ late", "late_note", note_id="n2")]
+        assert capsys.readouterr().err == (
+            f"coms-hermes-bridge: state database {path}: dropped closed question {QID!r}:"
+            " ValueError(\"bad state 'bogus'\")\n"
+            f"coms-hermes-bridge: state database {path}: dropped a note owed for {QID!r}:"
+            " ValueError('not a note hermes can send')\n")
+        assert reopened.load() == ([], [(QID2, "timeout")])  # deleted: said once
+        assert reopened.owed_notes() == [SendText(QID2, "ℹ late", "late_note", note_id="n2")]
+        assert capsys.readouterr().err == ""
+    finally:
+        reopened.shutdown()
+
+
 def test_a_snapshot_reads_a_file_with_exactly_the_two_tables_it_needs(tmp_path: Path) -> None:
     bare = tmp_path / "bare.sqlite3"
     _sql(bare, "CREATE TABLE open_questions (qid, prompt, parsed, timeout_ms, deadline, state,"
