@@ -8,6 +8,7 @@ import threading
 import pytest
 from pydantic import ValidationError
 
+from coms_hermes_bridge.messages import wire
 from coms_hermes_bridge.messages.wire import (
     LINE_LIMIT,
     MAX_JSON_DEPTH,
@@ -252,6 +253,15 @@ def test_a_line_with_no_text_to_cut_is_written_whole() -> None:  # W13
     # numbers and one-character texts cannot be shortened: the line is not mangled
     body = {"n": list(range(60)), "t": ["a"] * 30}
     assert fit_line(body, limit=50) == dumps(body) + "\n"
+
+
+def test_the_common_size_saves_what_is_over_and_never_goes_below_nothing() -> None:
+    # W13: fit_line's arithmetic. Cutting 10 to 7 saves 3 (5 stays); 3 cannot save 10,
+    # so everything goes; nothing to cut gives nothing
+    assert wire._cap([10, 5], 3) == 7
+    assert wire._cap([5, 10], 8) == 3  # in any order: 10 and 5 both cut to 3
+    assert wire._cap([3], 10) == 0
+    assert wire._cap([], 5) == 0
 
 
 def test_the_longest_texts_anywhere_in_the_value_are_cut_to_one_common_size() -> None:
