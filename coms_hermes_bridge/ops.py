@@ -118,21 +118,19 @@ class Status:
 def running_bridge(config: BridgeConfig, now: datetime | None = None) -> RegistryEntry | None:
     """The live bridge registered for the project: the one named `config.name` if it is
     there, else any live `hermes-bridge` peer (a restart may have taken `user-remote2`)."""
-    moment = now or utc_now()
-    directory = agents_dir(config.coms_dir, config.project)
+    found = _live_bridges(agents_dir(config.coms_dir, config.project), now or utc_now())
+    return next((entry for entry in found if entry.name == config.name),
+                found[0] if found else None)
+
+
+def _live_bridges(directory: Path, now: datetime) -> list[RegistryEntry]:
+    """The live `hermes-bridge` peers among one agents directory's entries, by file name."""
     try:
-        paths = sorted(directory.glob("*.json"))
+        entries = [read_entry(path) for path in sorted(directory.glob("*.json"))]
     except OSError:
-        return None
-    found: list[RegistryEntry] = []
-    for path in paths:
-        entry = read_entry(path)
-        if entry is not None and entry.model == MODEL and is_live(entry, moment):
-            found.append(entry)
-    for entry in found:
-        if entry.name == config.name:
-            return entry
-    return found[0] if found else None
+        return []
+    return [entry for entry in entries
+            if entry is not None and entry.model == MODEL and is_live(entry, now)]
 
 
 def _snapshot(config: BridgeConfig, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
@@ -209,15 +207,8 @@ def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:
     except OSError:
         registered = []
     for directory in registered:
-        try:
-            entries = sorted((directory / "agents").glob("*.json"))
-        except OSError:
-            continue
-        for path in entries:
-            entry = read_entry(path)
-            if entry is not None and entry.model == MODEL and is_live(entry, moment):
-                found.add(directory.name)
-                break
+        if _live_bridges(directory / "agents", moment):
+            found.add(directory.name)
     return sorted(found)
 
 

@@ -7,16 +7,19 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
+from coms_hermes_bridge.actors.peer import MODEL
+from coms_hermes_bridge.actors.registry import agents_dir, write_entry
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import QuestionSpec
-from coms_hermes_bridge.messages.contract import parse_prompt
-from coms_hermes_bridge.messages.wire import PromptEnvelope
-from coms_hermes_bridge.ops import project_of
+from coms_hermes_bridge.messages.contract import iso, parse_prompt
+from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
+from coms_hermes_bridge.ops import project_of, projects, running_bridge
 from tests.bridge_process import ROOT, Bridge, new_qid
 from tests.fakes import wait_for
 
@@ -296,3 +299,35 @@ def test_a_qid_in_the_old_shared_state_file_belongs_to_the_default_project(
     store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1000.0, 2e9), owner="q")
     store.shutdown()
     assert project_of(config, qid) == "default"
+
+
+def test_the_running_bridge_and_the_projects_come_from_live_bridge_entries(
+    tmp_path: Path,
+) -> None:  # W9 decides live; the model says which peers are bridges
+    config = parse_config(["--project", "demo"], {"HOME": str(tmp_path),
+                                                  "PI_COMS_DIR": str(tmp_path / "coms")})
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    fresh, stale = iso(now), iso(now - timedelta(seconds=91))
+    gone = 2**22 + 1  # above pid_max: no such process
+
+    def register(project: str, name: str, model: str, heartbeat_at: str) -> RegistryEntry:
+        entry = RegistryEntry(session_id=name, name=name, model=model, pid=gone,
+                              endpoint=f"/tmp/{name}.sock", heartbeat_at=heartbeat_at)
+        agents_dir(config.coms_dir, project).mkdir(parents=True, exist_ok=True)
+        write_entry(agents_dir(config.coms_dir, project) / f"{name}.json", entry)
+        return entry
+
+    assert running_bridge(config, now) is None and projects(config, now) == []
+    register("demo", "a-agent", "claude", fresh)  # live, but no bridge
+    register("demo", "b-dead", MODEL, stale)  # a bridge, but dead
+    assert running_bridge(config, now) is None
+    other = register("demo", "c-other", MODEL, fresh)
+    assert running_bridge(config, now) == other  # the only live bridge, whatever its name
+    ours = register("demo", "user-remote", MODEL, fresh)
+    assert running_bridge(config, now) == ours  # the one named --name comes first
+    register("spare", "user-remote", MODEL, stale)
+    register("zeta", "user-remote", MODEL, fresh)
+    (config.coms_dir / "projects" / "empty").mkdir()
+    (agents_dir(config.coms_dir, "junk")).mkdir(parents=True)
+    (agents_dir(config.coms_dir, "junk") / "x.json").write_text("{not json")
+    assert projects(config, now) == ["demo", "zeta"]
