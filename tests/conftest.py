@@ -27,7 +27,7 @@ def _forget_shared_services() -> None:
     runtime._SHARED_LOCK = threading.Lock()
     runtime._SHARED_EDGE = None
     runtime._SPAWNER = None
-    peer._SHARED = None
+    peer.shared_responses.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)

@@ -7,7 +7,9 @@ would count survivors that no test ever met.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,31 @@ def test_the_wait_for_a_mutant_goes_past_a_child_that_is_not_one(
     assert capsys.readouterr().err == (
         "mutmut_tree: reaped pid 4452, not a mutant\nmutmut_tree: reaped pid 4453, not a mutant\n"
     )
+
+
+def test_a_fork_of_a_process_that_ran_tests_gets_shared_services_of_its_own() -> None:
+    # mutmut runs each mutant in a fork of the process that ran every test first: a fork
+    # that kept the parent's loop, spawner or response sender (threads it does not have)
+    # would hang each test that sends a response, and every mutant would count as killed
+    from coms_hermes_bridge.actors import runtime
+    from coms_hermes_bridge.actors.peer import shared_responses
+
+    pool, edge = shared_responses(), runtime.shared_edge()
+    assert edge.spawn(asyncio.sleep(0, "ran")).result(5) == "ran"
+    runtime._spawner()
+    pid = os.fork()
+    if pid == 0:  # the child: says what it found by its exit code, and nothing else
+        code = 1
+        try:
+            fresh = runtime.shared_edge()
+            if fresh is not edge and runtime._SPAWNER is None:
+                code = 2
+                child_pool = shared_responses()
+                if child_pool is not pool and child_pool.edge is fresh:
+                    code = 3
+                    if fresh.spawn(asyncio.sleep(0, "ran")).result(5) == "ran":
+                        code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
