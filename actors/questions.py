@@ -97,8 +97,8 @@ if TYPE_CHECKING:
 
 _ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
 
-# (wiring, spec, child name, its slot) -> the question's ref
-QuestionFactory = Callable[["Wiring", QuestionSpec, str, Slot], pykka.ActorRef[Any]]
+# (wiring, spec, child name) -> the question's ref
+QuestionFactory = Callable[["Wiring", QuestionSpec, str], pykka.ActorRef[Any]]
 
 
 def failed_error(error: str) -> str:
@@ -130,8 +130,8 @@ class QuestionRouter(PooledChild):
         name: str = "router",
         start_question: QuestionFactory | None = None,
         sibling: Callable[[str], str | None] | None = None,
-        question_restarts: int = 3,
-        window_s: float = 10.0,
+        question_restarts: int,
+        window_s: float,
         monotonic: Callable[[], float] = time.monotonic,
         schedule: Schedule = later,
     ) -> None:
@@ -298,7 +298,7 @@ class QuestionRouter(PooledChild):
 
     def _spawn(self, question: OpenQuestion, spec: QuestionSpec, unread: tuple[Any, ...]) -> None:
         try:
-            ref = self.start_question(self.w, spec, question.child, question.slot)
+            ref = self.start_question(self.w, spec, question.child)
         except Exception as exc:  # no thread for it, say: as if it had crashed at once
             self._crashed(question.child, f"{type(exc).__name__}: {exc}", unread,
                           is_resource_shortage(exc))
@@ -406,13 +406,12 @@ class QuestionActor(PooledChild):
     """One qid's state machine (C19) and its timers; its row is the record a restart
     resumes from (see _move)."""
 
-    def __init__(self, wiring: Wiring, spec: QuestionSpec, name: str, me: Slot) -> None:
+    def __init__(self, wiring: Wiring, spec: QuestionSpec, name: str) -> None:
         super().__init__(name, wiring.router)
         self.w = wiring
         self.spec = spec
         self.qid = spec.qid
         self.state: State | None = spec.state
-        self.me = me
         self._timer: Timer | None = None
         self._reminder: Timer | None = None
 
@@ -428,11 +427,13 @@ class QuestionActor(PooledChild):
         # at absolute moments, so a restart keeps the clock running; the reminder (X9)
         # only if not decided yet (a moment passed while the daemon was down fires at once)
         now = time.time()  # the loop's timers count real seconds, whatever clock is injected
-        self._timer = self.tell_later(self.spec.deadline - now, TimedOut(), self.me)
+        # (told to this actor, not its slot: release() cancels them at any stop or crash,
+        # so none can reach a successor, which sets its own)
+        self._timer = self.tell_later(self.spec.deadline - now, TimedOut())
         after = self._remind_after()
         if after is not None:
             asked = self.spec.deadline - self.spec.timeout_ms / 1000
-            self._reminder = self.tell_later(asked + after - now, RemindDue(), self.me)
+            self._reminder = self.tell_later(asked + after - now, RemindDue())
 
     def release(self) -> None:
         for timer in (self._timer, self._reminder):

@@ -394,9 +394,11 @@ class ActorRig(Generic[A]):
         handled(self.ref)
 
     def stopped(self) -> None:
-        """Returns once the actor has stopped: its last turn is over, and it tells
-        nobody anything more."""
+        """Returns once the actor has stopped: its last turn is over (on_stop included:
+        the stop flag is set before it runs, in the same turn), and it tells nobody
+        anything more."""
         wait_for(lambda: not self.ref.is_alive(), what=f"{self.ref} stops")
+        edge_caught_up()
 
     @property
     def actor(self) -> A:
@@ -454,11 +456,13 @@ class RouterRig(WiredRig[QuestionRouter]):
         self.me = Slot("router")
         self.started: dict[str, list[tuple[QuestionSpec, str, FakeRef]]] = {}
         options.setdefault("start_question", self._fake_question)
+        options.setdefault("question_restarts", 3)  # the tree's own bound
+        options.setdefault("window_s", 10.0)
         super().__init__(QuestionRouter, store=store, config=bridge_config(**(config or {})),
                          addresses={"router": self.me}, **options)
         self.me.bind(self.ref)
 
-    def _fake_question(self, wiring: Any, spec: QuestionSpec, child: str, slot: Slot) -> Any:
+    def _fake_question(self, wiring: Any, spec: QuestionSpec, child: str) -> Any:
         question = FakeRef(child)
         self.started.setdefault(spec.qid, []).append((spec, child, question))
         return _FakeChild(question)

@@ -1,12 +1,13 @@
 """QuestionActor through its messages, with fake collaborators and a real Store (C11, C13-C19).
 
 Each question is started as the QuestionRouter starts one (`QuestionActor.start`: the
-Wiring, its spec, its name and the Slot it is reached through); its supervisor is the
+Wiring, its spec and its name) and reached through a Slot; its supervisor is the
 router."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.questions import QuestionActor
-from coms_hermes_bridge.actors.runtime import Slot, later
+from coms_hermes_bridge.actors.runtime import Slot, later, shared_edge
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
@@ -89,7 +90,7 @@ class Rig(WiredRig[QuestionActor]):
 
     def start(self, actor_class: type[QuestionActor], options: dict[str, Any]
               ) -> pykka.ActorRef[QuestionActor]:
-        return actor_class.start(self.wiring, self.spec, self.name, self.slot)
+        return actor_class.start(self.wiring, self.spec, self.name)
 
     def events(self, count: int) -> list[tuple[str, Any]]:
         """The next `count` log events as (event, detail)."""
@@ -185,7 +186,8 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(
     ],
 )
 def test_answer_closes_the_question(
-    start: Start, delivered: bool, text: str, response: dict[str, Any]
+    start: Start, delivered: bool, text: str, response: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # C11, C19: pending|delivered + answered -> answered; mapped response; file removed
     rig = start()
@@ -199,6 +201,9 @@ def test_answer_closes_the_question(
     assert rig.router.next() == QuestionClosed(QID, "answered", NAME)
     rig.stopped()
     rig.router.assert_nothing()
+    # it let go of its timers once (at its close): its stop found nothing more to do
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("pykka")
+            and r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize("delivered", [True, False])
@@ -279,7 +284,8 @@ def test_unknown_message_crashes_loudly_to_the_supervisor(start: Start) -> None:
         rig.slot.tell("what is this")
         rig.slot.tell(Delivered(QID))
     failed = rig.router.expect(ChildFailed)
-    assert failed.child == NAME and "str" in failed.error
+    assert failed.child == NAME
+    assert failed.error == f"UnknownMessage: {NAME} does not take str: 'what is this'"
     assert failed.unread == (Delivered(QID),)
 
 
@@ -317,13 +323,16 @@ def test_the_owed_response_is_durable_before_the_peer_is_told(
         assert store.answered_by(QID) == (f"{QID}.answer.json", SIG)
 
 
-def test_a_replaced_question_does_nothing_more(start: Start, store: Store) -> None:
-    # a repeated qid gave the row to a successor: the old actor's timer must not
-    # log, note, answer or close anything in the qid's name
+@pytest.mark.parametrize("event", [TimedOut(), Delivered(QID)])
+def test_a_replaced_question_does_nothing_more(start: Start, store: Store,
+                                               event: TimedOut | Delivered) -> None:
+    # a repeated qid gave the row to a successor: the old actor's timer (or its late
+    # word of delivery) must not log, note, answer, close or move anything in its name
     rig = start()
     rig.events(1)
-    store.put_open(question_spec(), owner="question:x:2")
-    rig.slot.tell(TimedOut())
+    successor = question_spec()
+    store.put_open(successor, owner="question:x:2")
+    rig.slot.tell(event)
     # its supervisor forgets it (nothing to restart, nothing to watch over)
     assert rig.router.next() == QuestionClosed(QID, None, NAME)
     rig.stopped()
@@ -332,6 +341,7 @@ def test_a_replaced_question_does_nothing_more(start: Start, store: Store) -> No
     rig.delivery.assert_nothing()
     rig.router.assert_nothing()
     assert [s.qid for s in store.load()[0]] == [QID] and store.outbox() == []
+    assert store.open_spec(QID, "question:x:2") == successor  # its state not moved
 
 
 @pytest.mark.parametrize("state", ["answered", "cancelled", "timeout"])
@@ -389,18 +399,17 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
     spec = question_spec(timeout_s=100, deadline=deadline, state="delivered")
     first = Rig(spec, store)
     first.ref.ask(Delivered(QID))  # a turn after begin(): its timer is set
+    timer = first.actor._timer
+    assert timer is not None and not timer.cancelled
     first.ref.stop()
+    assert timer.cancelled  # the stopped one's timer goes with it: it tells nobody
     # the restart, as a restarted Router's: the row claimed under a new name, same deadline
     assert store.claim(QID, "question:x:2")
-    slot = Slot("question:x:2")
-    second = QuestionActor.start(first.wiring, spec, "question:x:2", slot)
-    slot.bind(second)
+    second = QuestionActor.start(first.wiring, spec, "question:x:2")
     assert first.logger.expect(LogEvent, timeout=5).record.event == "timeout"
     assert time.time() >= deadline  # not a moment before
     assert first.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "no remote answer within 100000ms", "question:x:2")
-    edge_passed(deadline + 0.1)
-    assert first.slot.held == ()  # the stopped one's timer was cancelled: it told nobody
     wait_for(lambda: not second.is_alive(), what="the restarted one stops")  # timed out
     first.logger.assert_nothing()  # both are over, their timers fired or cancelled
 
@@ -418,7 +427,7 @@ def test_two_thousand_open_questions_run_on_a_few_threads(store: Store) -> None:
         spec = question_spec(timeout_s=600, qid=f"01ARZ3NDEKTSV4RRFFQ{i:07d}")
         store.put_open(spec, owner=f"question:x:{i}")
         slot = Slot(f"question:x:{i}")
-        slot.bind(QuestionActor.start(wiring, spec, f"question:x:{i}", slot))
+        slot.bind(QuestionActor.start(wiring, spec, f"question:x:{i}"))
         slots.append((spec.qid, slot))
     for qid, slot in slots:
         slot.tell(Delivered(qid))
@@ -466,6 +475,20 @@ def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(store: Sto
     rig.delivery.assert_nothing()
 
 
+def test_a_long_question_s_reminder_is_armed_for_its_deadline_minus_remind_before(
+    store: Store,
+) -> None:  # X9: counted from when it was asked (deadline - timeout), to the millisecond
+    timeout_s = 100 * 86_400  # a hundred days: a slip of one part in a thousand is hours
+    deadline = time.time() + timeout_s
+    spec = question_spec(timeout_s=timeout_s, deadline=deadline, state="delivered")
+    rig = Rig(spec, store, remind_before_ms=30_000)
+    rig.sync()
+    reminder = rig.actor._reminder
+    assert reminder is not None
+    due_in = reminder._due - shared_edge().loop.time()
+    assert abs(due_in - (deadline - 30 - time.time())) < 1.0
+
+
 @pytest.mark.parametrize(("reminded", "remind_before_ms"), [(True, 30_000), (False, 100_000),
                                                             (False, None)])
 def test_no_reminder_when_decided_too_late_or_off(
@@ -497,9 +520,11 @@ def test_a_reminder_due_with_less_than_a_second_left_says_so(store: Store) -> No
     assert rig.events(1) == [("reminded", {"left_ms": 400})]
 
 
-def test_no_reminder_for_a_question_past_its_deadline(store: Store) -> None:  # X9, C17
-    # the daemon was down past both moments: the question times out, it is not reminded
-    rig, _due = _reminded_rig(store, remind_in_s=30, left_s=-50)
+@pytest.mark.parametrize("left_s", [-50, 0])
+def test_no_reminder_for_a_question_past_its_deadline(store: Store, left_s: float) -> None:
+    # X9, C17: the daemon was down past both moments (or to the very deadline): the
+    # question times out, it is not reminded
+    rig, _due = _reminded_rig(store, remind_in_s=30, left_s=left_s)
     rig.slot.tell(RemindDue())  # the overdue reminder's message comes first
     rig.slot.tell(TimedOut())
     assert rig.delivery.expect(SendText).purpose == "timeout_note"  # the first and only note

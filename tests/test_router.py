@@ -684,8 +684,9 @@ class Crashing:
         _spec, self.child, self.slot, _router = self.starts[0]
         assert self.rig.store.set_state(QID, "delivered", owner=self.child)
 
-    def _start(self, wiring: Wiring, spec: QuestionSpec, child: str, slot: Slot) -> Any:
-        self.starts.append((spec, child, slot, wiring.router))
+    def _start(self, wiring: Wiring, spec: QuestionSpec, child: str) -> Any:
+        # (in the Router's turn: its table already holds the slot it will bind)
+        self.starts.append((spec, child, slot_of(self.rig, spec.qid), wiring.router))
         if self.fails:
             raise self.fails.pop(0)
         return Recorder.start(supervisor=_Relay(wiring.router, self.reported), seen=self.seen,
