@@ -374,7 +374,7 @@ class Listener:
 
 # -- responses to askers (W15) ----------------------------------------------------
 
-MAX_REPLY = 65536  # bytes of reply read before judging it (a reply is one short line)
+MAX_REPLY = 65536  # bytes of reply read at most before judging it (a reply is one short line)
 # Responses waiting or being sent, retries included: every question --max-open allows
 # (10,000 by default) answered at once, plus as many owed from the last run.
 RESPONSE_QUEUE = 20_000
@@ -471,9 +471,11 @@ class ResponsePool:
 
 
 async def _exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
-    """Connect, write the line, and read the reply up to its first newline (at most
-    MAX_REPLY bytes), all within `timeout` (W12). A full backlog is waited out: room
-    comes as the peer accepts."""
+    """Connect, write the line, and read the reply up to its first newline, all within
+    `timeout` (W12). A full backlog is waited out: room comes as the peer accepts.
+
+    Never more than MAX_REPLY bytes are read, however the reply is cut into chunks: a
+    longer line is judged on its first MAX_REPLY bytes (and so is no ack)."""
     loop = asyncio.get_running_loop()
     flags = socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
     with socket.socket(socket.AF_UNIX, flags) as sock:
@@ -486,11 +488,11 @@ async def _exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
                     await asyncio.sleep(CONNECT_RETRY_S)
             await loop.sock_sendall(sock, line)
             reply = bytearray()
-            while b"\n" not in reply and len(reply) <= MAX_REPLY:
-                chunk = await loop.sock_recv(sock, 4096)
-                if not chunk:
-                    break
+            while len(reply) < MAX_REPLY:
+                chunk = await loop.sock_recv(sock, min(4096, MAX_REPLY - len(reply)))
                 reply += chunk
+                if not chunk or b"\n" in chunk:
+                    break
     return bytes(reply)
 
 

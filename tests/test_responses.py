@@ -164,6 +164,32 @@ def test_a_reply_in_two_writes_or_without_a_close_is_an_ack(coms_dir: Path, how:
     assert send_envelope(asker.endpoint, LINE, 30.0) == (None, True)  # not its timeout
 
 
+def padded_ack(line_bytes: int) -> bytes:
+    """An ack whose line is `line_bytes` long before its newline."""
+    head = b'{"type":"ack","msg_id":"q","pad":"'
+    return head + b"x" * (line_bytes - len(head) - 2) + b'"}\n'
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_at_most_max_reply_bytes_of_a_reply_are_read(coms_dir: Path, split: bool) -> None:
+    # W15, bounded: a reply is judged on its first MAX_REPLY bytes at most, however it
+    # is cut into writes: an ack of exactly that many is whole, one byte more is cut
+    # short of its closing brace and is no ack
+    assert peer.MAX_REPLY == 65536
+    fits = padded_ack(peer.MAX_REPLY)
+    asker = Asker(coms_dir / "a.sock", lambda _: fits, split=split, linger=True)
+    assert send_envelope(asker.endpoint, LINE, 30.0) == (None, True)
+    long = padded_ack(peer.MAX_REPLY + 1)
+    over = Asker(coms_dir / "b.sock", lambda _: long, split=split, linger=True)
+    assert send_envelope(over.endpoint, LINE, 30.0) == (
+        "unexpected reply: " + long[:200].decode(), True)
+    pool, done = ResponsePool(), Done()
+    pool.submit("q", over.endpoint, LINE, 30.0, NEVER, done("q"))
+    wait_for(lambda: "q" in done.outcomes, what="the long reply judged")
+    assert done.outcomes == {"q": "unexpected reply: " + long[:200].decode()}
+    assert over.connections == 2  # final: never tried again
+
+
 def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Path) -> None:
     # json.loads raises RecursionError, not ValueError, for this: the sender must go on
     asker = Asker(coms_dir / "a.sock", lambda _: b"[" * 100_000 + b"\n")
