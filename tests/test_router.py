@@ -269,12 +269,15 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(
 ) -> None:
     rig = make()
     _spec, child, question = rig.opened(prompt_envelope(QIDS[0]))
+    slot = rig.actor.open[QIDS[0]].slot
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
     assert rig.depth() == 1
     rig.ref.tell(QuestionClosed(QIDS[0], "answered", child))
     assert rig.depth() == 0
     assert rig.actor.closed == {QIDS[0]: "answered"}
-    assert question.next() == "stopped"  # what runs it goes with it
+    question.assert_nothing()  # a closed question stops itself: the Router does not again
+    slot.tell(CancelRequested())
+    question.assert_nothing()  # its slot is retired: nothing reaches it any more
 
 
 def test_the_memory_of_closed_questions_is_bounded_and_keeps_the_latest(
