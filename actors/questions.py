@@ -206,8 +206,8 @@ class QuestionRouter(PooledChild):
                 self._route_answer(name, content, signature)
             case QuestionClosed(qid=qid, state=state, child=child):
                 question = self._question(child)
-                if question is not None:  # it stops itself: no second stop to make and fail
-                    self._forget(question, halt=False)
+                if question is not None:
+                    self._forget(question)
                     if state is not None:  # C18: a failed delivery leaves no trace of the qid
                         self._remember_closed(qid, state)
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
@@ -342,13 +342,12 @@ class QuestionRouter(PooledChild):
             self._log(log_record(self.w.now(), qid, "question_failed", {"error": error}))
             self.w.peer.tell(owed)
 
-    def _forget(self, question: OpenQuestion, halt: bool = True) -> None:
+    def _forget(self, question: OpenQuestion) -> None:
+        """Its actor is gone already (it closed and stopped itself, or it crashed): no
+        stop to make, which would only make a pykka future and fail it."""
         del self.open[question.qid]
         self.policy.forget(question.child)
-        if halt:
-            self._halt(question)
-        else:
-            question.slot.retire()
+        question.slot.retire()
 
     def _remember_closed(self, qid: str, state: State) -> None:
         self.closed[qid] = state
