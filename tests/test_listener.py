@@ -152,6 +152,32 @@ def test_past_the_connection_cap_a_client_is_refused_at_once(
         conn.close()
 
 
+def test_past_the_cap_a_client_already_gone_is_closed_without_a_fault(
+    serve: Callable[..., Served], capfd: pytest.CaptureFixture[str]
+) -> None:  # W12: its nack has nobody to read it; the listener goes on, saying only the refusal
+    served = serve(max_connections=1)
+    held = connect(served.path)
+    wait_for(lambda: served.listener.open_connections == 1, what="one connection")
+    holding, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(10)
+
+    served.listener.edge.call(hold)  # while the loop is held, the next client waits unaccepted
+    assert holding.wait(10)
+    connect(served.path).close()  # it connected, and hung up before it was taken
+    gate.set()
+    assert said(capfd, "the refusal") == (
+        "coms-hermes-bridge: warning: 1 coms connections open; refusing more until some"
+        " close\n")
+    held.close()
+    wait_for(lambda: served.listener.open_connections == 0, what="the first one closed")
+    assert json.loads(talk(served.path, PING))["type"] == "pong"
+    assert capfd.readouterr().err == (
+        "coms-hermes-bridge: warning: refused 1 coms connection(s) while 1 were open\n")
+
+
 def test_the_deadline_is_for_the_whole_line_not_each_recv(serve: Callable[..., Served]) -> None:
     # W12: a trickler sending one byte every 0.1 s, never a newline, is dropped at the
     # line's deadline, though each of its sends comes well within it

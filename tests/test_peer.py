@@ -372,6 +372,26 @@ def test_release_leaves_an_entry_claimed_by_another_run(identity: PeerIdentity) 
     assert not identity.endpoint.exists()
 
 
+def test_a_second_release_leaves_a_successors_entry_and_socket_alone(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W8: each step of release is done once, however often release is called
+    rig = start(identity).ready()
+    entry = read_entry(identity.entry_path)
+    assert entry is not None
+    rig.ref.stop()  # the first release: unpublished, unlistened, unlinked
+    assert not identity.entry_path.exists() and not identity.endpoint.exists()
+    successor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # the next run, same session
+    successor.bind(str(identity.endpoint))
+    write_entry(identity.entry_path, entry)
+    try:
+        rig.actor.release()
+        assert read_entry(identity.entry_path) == entry
+        assert identity.endpoint.is_socket()
+        assert capfd.readouterr().err == ""
+    finally:
+        successor.close()
+
+
 def test_release_closes_the_listener_and_minds_a_socket_already_gone(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W8
