@@ -3,14 +3,23 @@
 A score only means something if every survivor is either killed by a new test
 or written down as equivalent (no test could tell it from the original) with
 the reason. `scripts/mutation_equivalents.txt` is that list: one mutant key per
-line, then ` # why`. A listed key that no longer exists is reported, so the list
-cannot silently go stale when the code moves.
+line, the fingerprint of its change (`@` and 8 hex digits), then ` # why`.
+
+mutmut numbers a function's mutants in order, so an edit to the function moves
+its keys: a listed key may come to name another mutant, and its reason then
+vouches for a change it was never written for. The fingerprint is a hash of the
+lines the mutant changes (before and after); a listed mutant counts as
+equivalent only while the run's mutant under that key still has it. One that
+moved is reported, as is a listed key that no longer exists.
 
 Usage: python scripts/mutation_report.py MODULE.py [MODULE.py ...]   (after scripts/mutate)
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import hashlib
 import json
 import subprocess
 import sys
@@ -28,18 +37,61 @@ DETECTED = KILLED | TIMED_OUT
 SURVIVED = 0
 
 
-def equivalents() -> dict[str, str]:
-    """Mutant key -> why it is equivalent."""
-    found: dict[str, str] = {}
-    if not EQUIVALENTS.exists():
-        return found
-    for raw in EQUIVALENTS.read_text(encoding="utf-8").splitlines():
+def equivalents(text: str | None = None) -> dict[str, tuple[str | None, str]]:
+    """Mutant key -> (the fingerprint it was listed with, why it is equivalent)."""
+    found: dict[str, tuple[str | None, str]] = {}
+    if text is None:
+        if not EQUIVALENTS.exists():
+            return found
+        text = EQUIVALENTS.read_text(encoding="utf-8")
+    for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        key, _, why = line.partition("#")
-        found[key.strip()] = why.strip()
+        head, _, why = line.partition("#")
+        key, *rest = head.split()
+        mark = rest[0] if rest and rest[0].startswith("@") else None
+        found[key] = (mark[1:] if mark else None, why.strip())
     return found
+
+
+def mutant_changes(code: str) -> dict[str, list[str]]:
+    """Each mutant function of a mutmut-made module -> the lines it changes, stripped:
+    `-` the original's, `+` its own (the function's own name left out)."""
+    lines = code.splitlines()  # once: ast.get_source_segment splits the file per call
+    functions = {
+        node.name: "\n".join(lines[node.lineno - 1 : node.end_lineno])
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    changes: dict[str, list[str]] = {}
+    for name, source in functions.items():
+        base, marker, number = name.rpartition("__mutmut_")
+        original = functions.get(f"{base}__mutmut_orig")
+        if not marker or not number.isdigit() or original is None:
+            continue
+        unnamed = original.replace(f"{base}__mutmut_orig", "f", 1)
+        before = [line.strip() for line in unnamed.splitlines()]
+        after = [line.strip() for line in source.replace(name, "f", 1).splitlines()]
+        changes[name] = [
+            line for line in difflib.unified_diff(before, after, lineterm="", n=0)
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")
+        ]
+    return changes
+
+
+def fingerprint(change: list[str]) -> str:
+    return hashlib.sha1("\n".join(change).encode()).hexdigest()[:8]
+
+
+def vouched(known: dict[str, tuple[str | None, str]], prints: dict[str, str], key: str) -> bool:
+    """Listed as equivalent, and the mutant under its key is still the change listed."""
+    mark = known.get(key, (None, ""))[0]
+    return mark is not None and mark == prints.get(key)
+
+
+def module_prefix(module: str) -> str:
+    return f"coms_hermes_bridge.{module.removesuffix('.py').replace('/', '.')}."
 
 
 def main(argv: list[str]) -> int:
@@ -51,6 +103,8 @@ def main(argv: list[str]) -> int:
     seen_keys: set[str] = set()
     worst = 100.0
     survivors: list[str] = []
+    moved: list[str] = []  # listed, but the key now names a change of another fingerprint
+    marks: dict[str, str] = {}  # each survivor's fingerprint, to list it by
     print(
         f"{'module':<32} {'mutants':>7} {'killed':>6} {'timeout':>7} {'equiv':>5} {'left':>4} "
         f"{'score':>7}"
@@ -63,6 +117,13 @@ def main(argv: list[str]) -> int:
             continue
         codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
         seen_keys.update(codes)
+        mutated = ROOT / "mutants" / module
+        changes = mutant_changes(mutated.read_text(encoding="utf-8")) if mutated.exists() else {}
+        prints = {
+            module_prefix(module) + name: fingerprint(change) for name, change in changes.items()
+        }
+        moved.extend(k for k, code in codes.items()
+                     if code not in DETECTED and k in known and not vouched(known, prints, k))
         status = Counter(
             "killed" if code in KILLED
             else "timeout" if code in TIMED_OUT
@@ -70,8 +131,11 @@ def main(argv: list[str]) -> int:
             else "other"
             for code in codes.values()
         )
-        left = [k for k, code in codes.items() if code not in DETECTED and k not in known]
-        equiv = sum(1 for k, code in codes.items() if code not in DETECTED and k in known)
+        left = [k for k, code in codes.items()
+                if code not in DETECTED and not vouched(known, prints, k)]
+        equiv = sum(1 for k, code in codes.items()
+                    if code not in DETECTED and vouched(known, prints, k))
+        marks.update({k: prints.get(k, "?") for k in left})
         counted = len(codes) - equiv
         detected = status["killed"] + status["timeout"]
         score = 100.0 * detected / counted if counted else 100.0
@@ -80,14 +144,17 @@ def main(argv: list[str]) -> int:
         print(f"{module:<32} {len(codes):>7} {status['killed']:>6} {status['timeout']:>7} "
               f"{equiv:>5} {len(left):>4} {score:>6.1f}%")
     # Only the modules of this run can vouch for a key: others were not mutated now.
-    prefixes = tuple(
-        f"coms_hermes_bridge.{m.removesuffix('.py').replace('/', '.')}." for m in modules
-    )
+    prefixes = tuple(module_prefix(m) for m in modules)
     stale = sorted(k for k in set(known) - seen_keys if k.startswith(prefixes))
     if stale:
         print("\nlisted as equivalent but no longer generated (remove from the list):")
         for key in stale:
             print(f"  {key}")
+    if moved:
+        print("\nlisted as equivalent under a key that now names another change (counted as"
+              " left: check the mutant below, then list it again with its fingerprint):")
+        for key in moved:
+            print(f"  {key} @{marks.get(key, '?')}  (listed as @{known[key][0]}: {known[key][1]})")
     if survivors:
         print("\nsurvivors (kill each with a test, or list it as equivalent with the reason):")
         for key in survivors:
@@ -95,7 +162,7 @@ def main(argv: list[str]) -> int:
                 [sys.executable, str(ROOT / "scripts" / "mutmut_tree.py"), "--", "show", key],
                 cwd=ROOT, capture_output=True, text=True, check=False,
             )
-            print(f"\n## {key}\n{shown.stdout.strip()}")
+            print(f"\n## {key} @{marks.get(key, '?')}\n{shown.stdout.strip()}")
     print(f"\nlowest module score: {worst:.1f}%")
     return 0
 
