@@ -475,7 +475,7 @@ async def _exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
     `timeout` (W12). A full backlog is waited out: room comes as the peer accepts.
 
     Never more than MAX_REPLY bytes are read, however the reply is cut into chunks: a
-    longer line is judged on its first MAX_REPLY bytes (and so is no ack)."""
+    longer line is judged on its first MAX_REPLY bytes alone."""
     loop = asyncio.get_running_loop()
     flags = socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
     with socket.socket(socket.AF_UNIX, flags) as sock:

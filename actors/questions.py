@@ -343,8 +343,9 @@ class QuestionRouter(PooledChild):
             self.w.peer.tell(owed)
 
     def _forget(self, question: OpenQuestion) -> None:
-        """Its actor is gone already (it closed and stopped itself, or it crashed): no
-        stop to make, which would only make a pykka future and fail it."""
+        """Its actor has stopped (it crashed) or has its stop queued (it closed, and told
+        itself to stop in the same turn): a stop from here would only add a pykka future
+        and fail it."""
         del self.open[question.qid]
         self.policy.forget(question.child)
         question.slot.retire()

@@ -56,8 +56,10 @@ def equivalents(text: str | None = None) -> dict[str, tuple[str | None, str]]:
 
 
 def mutant_changes(code: str) -> dict[str, list[str]]:
-    """Each mutant function of a mutmut-made module -> the lines it changes, stripped:
-    `-` the original's, `+` its own (the function's own name left out)."""
+    """Each mutant function of a mutmut-made module -> its diff against the original:
+    each hunk's `@@` line (where in the function), then the lines it changes, stripped,
+    `-` the original's and `+` its own (the function's own name left out). The place
+    tells apart the same change made to two identical lines of one function."""
     lines = code.splitlines()  # once: ast.get_source_segment splits the file per call
     functions = {
         node.name: "\n".join(lines[node.lineno - 1 : node.end_lineno])
@@ -73,10 +75,8 @@ def mutant_changes(code: str) -> dict[str, list[str]]:
         unnamed = original.replace(f"{base}__mutmut_orig", "f", 1)
         before = [line.strip() for line in unnamed.splitlines()]
         after = [line.strip() for line in source.replace(name, "f", 1).splitlines()]
-        changes[name] = [
-            line for line in difflib.unified_diff(before, after, lineterm="", n=0)
-            if line[:1] in "+-" and line[:3] not in ("+++", "---")
-        ]
+        # past the two header lines (--- and +++), whatever the lines themselves say
+        changes[name] = list(difflib.unified_diff(before, after, lineterm="", n=0))[2:]
     return changes
 
 
@@ -154,7 +154,9 @@ def main(argv: list[str]) -> int:
         print("\nlisted as equivalent under a key that now names another change (counted as"
               " left: check the mutant below, then list it again with its fingerprint):")
         for key in moved:
-            print(f"  {key} @{marks.get(key, '?')}  (listed as @{known[key][0]}: {known[key][1]})")
+            mark, why = known[key]
+            listed = f"listed as @{mark}" if mark else "listed without a fingerprint"
+            print(f"  {key} @{marks.get(key, '?')}  ({listed}: {why})")
     if survivors:
         print("\nsurvivors (kill each with a test, or list it as equivalent with the reason):")
         for key in survivors:

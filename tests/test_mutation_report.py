@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -41,6 +42,27 @@ class Box:
         self.items.append(item)
         self.full = None
 
+    @staticmethod
+    async def xǁBoxǁwait__mutmut_orig(flag):
+        if flag:
+            return None
+        if flag:
+            return None
+
+    @staticmethod
+    async def xǁBoxǁwait__mutmut_1(flag):
+        if flag:
+            return None
+        if not flag:
+            return None
+
+    @staticmethod
+    async def xǁBoxǁwait__mutmut_2(flag):
+        if not flag:
+            return None
+        if flag:
+            return None
+
     def helper(self):
         return 1
 '''
@@ -56,21 +78,29 @@ def report() -> ModuleType:
 
 
 def test_each_mutant_is_known_by_the_lines_it_changes() -> None:
-    changes = report().mutant_changes(MUTATED)
+    module = report()
+    changes = module.mutant_changes(MUTATED)
     assert changes == {
         # a changed default in the signature counts; the function's own name does not
-        "x_pick__mutmut_1": ["-def f(items, last=False):", "+def f(items, last=True):"],
-        "x_pick__mutmut_2": ["-if not items:", "+if items:"],
-        "xǁBoxǁput__mutmut_1": ["-self.full = False", "+self.full = None"],
+        "x_pick__mutmut_1": ["@@ -1 +1 @@", "-def f(items, last=False):", "+def f(items, last=True):"],
+        "x_pick__mutmut_2": ["@@ -3 +3 @@", "-if not items:", "+if items:"],
+        "xǁBoxǁput__mutmut_1": ["@@ -3 +3 @@", "-self.full = False", "+self.full = None"],
+        # an async method (decorated): the same change to two identical lines, told apart
+        "xǁBoxǁwait__mutmut_1": ["@@ -4 +4 @@", "-if flag:", "+if not flag:"],
+        "xǁBoxǁwait__mutmut_2": ["@@ -2 +2 @@", "-if flag:", "+if not flag:"],
     }
+    assert (module.fingerprint(changes["xǁBoxǁwait__mutmut_1"])
+            != module.fingerprint(changes["xǁBoxǁwait__mutmut_2"]))
 
 
 def test_a_fingerprint_is_eight_hex_digits_of_the_change_alone() -> None:
     module = report()
-    mark = module.fingerprint(["-self.full = False", "+self.full = None"])
-    assert len(mark) == 8 and int(mark, 16) >= 0
-    assert mark == module.fingerprint(["-self.full = False", "+self.full = None"])
-    assert mark != module.fingerprint(["-self.full = False", "+self.full = True"])
+    change = ["@@ -3 +3 @@", "-self.full = False", "+self.full = None"]
+    mark = module.fingerprint(change)
+    assert re.fullmatch("[0-9a-f]{8}", mark)
+    assert mark == module.fingerprint(list(change))
+    assert mark != module.fingerprint(["@@ -3 +3 @@", "-self.full = False", "+self.full = True"])
+    assert mark != module.fingerprint(["@@ -4 +4 @@", "-self.full = False", "+self.full = None"])
 
 
 def test_the_list_reads_key_fingerprint_and_reason() -> None:
@@ -106,19 +136,25 @@ def test_a_moved_listing_is_counted_as_left_and_named(
         key + "x_pick__mutmut_1": 0,  # survived, listed with its own fingerprint
         key + "x_pick__mutmut_2": 0,  # survived, listed for a change it no longer is
         key + "xǁBoxǁput__mutmut_1": 1,  # killed
+        key + "xǁBoxǁwait__mutmut_1": 0,  # survived, listed without a fingerprint
+        key + "xǁBoxǁwait__mutmut_2": 1,  # killed
     }}))
     changes = module.mutant_changes(MUTATED)
     equivalents = tmp_path / "equivalents.txt"
     equivalents.write_text(
         f"{key}x_pick__mutmut_1 @{module.fingerprint(changes['x_pick__mutmut_1'])}  # default\n"
-        f"{key}x_pick__mutmut_2 @{module.fingerprint(changes['x_pick__mutmut_1'])}  # moved\n")
+        f"{key}x_pick__mutmut_2 @{module.fingerprint(changes['x_pick__mutmut_1'])}  # moved\n"
+        f"{key}xǁBoxǁwait__mutmut_1  # unmarked\n")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     monkeypatch.setattr(module, "EQUIVALENTS", equivalents)
     assert module.main(["actors/box.py"]) == 0
     out = capsys.readouterr().out
-    assert "actors/box.py                          3      1       0     1    1   50.0%" in out
+    assert "actors/box.py                          5      2       0     1    2   50.0%" in out
     moved = module.fingerprint(changes["x_pick__mutmut_2"])
     assert (f"  {key}x_pick__mutmut_2 @{moved}  (listed as "
             f"@{module.fingerprint(changes['x_pick__mutmut_1'])}: moved)") in out
+    unmarked = module.fingerprint(changes["xǁBoxǁwait__mutmut_1"])
+    assert (f"  {key}xǁBoxǁwait__mutmut_1 @{unmarked}  (listed without a fingerprint: "
+            "unmarked)") in out
     assert f"## {key}x_pick__mutmut_2 @{moved}" in out
     assert "lowest module score: 50.0%" in out
