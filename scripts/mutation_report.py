@@ -8,7 +8,8 @@ line, the fingerprint of its change (`@` and 8 hex digits), then ` # why`.
 mutmut numbers a function's mutants in order, so an edit to the function moves
 its keys: a listed key may come to name another mutant, and its reason then
 vouches for a change it was never written for. The fingerprint is a hash of the
-lines the mutant changes (before and after); a listed mutant counts as
+lines the mutant changes (before and after) and of where in its function they
+are; a listed mutant counts as
 equivalent only while the run's mutant under that key still has it. One that
 moved is reported, as is a listed key that no longer exists.
 
@@ -25,6 +26,8 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+
+from mutmut_tree import mutant_name  # a sibling script: the one naming of mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENTS = ROOT / "scripts" / "mutation_equivalents.txt"
@@ -90,10 +93,6 @@ def vouched(known: dict[str, tuple[str | None, str]], prints: dict[str, str], ke
     return mark is not None and mark == prints.get(key)
 
 
-def module_prefix(module: str) -> str:
-    return f"coms_hermes_bridge.{module.removesuffix('.py').replace('/', '.')}."
-
-
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -120,7 +119,7 @@ def main(argv: list[str]) -> int:
         mutated = ROOT / "mutants" / module
         changes = mutant_changes(mutated.read_text(encoding="utf-8")) if mutated.exists() else {}
         prints = {
-            module_prefix(module) + name: fingerprint(change) for name, change in changes.items()
+            mutant_name(Path(module), name): fingerprint(change) for name, change in changes.items()
         }
         moved.extend(k for k, code in codes.items()
                      if code not in DETECTED and k in known and not vouched(known, prints, k))
@@ -144,7 +143,7 @@ def main(argv: list[str]) -> int:
         print(f"{module:<32} {len(codes):>7} {status['killed']:>6} {status['timeout']:>7} "
               f"{equiv:>5} {len(left):>4} {score:>6.1f}%")
     # Only the modules of this run can vouch for a key: others were not mutated now.
-    prefixes = tuple(module_prefix(m) for m in modules)
+    prefixes = tuple(mutant_name(Path(m), "") for m in modules)
     stale = sorted(k for k in set(known) - seen_keys if k.startswith(prefixes))
     if stale:
         print("\nlisted as equivalent but no longer generated (remove from the list):")

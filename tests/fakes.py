@@ -6,16 +6,19 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import importlib.util
 import itertools
 import json
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import pykka
@@ -599,3 +602,18 @@ def actors_held() -> Iterator[None]:
         yield
     finally:
         hold.set()
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def script(name: str) -> ModuleType:
+    """A module of scripts/ (a folder, not a package), loaded afresh from its file, with
+    its sibling scripts importable by name as when it runs."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.append(str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

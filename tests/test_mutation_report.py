@@ -3,7 +3,6 @@ change it was listed for (mutmut renumbers a function's mutants when the functio
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.fakes import script
 
 # A module as mutmut writes it: each function's original and its mutants side by side.
 MUTATED = '''
@@ -69,12 +68,7 @@ class Box:
 
 
 def report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "mutation_report", ROOT / "scripts" / "mutation_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("mutation_report")
 
 
 def test_each_mutant_is_known_by_the_lines_it_changes() -> None:
@@ -125,14 +119,17 @@ def test_a_listing_vouches_only_for_the_change_it_names() -> None:
     assert not module.vouched(known, prints, "k4")  # not listed
 
 
+# each folder's modules keyed by their import name (setup.cfg's package_dir)
+@pytest.mark.parametrize(("folder", "key"), [("actors", "coms_hermes_bridge.actors.box."),
+                                            ("coms_hermes_bridge", "coms_hermes_bridge.box.")])
 def test_a_moved_listing_is_counted_as_left_and_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    folder: str, key: str,
 ) -> None:
     module = report()
-    (tmp_path / "mutants" / "actors").mkdir(parents=True)
-    (tmp_path / "mutants" / "actors" / "box.py").write_text(MUTATED)
-    key = "coms_hermes_bridge.actors.box."
-    (tmp_path / "mutants" / "actors" / "box.py.meta").write_text(json.dumps({"exit_code_by_key": {
+    (tmp_path / "mutants" / folder).mkdir(parents=True)
+    (tmp_path / "mutants" / folder / "box.py").write_text(MUTATED)
+    (tmp_path / "mutants" / folder / "box.py.meta").write_text(json.dumps({"exit_code_by_key": {
         key + "x_pick__mutmut_1": 0,  # survived, listed with its own fingerprint
         key + "x_pick__mutmut_2": 0,  # survived, listed for a change it no longer is
         key + "xǁBoxǁput__mutmut_1": 1,  # killed
@@ -147,9 +144,9 @@ def test_a_moved_listing_is_counted_as_left_and_named(
         f"{key}xǁBoxǁwait__mutmut_1  # unmarked\n")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     monkeypatch.setattr(module, "EQUIVALENTS", equivalents)
-    assert module.main(["actors/box.py"]) == 0
+    assert module.main([f"{folder}/box.py"]) == 0
     out = capsys.readouterr().out
-    assert "actors/box.py                          5      2       0     1    2   50.0%" in out
+    assert f"{folder + '/box.py':<32}       5      2       0     1    2   50.0%" in out
     moved = module.fingerprint(changes["x_pick__mutmut_2"])
     assert (f"  {key}x_pick__mutmut_2 @{moved}  (listed as "
             f"@{module.fingerprint(changes['x_pick__mutmut_1'])}: moved)") in out

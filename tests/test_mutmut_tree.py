@@ -8,7 +8,6 @@ would count survivors that no test ever met.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import subprocess
@@ -18,17 +17,13 @@ from types import ModuleType
 
 import pytest
 
-from tests.fakes import wait_for
+from tests.fakes import script, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def launcher() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutmut_tree", ROOT / "scripts" / "mutmut_tree.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("mutmut_tree")
 
 
 def test_the_mapping_is_setup_cfgs_package_dir() -> None:
