@@ -538,9 +538,15 @@ class PooledActor(pykka.Actor):
         return ThreadingFuture()
 
     def _start_actor_loop(self) -> None:
+        """pykka registers the actor before this runs: one that can never run must not
+        stay registered, or a stop of every actor would wait for it forever."""
         inbox = self.actor_inbox
         assert isinstance(inbox, PoolInbox)
-        inbox.attach(self, self.edge or shared_edge())
+        try:
+            inbox.attach(self, self.edge or shared_edge())
+        except BaseException:
+            ActorRegistry.unregister(self.actor_ref)
+            raise
 
     def tell_later(self, delay: float, message: Any, to: Address | None = None) -> Timer:
         """Tell `to` (this actor by default) `message` after `delay` seconds."""

@@ -910,6 +910,26 @@ def test_on_start_failure_stops_the_actor_before_any_message() -> None:
     out.assert_nothing()
 
 
+class _Refuses:
+    """An edge that cannot take a call: its loop is gone, say."""
+
+    name = "refuses"
+
+    def call(self, fn: Callable[..., object], *args: Any) -> None:
+        raise RuntimeError("Event loop is closed")
+
+
+class NeverRuns(PooledActor):
+    edge = _Refuses()  # type: ignore[assignment]
+
+
+def test_an_actor_that_cannot_be_given_a_turn_is_not_left_registered() -> None:
+    before = pykka.ActorRegistry.get_all()
+    with pytest.raises(RuntimeError, match=r"^Event loop is closed$"):
+        NeverRuns.start()
+    assert pykka.ActorRegistry.get_all() == before  # nothing for stop_all to wait on
+
+
 class _Fatal(BaseException):
     """Not an Exception: as for SystemExit, pykka stops every actor."""
 
