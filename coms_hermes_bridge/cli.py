@@ -44,7 +44,7 @@ VERBS = ("status", "answer", "cancel", "doctor")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(message)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ from .messages.wire import (
     MappedAnswer,
     RegistryEntry,
     State,
+    has_lone_surrogate,
     is_valid_qid,
 )
 
@@ -300,6 +301,9 @@ def answer(
         raise OpsError(f"the answer is longer than {MAX_ANSWER_CHARS} characters")
     if not answered_by.strip():
         raise OpsError("--by must not be empty")
+    for what, value in (("the answer", text), ("--by", answered_by)):
+        if has_lone_surrogate(value):  # argv bytes that are not UTF-8 (X12)
+            raise OpsError(f"{what} is not valid Unicode (not UTF-8?)")
     body = AnswerFile(qid=qid, answer=text, answered_by=answered_by, at=iso(now()))
     directory = config.questions_dir
     target = directory / answer_name(qid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -169,10 +170,26 @@ def test_answer_refuses_unknown_closed_and_invalid_qids(bridge: Bridge) -> None:
     done = verb(bridge, "answer", "nope", "x")
     assert (done.returncode, done.stderr.count("\n")) == (1, 1)
     assert "'nope' is not a qid" in done.stderr
-    done = verb(bridge, "answer", qid)
-    assert done.returncode == 1 and done.stderr.count("\n") == 1
-    assert "the following arguments are required: text" in done.stderr
+    done = verb(bridge, "answer", qid)  # a usage error: one line, one prefix
+    assert (done.returncode, done.stderr) == (
+        1, "coms-hermes-bridge: the following arguments are required: text\n")
     wait_for(lambda: not list(bridge.questions.iterdir()), what="questions dir empty")
+
+
+def test_answer_or_by_that_is_not_utf8_is_one_line(bridge: Bridge) -> None:
+    # X12: argv bytes that are not UTF-8 arrive as lone surrogates; refused in one line,
+    # naming the argument, and nothing written
+    bridge.start()
+    qid = bridge.ask("Go?")
+    bridge.wait_log("delivered", qid)
+    bad = os.fsdecode(b"ok \xff")  # subprocess passes it back as the bytes b"ok \xff"
+    done = verb(bridge, "answer", qid, bad)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", "coms-hermes-bridge: the answer is not valid Unicode (not UTF-8?)\n")
+    done = verb(bridge, "answer", qid, "yes", "--by", bad)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", "coms-hermes-bridge: --by is not valid Unicode (not UTF-8?)\n")
+    assert not list(bridge.questions.iterdir())
 
 
 def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
