@@ -173,14 +173,12 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     max_open = _count("--max-open", args.max_open) or DEFAULT_MAX_OPEN
     per_asker = _count("--max-open-per-asker", args.max_open_per_asker)
     remind = _positive("--remind-before", args.remind_before, None)
-    home = env.get("HOME") or os.path.expanduser("~")
-    if not home or home == "~":
-        raise UsageError("HOME is not set")
-    bridge_dir = Path(home) / ".pi" / "coms" / "hermes-bridge"
+    home = home_dir(env)
+    bridge_dir = home / ".pi" / "coms" / "hermes-bridge"
     questions = (
         Path(args.questions_dir).expanduser() if args.questions_dir else bridge_dir / "questions"
     ).absolute()
-    coms_dir = Path(env.get("PI_COMS_DIR") or Path(home) / ".pi" / "coms").absolute()
+    coms_dir = Path(env.get("PI_COMS_DIR") or home / ".pi" / "coms").absolute()
     return BridgeConfig(
         name=args.name,
         project=args.project,
@@ -201,6 +199,14 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         heartbeat_ms=_heartbeat_ms(env),
         notices=notices,
     )
+
+
+def home_dir(env: Mapping[str, str]) -> Path:
+    """`$HOME`, else the password database's home (as `~` reads it), else UsageError."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    if not home or home == "~":
+        raise UsageError("HOME is not set")
+    return Path(home)
 
 
 def _heartbeat_ms(env: Mapping[str, str]) -> float:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .actors.config import BridgeConfig
+from .actors.config import BridgeConfig, home_dir
 from .actors.peer import exchange
 from .actors.store import read_snapshot
 from .messages.wire import PingEnvelope
@@ -64,8 +64,7 @@ def hermes_home(env: Mapping[str, str], profile: str | None) -> Path:
     profile, else `$HERMES_HOME` or `~/.hermes`. The root is `$HERMES_HOME` (or its
     root, when it is itself a profile's directory), else `~/.hermes`, as hermes reads it."""
     set_home = env.get("HERMES_HOME", "").strip()
-    home = Path(set_home) if set_home else Path(
-        env.get("HOME") or os.path.expanduser("~")) / ".hermes"
+    home = Path(set_home) if set_home else home_dir(env) / ".hermes"
     if profile and profile != "default":
         root = home.parent.parent if home.parent.name == "profiles" else home
         return root / "profiles" / profile
@@ -216,7 +215,7 @@ def check_service(config: BridgeConfig, env: Mapping[str, str]) -> Check:
         return Check("service", True, f"{unit} is active")
     if state in ("", "unknown") and "bus" in done.stderr.lower():
         return Check("service", None, f"no systemd user manager to ask ({_said(done)})")
-    config_home = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")) / ".config")
+    config_home = Path(env.get("XDG_CONFIG_HOME") or home_dir(env) / ".config")
     if not (config_home / "systemd" / "user" / UNIT).is_file():
         return Check("service", False, f"{UNIT} is not installed; "
                      f"`just install-service {config.project} --to {config.target}`")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.doctor import hermes_home
+from coms_hermes_bridge.actors.config import parse_config
+from coms_hermes_bridge.doctor import UNIT, check_service, hermes_home
 from tests.bridge_process import ROOT, Bridge
 
 
@@ -141,3 +143,29 @@ def test_hermes_home_is_read_as_hermes_reads_it(tmp_path: Path) -> None:
     a_profile = {**home, "HERMES_HOME": "/srv/hermes/profiles/dev"}
     assert hermes_home(a_profile, None) == Path("/srv/hermes/profiles/dev")
     assert hermes_home(a_profile, "ops") == Path("/srv/hermes/profiles/ops")
+
+
+def test_with_home_unset_the_service_unit_is_looked_for_in_the_users_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # as the daemon finds its files then: the password database's home, not ./~
+    home = tmp_path / "home"
+    unit = home / ".config" / "systemd" / "user" / UNIT
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\n")
+    real = pwd.getpwuid(os.getuid())
+    entry = pwd.struct_passwd((*real[:5], str(home), real[6]))  # pw_dir is the sixth
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: entry)
+    monkeypatch.delenv("HOME")
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\necho inactive\nexit 3\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {"PATH": str(bin_dir)}
+    config = parse_config(["--project", "demo"], env)
+    assert config.questions_dir == home / ".pi" / "coms" / "hermes-bridge" / "questions"
+    unit_name = "coms-hermes-bridge@demo.service"
+    assert check_service(config, env).line() == (
+        f"✖ service: {unit_name} is inactive; `systemctl --user enable --now {unit_name}`, "
+        f"then `journalctl --user -u {unit_name}`")
+    assert hermes_home(env, None) == home / ".hermes"
