@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .actors.config import (
     DEFAULT_NAME,
@@ -31,7 +31,6 @@ from .messages.contract import span
 from .messages.wire import SelectionAnswer, dumps
 from .ops import (
     OpsError,
-    Status,
     answer,
     cancel,
     project_of,
@@ -140,30 +139,24 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def render(st: Status, now: datetime | None = None) -> str:
-    """The table `status` prints."""
+def render(st: dict[str, Any], now: datetime | None = None) -> str:
+    """The table `status` prints, from its --json object."""
     moment = now or datetime.now(UTC)
-    lines: list[str] = []
-    if st.bridge is None:
-        lines.append(f"bridge for project {st.project}: not running")
-    else:
-        lines.append(
-            f"bridge {st.bridge.name}@{st.project}: running (pid {st.bridge.pid}, "
-            f"up since {st.bridge.started_at})"
-        )
-    lines.append(f"open questions: {len(st.open)}")
-    if st.open:
-        head = f"  {'QID':<26}  {'ASKER':<16}  {'STATE':<9}  {'AGE':>7}  {'LEFT':>7}  QUESTION"
-        lines.append(head)
-        for row in st.open:
-            lines.append(
-                f"  {row.qid:<26}  {_clip(row.asker or '-', 16):<16}  {row.state:<9}  "
-                f"{span(row.age_s):>7}  {span(row.left_s):>7}  {_clip(row.question, 72)}"
-            )
-    if st.closed:
-        lines.append(f"recently closed: {len(st.closed)}")
-        for closed in st.closed:
-            lines.append(f"  {closed.qid:<26}  {closed.state:<9}  {_ago(closed.closed_at, moment)}")
+    bridge = st["bridge"]
+    lines = [f"bridge for project {st['project']}: not running" if bridge is None else
+             f"bridge {bridge['name']}@{st['project']}: running (pid {bridge['pid']}, "
+             f"up since {bridge['started_at']})",
+             f"open questions: {len(st['open'])}"]
+    if st["open"]:
+        lines.append(f"  {'QID':<26}  {'ASKER':<16}  {'STATE':<9}  {'AGE':>7}  {'LEFT':>7}  "
+                     "QUESTION")
+        lines += [f"  {row['qid']:<26}  {_clip(row['asker'] or '-', 16):<16}  {row['state']:<9}  "
+                  f"{span(row['age_s']):>7}  {span(row['time_left_s']):>7}  "
+                  f"{_clip(row['question'], 72)}" for row in st["open"]]
+    if st["closed"]:
+        lines.append(f"recently closed: {len(st['closed'])}")
+        lines += [f"  {row['qid']:<26}  {row['state']:<9}  {_ago(row['closed_at'], moment)}"
+                  for row in st["closed"]]
     return "\n".join(lines)
 
 
@@ -177,10 +170,10 @@ def _run(args: argparse.Namespace) -> int:
         limit = max(0, args.closed)
         if args.project is not None:
             st = status(config, closed_limit=limit)
-            print(dumps(st.to_json(), indent=2) if args.json else render(st))
+            print(dumps(st, indent=2) if args.json else render(st))
             return 0
         # one block per project; one that cannot be read is said, and the others shown
-        every: list[Status] = []
+        every: list[dict[str, Any]] = []
         failed: list[tuple[str, str]] = []
         for project in projects(config):
             try:
@@ -188,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
             except OpsError as exc:
                 failed.append((project, str(exc)))
         if args.json:
-            print(dumps({"projects": [st.to_json() for st in every]
+            print(dumps({"projects": every
                          + [{"project": p, "error": e} for p, e in failed]}, indent=2))
         else:  # no bridge anywhere yet: say so for the default project, as before
             blocks = [render(st) for st in every or ([] if failed else [status(config, limit)])]

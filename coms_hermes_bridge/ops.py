@@ -41,7 +41,6 @@ from .messages.wire import (
     CancelEnvelope,
     MappedAnswer,
     RegistryEntry,
-    State,
     has_lone_surrogate,
     is_valid_qid,
 )
@@ -56,64 +55,7 @@ class OpsError(Exception):
     """What went wrong, in one line for the operator."""
 
 
-@dataclass(frozen=True)
-class OpenRow:
-    qid: str
-    asker: str
-    state: str
-    age_s: float
-    left_s: float
-    question: str
-    options: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "qid": self.qid,
-            "asker": self.asker,
-            "state": self.state,
-            "age_s": round(self.age_s, 3),
-            "time_left_s": round(self.left_s, 3),
-            "question": self.question,
-            "options": list(self.options),
-        }
-
-
-@dataclass(frozen=True)
-class ClosedRow:
-    qid: str
-    state: State
-    closed_at: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"qid": self.qid, "state": self.state, "closed_at": self.closed_at}
-
-
-@dataclass(frozen=True)
-class Status:
-    project: str
-    state_path: Path
-    bridge: RegistryEntry | None
-    open: tuple[OpenRow, ...]
-    closed: tuple[ClosedRow, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        bridge = None
-        if self.bridge is not None:
-            b = self.bridge
-            bridge = {
-                "name": b.name,
-                "pid": b.pid,
-                "endpoint": b.endpoint,
-                "started_at": b.started_at,
-                "heartbeat_at": b.heartbeat_at,
-            }
-        return {
-            "project": self.project,
-            "state_path": str(self.state_path),
-            "bridge": bridge,
-            "open": [row.to_json() for row in self.open],
-            "closed": [row.to_json() for row in self.closed],
-        }
+BRIDGE_KEYS = ("name", "pid", "endpoint", "started_at", "heartbeat_at")  # status --json
 
 
 def running_bridge(config: BridgeConfig, now: datetime | None = None) -> RegistryEntry | None:
@@ -171,31 +113,29 @@ def _closing_times(log_path: Path, qids: set[str]) -> dict[str, str]:
     return found
 
 
-def _open_row(spec: QuestionSpec, clock: float) -> OpenRow:
-    asked_at = spec.deadline - spec.timeout_ms / 1000
-    return OpenRow(
-        qid=spec.qid,
-        asker=spec.prompt.sender_name,
-        state=spec.state or "new",
-        age_s=max(0.0, clock - asked_at),
-        left_s=max(0.0, spec.deadline - clock),
-        question=first_line(spec.parsed.question),
-        options=tuple(option.title for option in spec.parsed.options),
-    )
-
-
-def status(config: BridgeConfig, closed_limit: int = 10, clock: float | None = None) -> Status:
-    """Open questions (oldest first) and the most recently closed ones, read-only."""
+def status(config: BridgeConfig, closed_limit: int = 10) -> dict[str, Any]:
+    """The `status --json` object, read-only: open questions oldest first, then the most
+    recently closed ones; the table is rendered from it."""
     snapshot = _snapshot(config, closed_limit)
-    now = time.time() if clock is None else clock
+    now = time.time()
     times = _closing_times(config.log_path, {qid for qid, _ in snapshot.closed})
-    return Status(
-        project=config.project,
-        state_path=config.state_path,
-        bridge=running_bridge(config),
-        open=tuple(_open_row(spec, now) for spec in snapshot.open),
-        closed=tuple(ClosedRow(qid, state, times.get(qid)) for qid, state in snapshot.closed),
-    )
+    bridge = running_bridge(config)
+    return {
+        "project": config.project,
+        "state_path": str(config.state_path),
+        "bridge": None if bridge is None else {key: getattr(bridge, key) for key in BRIDGE_KEYS},
+        "open": [{
+            "qid": spec.qid,
+            "asker": spec.prompt.sender_name,
+            "state": spec.state or "new",
+            "age_s": round(max(0.0, now - (spec.deadline - spec.timeout_ms / 1000)), 3),
+            "time_left_s": round(max(0.0, spec.deadline - now), 3),
+            "question": first_line(spec.parsed.question),
+            "options": [option.title for option in spec.parsed.options],
+        } for spec in snapshot.open],
+        "closed": [{"qid": qid, "state": state, "closed_at": times.get(qid)}
+                   for qid, state in snapshot.closed],
+    }
 
 
 def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, write_entry
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.cli import main
 from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
@@ -348,3 +350,69 @@ def test_the_running_bridge_and_the_projects_come_from_live_bridge_entries(
     (agents_dir(config.coms_dir, "junk")).mkdir(parents=True)
     (agents_dir(config.coms_dir, "junk") / "x.json").write_text("{not json")
     assert projects(config, now) == ["demo", "zeta"]
+
+
+def test_status_json_is_byte_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # the --json object, its keys in this order, seconds to three places
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PI_COMS_DIR", str(tmp_path / "coms"))
+    config = parse_config(["--project", "demo"], {"HOME": str(tmp_path),
+                                                  "PI_COMS_DIR": str(tmp_path / "coms")})
+    now = 1_800_000_000.0
+    open_qid, closed_qid = new_qid(), new_qid()
+    store = Store.open(config.state_path)
+    for qid, text in ((closed_qid, "Old?"), (open_qid, OPTIONS_PROMPT)):
+        prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0,
+                                prompt=text, sender_name="builder")
+        deadline = now - 12.3456 + 1800
+        store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1_800_000, deadline,
+                                    state="delivered"), owner="q")
+    store.close(closed_qid, "answered", owner="q")
+    store.shutdown()
+    closed_at = "2026-12-04T12:00:00.000Z"
+    config.log_path.write_text(
+        json.dumps({"at": closed_at, "qid": closed_qid, "event": "answered"}) + "\n")
+    heartbeat = iso(datetime.now(UTC))
+    entry = RegistryEntry(session_id="s", name="user-remote", model=MODEL, pid=os.getpid(),
+                          endpoint="/tmp/b.sock", started_at=closed_at, heartbeat_at=heartbeat)
+    agents_dir(config.coms_dir, "demo").mkdir(parents=True)
+    write_entry(agents_dir(config.coms_dir, "demo") / "user-remote.json", entry)
+    monkeypatch.setattr(time, "time", lambda: now)
+
+    assert main(["status", "--json", "--project", "demo"]) == 0
+    assert capsys.readouterr().out == f"""\
+{{
+  "project": "demo",
+  "state_path": "{config.state_path}",
+  "bridge": {{
+    "name": "user-remote",
+    "pid": {os.getpid()},
+    "endpoint": "/tmp/b.sock",
+    "started_at": "{closed_at}",
+    "heartbeat_at": "{heartbeat}"
+  }},
+  "open": [
+    {{
+      "qid": "{open_qid}",
+      "asker": "builder",
+      "state": "delivered",
+      "age_s": 12.346,
+      "time_left_s": 1787.654,
+      "question": "Ship the release?",
+      "options": [
+        "Approve",
+        "Revise",
+        "Stop"
+      ]
+    }}
+  ],
+  "closed": [
+    {{
+      "qid": "{closed_qid}",
+      "state": "answered",
+      "closed_at": "{closed_at}"
+    }}
+  ]
+}}
+"""
