@@ -18,7 +18,6 @@ from typing import NoReturn
 from .. import __version__
 from ..messages.contract import parse_positive_ms, resolve_timeout_ms
 
-VERSION = __version__
 DEFAULT_NAME = "user-remote"
 DEFAULT_PROJECT = "default"
 DEFAULT_TARGET = "telegram"
@@ -63,7 +62,9 @@ class BridgeConfig:
         return self.state_path.with_name(SHARED_STATE_NAME)
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """A bad command line is a UsageError (one line, exit 1), not argparse's usage and exit 2."""
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
@@ -96,8 +97,8 @@ exit status: 0 after SIGTERM/SIGINT, 1 on a bad command line or when the daemon 
 """
 
 
-def _parser() -> _Parser:
-    p = _Parser(
+def _parser() -> Parser:
+    p = Parser(
         prog="coms-hermes-bridge",
         description="Join the coms pool as the remote human: ask via `hermes send`, "
         "answer from the Hermes gateway's answer files.",
@@ -128,7 +129,7 @@ def _parser() -> _Parser:
         "--remind-before", metavar="MS",
         help="send the human one reminder this long before a question times out (off)",
     )
-    p.add_argument("--version", action="version", version=f"coms-hermes-bridge {VERSION}")
+    p.add_argument("--version", action="version", version=f"coms-hermes-bridge {__version__}")
     return p
 
 

@@ -1,10 +1,6 @@
-"""The `coms-hermes-bridge` command: the daemon, or one of the operator's verbs.
-
-`coms-hermes-bridge [flags]` is the daemon, exactly as before (a service file
-written for the TypeScript daemon keeps working); a first word of `status`,
-`answer` or `cancel` runs that verb instead and exits. No daemon flag is a
-bare word, so the two forms cannot be confused.
-"""
+"""The `coms-hermes-bridge` command: the daemon (as a service file written for the
+TypeScript one runs it), or the operator's verb its first word names; no daemon flag is a
+bare word, so the two cannot be confused."""
 
 from __future__ import annotations
 
@@ -15,96 +11,51 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
-from .actors.config import (
-    DEFAULT_NAME,
-    DEFAULT_PROJECT,
-    BridgeConfig,
-    UsageError,
-    parse_config,
-)
+from .actors.config import DEFAULT_PROJECT, BridgeConfig, Parser, UsageError, parse_config
 from .actors.registry import IdentityError, validate_project
 from .actors.runtime import report
 from .doctor import run_checks
 from .messages.contract import span
-from .messages.wire import SelectionAnswer, dumps
-from .ops import (
-    OpsError,
-    answer,
-    cancel,
-    project_of,
-    projects,
-    status,
-)
+from .messages.wire import SelectionAnswer, dumps, is_valid_qid
+from .ops import OpsError, answer, cancel, project_of, projects, status
 
-VERBS = ("status", "answer", "cancel", "doctor")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--project",
-        help="coms project (default: every project for status, the one that has the qid "
-        "open for answer and cancel, `default` for doctor)",
-    )
-    parser.add_argument(
-        "--questions-dir", metavar="DIR", help="the daemon's --questions-dir, if it was given"
-    )
+VERBS = {  # each verb's --help
+    "status": "List open questions (qid, asker, state, age, time left, the question's first "
+    "line) and recently closed ones. Reads the state file read-only; safe while the daemon "
+    "runs.",
+    "answer": "Write the answer file for an open question, as the Hermes gateway would; the "
+    "running bridge (or the next one to start) picks it up. With options, a number or a title "
+    "selects that option (C11).",
+    "cancel": "Send the running bridge a cancel for an open question, in its asker's name: the "
+    "human gets the cancel note, the asker no response (C13).",
+    "doctor": "Check hermes, python-telegram-bot, the --to target, the gateway's hub-liaison "
+    "skill, the questions directory and state file, the running bridge (a ping) and its "
+    "systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not there to "
+    "check). Exit 0 only when none is ✖.",
+}
 
 
-def _parser() -> _Parser:
-    p = _Parser(prog="coms-hermes-bridge", allow_abbrev=False)
-    verbs = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-    s = verbs.add_parser(
-        "status",
-        help="open and recently closed questions",
-        description="List open questions (qid, asker, state, age, time left, the question's "
-        "first line) and recently closed ones. Reads the state file read-only; safe while "
-        "the daemon runs.",
-        allow_abbrev=False,
-    )
-    _common(s)
+def _parser() -> Parser:
+    p = Parser(prog="coms-hermes-bridge", allow_abbrev=False)
+    verbs = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    parsers = [verbs.add_parser(verb, description=text, allow_abbrev=False)
+               for verb, text in VERBS.items()]
+    for v in parsers:
+        v.add_argument("--project", help="coms project (default: every project for status, "
+                       "the one that has the qid open for answer and cancel, `default` for "
+                       "doctor)")
+        v.add_argument("--questions-dir", metavar="DIR",
+                       help="the daemon's --questions-dir, if it was given")
+    s, a, c, d = parsers
     s.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    s.add_argument(
-        "--closed", type=int, default=10, metavar="N", help="closed questions to show (10)"
-    )
-    a = verbs.add_parser(
-        "answer",
-        help="answer an open question by hand",
-        description="Write the answer file for an open question, as the Hermes gateway "
-        "would; the running bridge (or the next one to start) picks it up. With options, "
-        "a number or a title selects that option (C11).",
-        allow_abbrev=False,
-    )
-    _common(a)
+    s.add_argument("--closed", type=int, default=10, metavar="N",
+                   help="closed questions to show (10)")
     a.add_argument("--by", metavar="NAME", help="answered_by (default: cli:<your login>)")
     a.add_argument("qid")
     a.add_argument("text", nargs="+", help="the answer; several words are joined by spaces")
-    c = verbs.add_parser(
-        "cancel",
-        help="close an open question as its asker's console would",
-        description="Send the running bridge a cancel for an open question, in its asker's "
-        "name: the human gets the cancel note, the asker no response (C13).",
-        allow_abbrev=False,
-    )
-    _common(c)
-    c.add_argument("--name", default=DEFAULT_NAME, help="the bridge's peer name (user-remote)")
     c.add_argument("qid")
-    d = verbs.add_parser(
-        "doctor",
-        help="check the chain from agent to human, link by link",
-        description="Check hermes, python-telegram-bot, the --to target, the gateway's "
-        "hub-liaison skill, the questions directory and state file, the running bridge (a "
-        "ping) and its systemd user service: one line each, ✔ or ✖ with the fix (– when a "
-        "link is not there to check). Exit 0 only when none is ✖.",
-        allow_abbrev=False,
-    )
-    _common(d)
     d.add_argument("--to", metavar="TARGET", help="the daemon's --to (default: telegram)")
     d.add_argument("--hermes-profile", metavar="PROFILE", help="the daemon's --hermes-profile")
     d.add_argument("--send-test", action="store_true", help="also send one test message")
@@ -114,25 +65,17 @@ def _parser() -> _Parser:
 def _config(args: argparse.Namespace, project: str | None = None) -> BridgeConfig:
     project = project or args.project or DEFAULT_PROJECT
     validate_project(project)
-    argv = ["--project", project, "--name", getattr(args, "name", DEFAULT_NAME)]
-    if args.questions_dir:
-        argv += ["--questions-dir", args.questions_dir]
-    for flag in ("to", "hermes_profile"):
-        if getattr(args, flag, None) is not None:
-            argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
-    return parse_config(argv, os.environ)
+    flags = [f"--{flag.replace('_', '-')}={value}"
+             for flag in ("questions_dir", "to", "hermes_profile")
+             if (value := getattr(args, flag, None)) is not None]
+    return parse_config(["--project", project, *flags], os.environ)
 
 
 def _ago(at: str | None, now: datetime) -> str:
-    if at is None:
+    try:  # none, or not as we write times (iso(): with its zone): unknown, not guessed
+        return f"{span((now - datetime.fromisoformat(at or '')).total_seconds())} ago"
+    except (TypeError, ValueError):
         return "-"
-    try:
-        moment = datetime.fromisoformat(at)
-    except ValueError:
-        return "-"
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return f"{span((now - moment).total_seconds())} ago"
 
 
 def _clip(text: str, width: int) -> str:
@@ -163,9 +106,11 @@ def render(st: dict[str, Any], now: datetime | None = None) -> str:
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.verb == "doctor":
-        checks = run_checks(config, os.environ, send_test=args.send_test,
-                            emit=lambda check: print(check.line(), flush=True))
-        return 1 if any(check.ok is False for check in checks) else 0
+        broken = False
+        for check in run_checks(config, os.environ, send_test=args.send_test):
+            print(check.line(), flush=True)
+            broken |= check.ok is False
+        return 1 if broken else 0
     if args.verb == "status":
         limit = max(0, args.closed)
         if args.project is not None:
@@ -181,13 +126,15 @@ def _run(args: argparse.Namespace) -> int:
             except OpsError as exc:
                 failed.append((project, str(exc)))
         if args.json:
-            print(dumps({"projects": every
-                         + [{"project": p, "error": e} for p, e in failed]}, indent=2))
+            errors = [{"project": p, "error": e} for p, e in failed]
+            print(dumps({"projects": every + errors}, indent=2))
         else:  # no bridge anywhere yet: say so for the default project, as before
             blocks = [render(st) for st in every or ([] if failed else [status(config, limit)])]
             blocks += [f"bridge for project {p}: cannot read its state: {e}" for p, e in failed]
             print("\n\n".join(blocks))
         return 1 if failed else 0
+    if not is_valid_qid(args.qid):
+        raise OpsError(f"{args.qid!r} is not a qid (26 characters, Crockford base32)")
     if args.project is None:  # a qid is unique: its own project's bridge has it
         config = _config(args, project_of(config, args.qid))
     if args.verb == "answer":

@@ -1,12 +1,6 @@
-"""The operator's three verbs, without a daemon of their own: see, answer, cancel.
-
-Each works from the outside, through the same doors anyone else uses: the
-state file read-only (`status`), an answer file written the way the Hermes
-gateway writes one (`answer`), and a cancel envelope sent to the running
-bridge's socket, found through its registry entry (`cancel`). None of them
-touches the daemon's internals, so they are safe while it runs and keep
-working when it is down (except `cancel`, which needs it up).
-"""
+"""The operator's verbs, through the doors anyone else uses (the state file read-only, an
+answer file as the gateway writes one, a cancel on the bridge's socket), never the daemon's
+internals: so they are safe while it runs, and all but `cancel` work while it is down."""
 
 from __future__ import annotations
 
@@ -14,7 +8,6 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,7 +35,6 @@ from .messages.wire import (
     MappedAnswer,
     RegistryEntry,
     has_lone_surrogate,
-    is_valid_qid,
 )
 
 CANCEL_TIMEOUT_S = 5.0  # for the bridge's ack, and again for the question to close
@@ -70,7 +62,7 @@ def _live_bridges(directory: Path, now: datetime) -> list[RegistryEntry]:
     """The live `hermes-bridge` peers among one agents directory's entries, by file name."""
     try:
         entries = [read_entry(path) for path in sorted(directory.glob("*.json"))]
-    except OSError:
+    except OSError:  # glob raises when a directory on the way cannot be searched
         return []
     return [entry for entry in entries
             if entry is not None and entry.model == MODEL and is_live(entry, now)]
@@ -156,8 +148,6 @@ def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:
 def project_of(config: BridgeConfig, qid: str) -> str:
     """The project whose bridge has `qid` open (a qid is unique), for a verb given no
     `--project`; OpsError naming why when none has."""
-    if not is_valid_qid(qid):
-        raise OpsError(f"{qid!r} is not a qid (26 characters, Crockford base32)")
     closed: list[tuple[str, str]] = []
     unread: list[str] = []
     files = _named_projects(config)
@@ -198,8 +188,6 @@ def _named_projects(config: BridgeConfig) -> dict[str, Path]:
 
 def find_open(config: BridgeConfig, qid: str) -> QuestionSpec:
     """The open question `qid`, or OpsError saying why there is none."""
-    if not is_valid_qid(qid):
-        raise OpsError(f"{qid!r} is not a qid (26 characters, Crockford base32)")
     snapshot = _snapshot(config)
     for spec in snapshot.open:
         if spec.qid == qid:
@@ -219,21 +207,10 @@ class Written:
     bridge: RegistryEntry | None
 
 
-def answer(
-    config: BridgeConfig,
-    qid: str,
-    text: str,
-    answered_by: str,
-    now: Callable[[], datetime] = utc_now,
-) -> Written:
-    """Write `<qid>.answer.json` as the gateway would (C7, C8), for an open question only.
-
-    Written to a temporary name in the questions directory first and renamed
-    into place, so the bridge never reads half a file; the temporary name does
-    not end in `.answer.json`, so a watcher that sees it waits (C10) rather
-    than rejecting it. An answer file already waiting for the qid is left
-    alone: the first answer wins, as it would in Telegram.
-    """
+def answer(config: BridgeConfig, qid: str, text: str, answered_by: str) -> Written:
+    """Write `<qid>.answer.json` as the gateway would (C7, C8), for an open question only:
+    under a temporary name, which a watcher waits for (C10) rather than rejects, then renamed.
+    One already waiting is left alone: the first answer wins, as in Telegram."""
     spec = find_open(config, qid)
     if not text.strip():
         raise OpsError("the answer is empty")
@@ -244,7 +221,7 @@ def answer(
     for what, value in (("the answer", text), ("--by", answered_by)):
         if has_lone_surrogate(value):  # argv bytes that are not UTF-8 (X12)
             raise OpsError(f"{what} is not valid Unicode (not UTF-8?)")
-    body = AnswerFile(qid=qid, answer=text, answered_by=answered_by, at=iso(now()))
+    body = AnswerFile(qid=qid, answer=text, answered_by=answered_by, at=iso(utc_now()))
     directory = config.questions_dir
     target = directory / answer_name(qid)
     try:
@@ -257,18 +234,10 @@ def answer(
     return Written(target, map_answer(text, spec.parsed.options), running_bridge(config))
 
 
-def cancel(
-    config: BridgeConfig,
-    qid: str,
-    now: Callable[[], datetime] = utc_now,
-    wait_s: float = CANCEL_TIMEOUT_S,
-) -> RegistryEntry:
-    """Close an open question as the asker's console would (C12, C13, X2).
-
-    The envelope goes to the running bridge's socket with the asker's own name
-    as `from`, because only the asker may cancel. Returns once the bridge
-    acked it and the question left the open table, else OpsError.
-    """
+def cancel(config: BridgeConfig, qid: str) -> RegistryEntry:
+    """Close an open question as the asker's console would (C12, C13, X2): in the asker's
+    name, because only the asker may cancel; once the bridge acked it and it left the open
+    table."""
     spec = find_open(config, qid)
     asker = spec.prompt.sender_name
     if not asker:
@@ -280,13 +249,13 @@ def cancel(
         msg_id=str(ULID()),
         from_=asker,
         to=bridge.name,
-        created_at=iso(now()),
+        created_at=iso(utc_now()),
         ref_msg_id=qid,
     )
     reason, _ = send_envelope(bridge.endpoint, envelope.to_line(), CANCEL_TIMEOUT_S)
     if reason is not None:
         raise OpsError(f"the bridge at {bridge.endpoint} did not take the cancel: {reason}")
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + CANCEL_TIMEOUT_S
     while any(s.qid == qid for s in _snapshot(config, 0).open):
         if time.monotonic() > deadline:
             raise OpsError(f"the bridge acked the cancel, but {qid} is still open")
