@@ -48,7 +48,6 @@ CLOSED_TRIM_BATCH = 100
 # this many waiting are committed at once (see Store.settle).
 SETTLE_DELAY_S = 0.05
 SETTLE_BATCH = 1000
-_SEQ_TABLES = ("open_questions", "closed_questions", "outbox", "notes")
 
 _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
@@ -60,6 +59,9 @@ _BUSY_TIMEOUT_S = 5.0
 # hour (X11) and each open question's reminder mark (X9). Every version only added
 # tables and nullable columns at the end of a table, so an older file is brought up
 # to date in place by adding what it lacks (`_connect`), never moved aside.
+# A table's order is its rowid (SQLite gives a new row one past the largest; an upsert
+# keeps it, INSERT OR REPLACE moves the row to the end): `seq`, the order older
+# versions numbered by hand, is kept in the schema for their files and written as 0.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS open_questions (
@@ -267,12 +269,6 @@ class Store:
         self._schedule = schedule or later
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
-        # The next `seq` of each table, kept here so that no write scans a table
-        # for MAX(seq) (none of them is indexed on it); one daemon owns the file.
-        self._seq = {
-            table: int(conn.execute(f"SELECT COALESCE(MAX(seq), 0) FROM {table}").fetchone()[0])
-            for table in _SEQ_TABLES
-        }
         self._closed_since_trim = 0
         # Settled responses not yet deleted from the outbox (group commit, see `settle`).
         self._settle_lock = threading.Lock()
@@ -360,11 +356,6 @@ class Store:
                 kept.append(settle)
         return kept
 
-    def _next_seq(self, table: str) -> int:
-        """The next number in `table`'s order (under the lock; a rolled-back one leaves a gap)."""
-        self._seq[table] += 1
-        return self._seq[table]
-
     def put_open(self, spec: QuestionSpec, owner: str | None = None) -> None:
         """Record a question as open.
 
@@ -376,7 +367,7 @@ class Store:
             conn.execute(
                 "INSERT INTO open_questions"
                 " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner, reminded)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
                 "  deadline = excluded.deadline, state = excluded.state,"
@@ -388,7 +379,6 @@ class Store:
                     float(spec.timeout_ms),
                     float(spec.deadline),
                     spec.state,
-                    self._next_seq("open_questions"),
                     owner,
                     int(spec.reminded),
                 ),
@@ -457,14 +447,13 @@ class Store:
             if response is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, 0)",
                     (
                         qid,
                         owner or "",
                         response.prompt.to_json(),
                         dumps(response.response),
                         response.error,
-                        self._next_seq("outbox"),
                     ),
                 )
             # X9: a reminder not yet sent is not sent once the question is closed
@@ -489,8 +478,8 @@ class Store:
                 used = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
                 "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
-                " VALUES (?, ?, ?, ?)",
-                (qid, state, self._next_seq("closed_questions"), used),
+                " VALUES (?, ?, 0, ?)",
+                (qid, state, used),
             )
             self._closed_since_trim += 1
             if self._closed_since_trim >= CLOSED_TRIM_BATCH:
@@ -500,8 +489,8 @@ class Store:
     def _trim_closed(self, conn: sqlite3.Connection) -> None:
         """Keep the newest CLOSED_MEMORY closed qids (a sort of at most CLOSED_TRIM_BATCH more)."""
         conn.execute(
-            "DELETE FROM closed_questions WHERE seq NOT IN"
-            " (SELECT seq FROM closed_questions ORDER BY seq DESC LIMIT ?)",
+            "DELETE FROM closed_questions WHERE rowid NOT IN"
+            " (SELECT rowid FROM closed_questions ORDER BY rowid DESC LIMIT ?)",
             (CLOSED_MEMORY,),
         )
         self._closed_since_trim = 0
@@ -511,8 +500,8 @@ class Store:
             raise ValueError("a note kept in the store needs a note_id")
         conn.execute(
             "INSERT OR REPLACE INTO notes (id, qid, purpose, text, seq)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (note.note_id, note.qid, note.purpose, note.text, self._next_seq("notes")),
+            " VALUES (?, ?, ?, ?, 0)",
+            (note.note_id, note.qid, note.purpose, note.text),
         )
 
     def owe_note(self, note: SendText) -> None:
@@ -549,7 +538,7 @@ class Store:
         """Notes decided but not yet run by hermes, oldest first (sent again at start)."""
         return self._read_or_drop(
             "notes", "a note owed for", _note, "SELECT rowid, qid, id, purpose, text FROM notes"
-            " ORDER BY seq")
+            " ORDER BY rowid")
 
     def undelivered(self, qid: str, now: float) -> bool:
         """Did this bridge fail to deliver `qid` within the last UNDELIVERED_MEMORY_S (X11)?"""
@@ -624,7 +613,8 @@ class Store:
             raise
 
     def _settle_later(self) -> None:
-        """The timer's commit of waiting settles (none left if a write took them)."""
+        """Commit the waiting settles (none left if a write took them): the timer's, and
+        shutdown's."""
         with self._settle_lock:
             if not self._settles:
                 return
@@ -639,7 +629,7 @@ class Store:
         """Responses decided but not yet handed to their askers, oldest first."""
         return self._read_or_drop(
             "outbox", "a response owed for", _owed,
-            "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY seq")
+            "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY rowid")
 
     def answered_by(self, qid: str) -> tuple[str, FileSignature] | None:
         """The answer file (name and version) that answered `qid`, if it was answered."""
@@ -667,10 +657,10 @@ class Store:
         specs = self._read_or_drop(
             "open_questions", "open question", _spec,
             "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state, reminded"
-            " FROM open_questions ORDER BY seq, rowid")
+            " FROM open_questions ORDER BY rowid")
         closed = self._read_or_drop(
             "closed_questions", "closed question", _closed,
-            "SELECT rowid, qid, state FROM closed_questions ORDER BY seq")
+            "SELECT rowid, qid, state FROM closed_questions ORDER BY rowid")
         return specs, closed
 
     def _read_or_drop(self, table: str, what: str, decode: Callable[..., T], sql: str) -> list[T]:
@@ -693,12 +683,7 @@ class Store:
 
         Settles still waiting for a write are committed first.
         """
-        if self._settles:
-            try:
-                with self._transaction():
-                    pass
-            except Exception as exc:  # stopping must finish, whatever failed: they stay owed
-                report(f"state database {self.path}: could not record sent responses: {exc!r}")
+        self._settle_later()  # stopping must finish, whatever failed: they stay owed
         with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None:
@@ -959,9 +944,9 @@ def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
             return Snapshot((), ())  # created, never written
         specs, _ = _decode(conn.execute(
             "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state"
-            " FROM open_questions ORDER BY seq, rowid").fetchall(), _spec)
+            " FROM open_questions ORDER BY rowid").fetchall(), _spec)
         closed, _ = _decode(conn.execute(
-            "SELECT rowid, qid, state FROM closed_questions ORDER BY seq DESC LIMIT ?",
+            "SELECT rowid, qid, state FROM closed_questions ORDER BY rowid DESC LIMIT ?",
             (max(0, closed_limit),)).fetchall(), _closed)
         return Snapshot(tuple(specs), tuple(closed))
     except sqlite3.Error as exc:

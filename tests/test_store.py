@@ -145,6 +145,47 @@ def test_open_questions_load_in_insertion_order(store: Store) -> None:
     assert [(s.qid, s.state) for s in opened] == [(QID2, "pending"), (QID, None)]
 
 
+def test_a_qid_closed_again_and_a_note_owed_again_become_the_newest(store: Store) -> None:
+    # a closed row or owed note written again replaces the old one: it is the newest now
+    first, second = "01ARZ3NDEKTSV4RRFFQ69G5FAX", "01ARZ3NDEKTSV4RRFFQ69G5FAY"
+    for qid in (first, second, first):
+        store.put_open(spec(qid), owner="q")
+        store.close(qid, "answered" if qid == second else "timeout", owner="q")
+    for note_id in ("a", "b", "a"):
+        store.owe_note(SendText(QID, f"note {note_id}", "late_note", note_id=note_id))
+    assert read_snapshot(store.path).closed == ((first, "timeout"), (second, "answered"))
+    assert [n.note_id for n in store.owed_notes()] == ["b", "a"]
+    assert reopen(store)[1] == [(second, "answered"), (first, "timeout")]
+
+
+def test_a_file_an_older_version_numbered_is_read_in_its_order(path: Path) -> None:
+    # older versions wrote each row's place into `seq` (one past the largest, as SQLite
+    # numbers rowids); such a file reads back in the order those numbers said
+    old = spec()
+    row = (old.prompt.to_json(), json.dumps(old.parsed.model_dump(mode="json")),
+           old.timeout_ms, old.deadline)
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(V3 + "INSERT INTO meta VALUES ('schema_version', '3');")
+    with conn:
+        for n, qid in enumerate(["Q3", "Q1", "Q2"], 1):
+            conn.execute("INSERT INTO open_questions VALUES (?, ?, ?, ?, ?, NULL, ?, 'q')",
+                         (qid, *row, n))
+            conn.execute("INSERT INTO closed_questions VALUES (?, 'answered', ?, NULL)",
+                         (f"C{qid}", n))
+        conn.execute("DELETE FROM open_questions WHERE qid = 'Q1'")  # closed since
+        conn.execute("INSERT INTO open_questions VALUES ('Q0', ?, ?, ?, ?, NULL, 4, 'q')", row)
+    conn.close()
+    store = Store.open(path)
+    try:
+        store.put_open(spec("Q9"), owner="q")
+        specs, closed = store.load()
+    finally:
+        store.shutdown()
+    assert [s.qid for s in specs] == ["Q3", "Q2", "Q0", "Q9"]
+    assert closed == [("CQ3", "answered"), ("CQ1", "answered"), ("CQ2", "answered")]
+
+
 @pytest.mark.parametrize("state", TERMINAL_STATES)
 def test_close_to_a_terminal_state(store: Store, state: State) -> None:
     store.put_open(spec())
