@@ -356,7 +356,7 @@ class Store:
                 kept.append(settle)
         return kept
 
-    def put_open(self, spec: QuestionSpec, owner: str | None = None) -> None:
+    def put_open(self, spec: QuestionSpec, owner: str) -> None:
         """Record a question as open.
 
         A repeated qid keeps its place in the order. A qid reopened after it
@@ -385,23 +385,18 @@ class Store:
             )
             conn.execute("DELETE FROM closed_questions WHERE qid = ?", (spec.qid,))
 
-    def set_state(self, qid: str, state: State, owner: str | None = None) -> bool:
+    def set_state(self, qid: str, state: State, owner: str) -> bool:
         """Remember how far a question got, so a restart resumes it there.
 
         No row means the question was already closed; reviving it would be wrong.
-        With `owner`, only that actor's row is touched: a question replaced by a
-        repeated qid must not overwrite its successor. False when nothing changed.
+        Only `owner`'s row is touched: a question replaced by a repeated qid must
+        not overwrite its successor. False when nothing changed.
         """
         with self._transaction() as conn:
-            if owner is None:
-                done = conn.execute(
-                    "UPDATE open_questions SET state = ? WHERE qid = ?", (state, qid)
-                )
-            else:
-                done = conn.execute(
-                    "UPDATE open_questions SET state = ? WHERE qid = ? AND owner = ?",
-                    (state, qid, owner),
-                )
+            done = conn.execute(
+                "UPDATE open_questions SET state = ? WHERE qid = ? AND owner = ?",
+                (state, qid, owner),
+            )
             return done.rowcount > 0
 
     def close(
@@ -409,7 +404,7 @@ class Store:
         qid: str,
         state: State | None,
         *,
-        owner: str | None = None,
+        owner: str,
         response: SendResponse | None = None,
         answer_file: tuple[str, FileSignature] | None = None,
         note: SendText | None = None,
@@ -430,27 +425,25 @@ class Store:
         before the file was removed does not take it for a late answer.
         `note` is a Telegram note the human is now owed (cancel, timeout): it
         is kept, in the same transaction, until `note_sent` says hermes ran it.
-        With `owner`, a question that is no longer that actor's is left alone
-        and False is returned. `undelivered_at` (a delivery failure, with its
-        time) is remembered for UNDELIVERED_MEMORY_S, so that an answer which
-        comes all the same gets the human a word (X11) instead of silence.
+        A question that is no longer `owner`'s (closed already, or replaced by
+        a repeated qid) is left alone and False is returned. `undelivered_at`
+        (a delivery failure, with its time) is remembered for
+        UNDELIVERED_MEMORY_S, so that an answer which comes all the same gets
+        the human a word (X11) instead of silence.
         """
         with self._transaction() as conn:
-            if owner is not None:
-                gone = conn.execute(
-                    "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
-                )
-                if gone.rowcount == 0:  # closed already, or someone else's now
-                    return False
-            else:
-                conn.execute("DELETE FROM open_questions WHERE qid = ?", (qid,))
+            gone = conn.execute(
+                "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
+            )
+            if gone.rowcount == 0:  # closed already, or someone else's now
+                return False
             if response is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
                     " VALUES (?, ?, ?, ?, ?, 0)",
                     (
                         qid,
-                        owner or "",
+                        owner,
                         response.prompt.to_json(),
                         dumps(response.response),
                         response.error,

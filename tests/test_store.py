@@ -112,9 +112,15 @@ def reopen(store: Store) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
         again.shutdown()
 
 
+def close_new(store: Store, qid: str, state: State | None, **options: Any) -> None:
+    """A question opened and closed at once: for what a close leaves behind."""
+    store.put_open(spec(qid), owner="q")
+    assert store.close(qid, state, owner="q", **options)
+
+
 def test_open_question_round_trips_through_the_file(store: Store) -> None:
     original = spec(state="delivered")
-    store.put_open(original)
+    store.put_open(original, owner="q")
     opened, closed = reopen(store)
     assert opened == [original]
     assert closed == []
@@ -126,21 +132,21 @@ def test_new_file_is_empty_and_parent_is_created(store: Store, path: Path) -> No
 
 
 def test_state_update_survives_restart(store: Store) -> None:
-    store.put_open(spec())
-    store.set_state(QID, "delivered")
+    store.put_open(spec(), owner="q")
+    store.set_state(QID, "delivered", owner="q")
     opened, _ = reopen(store)
     assert [s.state for s in opened] == ["delivered"]
 
 
 def test_state_update_of_unknown_qid_is_a_no_op(store: Store) -> None:
-    store.set_state(QID, "delivered")
+    store.set_state(QID, "delivered", owner="q")
     assert store.load() == ([], [])
 
 
 def test_open_questions_load_in_insertion_order(store: Store) -> None:
-    store.put_open(spec(QID2))
-    store.put_open(spec(QID))
-    store.put_open(spec(QID2, state="pending"))  # a rewrite keeps its place
+    store.put_open(spec(QID2), owner="q")
+    store.put_open(spec(QID), owner="q")
+    store.put_open(spec(QID2, state="pending"), owner="q")  # a rewrite keeps its place
     opened, _ = reopen(store)
     assert [(s.qid, s.state) for s in opened] == [(QID2, "pending"), (QID, None)]
 
@@ -188,14 +194,14 @@ def test_a_file_an_older_version_numbered_is_read_in_its_order(path: Path) -> No
 
 @pytest.mark.parametrize("state", TERMINAL_STATES)
 def test_close_to_a_terminal_state(store: Store, state: State) -> None:
-    store.put_open(spec())
-    store.close(QID, state)
+    store.put_open(spec(), owner="q")
+    store.close(QID, state, owner="q")
     assert reopen(store) == ([], [(QID, state)])
 
 
 def test_close_after_delivery_failure_leaves_no_closed_row(store: Store) -> None:
-    store.put_open(spec())
-    store.close(QID, None)
+    store.put_open(spec(), owner="q")
+    store.close(QID, None, owner="q")
     assert reopen(store) == ([], [])
 
 
@@ -203,11 +209,11 @@ def test_closed_qids_keep_their_order_across_restarts(store: Store, path: Path) 
     qids = [f"Q{i}" for i in range(5)]
     states: list[State] = ["answered", "timeout", "cancelled", "answered", "timeout"]
     for qid, state in zip(qids, states, strict=True):
-        store.put_open(spec(qid))
-        store.close(qid, state)
+        store.put_open(spec(qid), owner="q")
+        store.close(qid, state, owner="q")
     store.shutdown()
     again = Store.open(path)
-    again.close("Q5", "cancelled")  # numbering continues after a restart
+    close_new(again, "Q5", "cancelled")  # numbering continues after a restart
     _, closed = again.load()
     again.shutdown()
     assert closed == [*zip(qids, states, strict=True), ("Q5", "cancelled")]
@@ -216,7 +222,7 @@ def test_closed_qids_keep_their_order_across_restarts(store: Store, path: Path) 
 def test_closed_memory_is_trimmed_to_the_newest(store: Store) -> None:
     total = CLOSED_MEMORY + 5
     for i in range(total):
-        store.close(f"Q{i}", "answered")
+        close_new(store, f"Q{i}", "answered")
     _, closed = reopen(store)
     assert len(closed) == CLOSED_MEMORY
     assert closed[0] == ("Q5", "answered")
@@ -227,7 +233,7 @@ def test_closed_table_is_trimmed_in_batches_and_stays_bounded(store: Store) -> N
     # no trim on every close, yet never more than one batch over the memory
     counts = []
     for i in range(CLOSED_MEMORY + 3 * CLOSED_TRIM_BATCH + 7):
-        store.close(f"Q{i}", "answered")
+        close_new(store, f"Q{i}", "answered")
         counts.append(rows(store, "closed_questions"))
     assert max(counts) == CLOSED_MEMORY + CLOSED_TRIM_BATCH - 1
     assert counts[-1] == CLOSED_MEMORY + 7
@@ -238,18 +244,18 @@ def test_writes_never_scan_a_table_for_its_order(store: Store) -> None:
     statements: list[str] = []
     assert store._conn is not None
     store._conn.set_trace_callback(statements.append)
-    store.put_open(spec(QID))
-    store.put_open(spec(QID2))
+    store.put_open(spec(QID), owner="q")
+    store.put_open(spec(QID2), owner="q")
     note = SendText(QID, "note", "cancel_note", note_id="n1")
     owed = SendResponse(spec(QID).prompt, None, "x", "q.1")
-    store.close(QID, "cancelled", response=owed, note=note)
+    store.close(QID, "cancelled", owner="q", response=owed, note=note)
     store._conn.set_trace_callback(None)
     assert statements and not [s for s in statements if "MAX(" in s.upper()]
     # the order still holds, and continues after a restart
     store.shutdown()
     again = Store.open(store.path)
-    again.put_open(spec("01ARZ3NDEKTSV4RRFFQ69G5FAW"))
-    again.put_open(spec(QID))
+    again.put_open(spec("01ARZ3NDEKTSV4RRFFQ69G5FAW"), owner="q")
+    again.put_open(spec(QID), owner="q")
     specs, _ = again.load()
     again.shutdown()
     assert [s.qid for s in specs] == [QID2, "01ARZ3NDEKTSV4RRFFQ69G5FAW", QID]
@@ -261,16 +267,16 @@ def rows(store: Store, table: str) -> int:
 
 
 def test_reopening_a_closed_qid_forgets_it_was_closed(store: Store) -> None:
-    store.put_open(spec())
-    store.close(QID, "answered")
-    store.put_open(spec())
+    store.put_open(spec(), owner="q")
+    store.close(QID, "answered", owner="q")
+    store.put_open(spec(), owner="q")
     opened, closed = reopen(store)
     assert [s.qid for s in opened] == [QID]
     assert closed == []
 
 
 def test_file_is_private(store: Store, path: Path) -> None:
-    store.put_open(spec())  # a write, so the WAL sidecars exist
+    store.put_open(spec(), owner="q")  # a write, so the WAL sidecars exist
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         if name.exists():
             assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
@@ -297,7 +303,7 @@ def test_garbage_file_is_moved_aside_and_store_starts_empty(
     store = Store.open(path)
     try:
         assert store.load() == ([], [])
-        store.put_open(spec())  # and it is usable
+        store.put_open(spec(), owner="q")  # and it is usable
     finally:
         store.shutdown()
     [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
@@ -343,8 +349,8 @@ def test_foreign_tables_are_moved_aside(path: Path, capsys: pytest.CaptureFixtur
 def test_unparseable_row_is_dropped_on_load(
     store: Store, path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store.put_open(spec(QID))
-    store.put_open(spec(QID2))
+    store.put_open(spec(QID), owner="q")
+    store.put_open(spec(QID2), owner="q")
     conn = sqlite3.connect(path)
     conn.execute("UPDATE open_questions SET prompt = '{not json' WHERE qid = ?", (QID,))
     conn.commit()
@@ -365,16 +371,16 @@ def test_shutdown_is_idempotent_and_later_writes_are_refused(store: Store) -> No
     store.shutdown()
     store.shutdown()
     with pytest.raises(StoreClosedError):
-        store.put_open(spec())
+        store.put_open(spec(), owner="q")
 
 
 def test_writes_from_many_threads(store: Store) -> None:
     def work(n: int) -> None:
         for i in range(20):
             qid = f"T{n}-{i}"
-            store.put_open(spec(qid))
-            store.set_state(qid, "delivered")
-            store.close(qid, "answered")
+            store.put_open(spec(qid), owner="q")
+            store.set_state(qid, "delivered", owner="q")
+            store.close(qid, "answered", owner="q")
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
     for t in threads:
@@ -394,9 +400,9 @@ def test_writes_survive_a_killed_process(path: Path) -> None:
         "from coms_hermes_bridge.actors.store import Store\n"
         "from tests.test_store import QID, QID2, spec\n"
         "store = Store.open(Path(sys.argv[1]))\n"
-        "store.put_open(spec(QID, state='delivered'))\n"
-        "store.put_open(spec(QID2))\n"
-        "store.close(QID2, 'timeout')\n"
+        "store.put_open(spec(QID, state='delivered'), owner='q')\n"
+        "store.put_open(spec(QID2), owner='q')\n"
+        "store.close(QID2, 'timeout', owner='q')\n"
         "os._exit(0)\n"
     )
     root = Path(__file__).resolve().parent.parent
@@ -509,7 +515,7 @@ def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path
     try:
         owe_many(store, 1)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        store.put_open(spec(QID))  # this write takes the settle
+        store.put_open(spec(QID), owner="q")  # this write takes the settle
         assert rows(store, "outbox") == 0
         commits: list[str] = []
         assert store._conn is not None
@@ -549,7 +555,7 @@ def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: 
     store._settle_leader = True  # as if a settle's write were on its way
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
     assert rows(store, "outbox") == 2  # not yet committed
-    store.put_open(spec(QID))  # any write settles what waits, in its own transaction
+    store.put_open(spec(QID), owner="q")  # any write settles what waits, in its own transaction
     assert rows(store, "outbox") == 1
     store._settle_leader = True
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
@@ -573,7 +579,7 @@ def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
             " response for 'bad \\ud800': UnicodeEncodeError('utf-8', 'bad \\ud800', 4, 5,"
             " 'surrogates not allowed')\n"
         )
-        store.put_open(spec(QID))  # the next write has nothing left to settle: said once
+        store.put_open(spec(QID), owner="q")  # the next write has nothing left to settle: said once
         assert capsys.readouterr().err == ""
     finally:
         store.shutdown()
@@ -594,7 +600,7 @@ def test_settles_taken_by_a_write_that_fails_wait_for_the_next(
         assert rows(store, "outbox") == 2 and rows(store, "open_questions") == 1
         assert store._settles == [("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0"),
                                   ("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")]  # in their order
-        store.put_open(spec(QID2))
+        store.put_open(spec(QID2), owner="q")
         assert rows(store, "outbox") == 0
         assert capsys.readouterr().err.count("dropped the record of a sent response") == 1
     finally:
@@ -681,11 +687,14 @@ def test_the_store_waits_on_the_io_edge_for_its_settles(
 
 
 def test_a_response_owed_without_an_owner_is_settled_without_one(store: Store) -> None:
-    store.put_open(spec())
-    store.close(QID, "answered", response=SendResponse(spec().prompt, "yes", None, None))
+    store.put_open(spec(), owner="q")
+    store.close(QID, "answered", owner="q", response=SendResponse(spec().prompt, "yes", None, None))
+    with sqlite3.connect(store.path) as conn:  # as an older version's close without one wrote it
+        conn.execute("UPDATE outbox SET owner = ''")
+    conn.close()
     assert [r.owner for r in store.outbox()] == [None]
     store.settle(QID)
-    store.put_open(spec(QID2))  # a write, which takes the settle
+    store.put_open(spec(QID2), owner="q")  # a write, which takes the settle
     assert store.outbox() == []
 
 
@@ -759,19 +768,19 @@ def test_an_open_row_that_no_longer_reads_is_no_spec_and_is_said(
 
 def test_delivery_failure_owes_its_error_response_without_a_closed_row(store: Store) -> None:
     # C18: state back to none, but the asker is still owed the error
-    owed = SendResponse(spec().prompt, None, "hermes send failed (3): chat not found")
-    store.put_open(spec())
-    store.close(QID, None, response=owed)
+    owed = SendResponse(spec().prompt, None, "hermes send failed (3): chat not found", "q")
+    store.put_open(spec(), owner="q")
+    store.close(QID, None, owner="q", response=owed)
     assert store.load() == ([], [])
     assert store.outbox() == [owed]
 
 
 def test_the_answer_file_used_is_remembered(store: Store) -> None:
     sig = FileSignature(inode=11, size=99, mtime_ns=123456789)
-    store.put_open(spec())
-    store.close(QID, "answered", answer_file=(f"{QID}.answer.json", sig))
-    store.put_open(spec(QID2))
-    store.close(QID2, "timeout")
+    store.put_open(spec(), owner="q")
+    store.close(QID, "answered", owner="q", answer_file=(f"{QID}.answer.json", sig))
+    store.put_open(spec(QID2), owner="q")
+    store.close(QID2, "timeout", owner="q")
     assert store.answered_by(QID) == (f"{QID}.answer.json", sig)
     assert store.answered_by(QID2) is None  # closed without an answer
     with sqlite3.connect(store.path) as conn:  # and none is written (older versions read it)
@@ -782,8 +791,8 @@ def test_the_answer_file_used_is_remembered(store: Store) -> None:
 
 def test_a_damaged_memory_of_the_answer_file_is_no_answer_file(store: Store) -> None:
     # the file then looks late (a note to the human) rather than the daemon failing
-    store.put_open(spec())
-    store.close(QID, "answered", answer_file=(f"{QID}.answer.json", FileSignature(1, 2, 3)))
+    store.put_open(spec(), owner="q")
+    store.close(QID, "answered", owner="q", answer_file=(f"{QID}.answer.json", FileSignature(1, 2, 3)))
     with sqlite3.connect(store.path) as conn:
         conn.execute("UPDATE closed_questions SET answer_file = '[\"x\", 1]'")
     conn.close()
@@ -973,8 +982,9 @@ def test_shared_state_is_adopted_once_with_what_a_killed_bridge_left(tmp_path: P
         "from coms_hermes_bridge.actors.store import Store\n"
         "from tests.test_store import QID, QID2, spec\n"
         "store = Store.open(Path(sys.argv[1]))\n"
-        "store.put_open(spec(QID, state='delivered'))\n"
-        "store.close(QID2, 'timeout')\n"
+        "store.put_open(spec(QID, state='delivered'), owner='q')\n"
+        "store.put_open(spec(QID2), owner='r')\n"
+        "store.close(QID2, 'timeout', owner='r')\n"
         "os._exit(0)\n"  # killed: the last commits may be in the WAL only
     )
     root = Path(__file__).resolve().parent.parent
@@ -998,10 +1008,10 @@ def test_shared_state_is_adopted_once_with_what_a_killed_bridge_left(tmp_path: P
 def test_own_state_is_never_replaced_by_the_shared_file(tmp_path: Path) -> None:
     shared, own = tmp_path / "state.sqlite3", tmp_path / "state-a.sqlite3"
     mine = Store.open(own)
-    mine.put_open(spec(QID2))
+    mine.put_open(spec(QID2), owner="q")
     mine.shutdown()
     old = Store.open(shared)
-    old.put_open(spec(QID))
+    old.put_open(spec(QID), owner="q")
     old.shutdown()
     assert adopt_shared_state(shared, own) is False
     assert shared.exists()
@@ -1047,9 +1057,9 @@ def test_a_failed_delivery_is_remembered_for_an_hour(store: Store) -> None:  # X
 def test_the_memory_of_failed_deliveries_is_bounded(store: Store) -> None:  # X11
     qids = [f"01ARZ3NDEKTSV4RRFFQ6{n:06d}" for n in range(UNDELIVERED_MEMORY + 5)]
     for n, qid in enumerate(qids):
-        store.close(qid, None, undelivered_at=5000.0 + n)
+        close_new(store, qid, None, undelivered_at=5000.0 + n)
     assert not store.undelivered(qids[4], 6000.0) and store.undelivered(qids[5], 6000.0)
-    store.close(QID, None, undelivered_at=5000.0 + 3600 + 10)  # an hour on: the early ones go
+    close_new(store, QID, None, undelivered_at=5000.0 + 3600 + 10)  # an hour on: the early go
     with sqlite3.connect(store.path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM undelivered").fetchone()[0] < UNDELIVERED_MEMORY
 
@@ -1059,7 +1069,7 @@ def test_knows_qid_reads_what_a_state_file_says(path: Path) -> None:  # X6
     s.put_open(spec(), owner="q")
     s.put_open(spec(QID2), owner="r")
     s.close(QID2, "timeout", owner="r")
-    s.close("01ARZ3NDEKTSV4RRFFQ69G5FAX", None, undelivered_at=100.0)
+    close_new(s, "01ARZ3NDEKTSV4RRFFQ69G5FAX", None, undelivered_at=100.0)
     try:  # while its owner runs (WAL: the reader never waits)
         assert knows_qid(path, QID, 100.0) == "open"
         assert knows_qid(path, QID2, 100.0) == "timeout"
@@ -1374,8 +1384,8 @@ def test_each_way_an_open_row_fails_to_parse_is_said_and_the_row_dropped(
     store: Store, path: Path, capsys: pytest.CaptureFixture[str], damage: str,
     shown: str | None, error: str,
 ) -> None:  # one bad question never keeps the others from resuming
-    store.put_open(spec(QID))
-    store.put_open(spec(QID2))
+    store.put_open(spec(QID), owner="q")
+    store.put_open(spec(QID2), owner="q")
     conn = sqlite3.connect(path)
     with conn:
         conn.execute(f"UPDATE open_questions SET {damage} WHERE qid = ?", (QID,))
@@ -1392,10 +1402,10 @@ def test_each_way_an_open_row_fails_to_parse_is_said_and_the_row_dropped(
 def test_a_bad_closed_row_and_a_bad_owed_note_are_said_and_dropped(
     store: Store, path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # one bad row never keeps the others; said once, with why
-    store.put_open(spec(QID))
-    store.close(QID, "answered")
-    store.put_open(spec(QID2))
-    store.close(QID2, "timeout")
+    store.put_open(spec(QID), owner="q")
+    store.close(QID, "answered", owner="q")
+    store.put_open(spec(QID2), owner="q")
+    store.close(QID2, "timeout", owner="q")
     store.owe_note(SendText(QID, "ℹ late", "late_note", note_id="n1"))
     store.owe_note(SendText(QID2, "ℹ late", "late_note", note_id="n2"))
     conn = sqlite3.connect(path)
@@ -1481,7 +1491,7 @@ def test_a_file_without_wal_is_said_and_still_kept(
                         lambda *a, **k: real(*a, **k, factory=_NoWal))
     store = Store.open(path)
     try:
-        store.put_open(spec())
+        store.put_open(spec(), owner="q")
         assert [s.qid for s in store.load()[0]] == [QID]
     finally:
         store.shutdown()
