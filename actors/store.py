@@ -135,13 +135,6 @@ def _expected_shapes() -> dict[str, list[tuple[Any, ...]]]:
         conn.close()
 
 
-def _older_shape(shapes: dict[str, list[tuple[Any, ...]]]) -> bool:
-    """Each table one of ours with the first of its columns (what an older version had)."""
-    expected = _expected_shapes()
-    return all(name in expected and columns == expected[name][: len(columns)]
-               for name, columns in shapes.items())
-
-
 def _is_busy(exc: sqlite3.Error) -> bool:
     # A locked file is in use by someone else, not damaged: never move it aside.
     return isinstance(exc, sqlite3.OperationalError) and (
@@ -178,7 +171,9 @@ def _problem(path: Path) -> str | None:
             return f"schema version {version} is newer than this bridge's {SCHEMA_VERSION}"
         if version < 1:
             return f"unknown schema version {version}"
-        if not _older_shape(shapes):
+        expected = _expected_shapes()  # an older version had the first columns of each
+        if not all(name in expected and columns == expected[name][: len(columns)]
+                   for name, columns in shapes.items()):
             return "its tables do not match the schema"
         return None
     except sqlite3.Error as exc:
@@ -234,12 +229,6 @@ def adopt_shared_state(shared: Path, own: Path) -> bool:
         except FileNotFoundError:
             pass
     return True
-
-
-def _restrict(path: Path) -> None:
-    # Prompts may carry private text: only the daemon's user may read them.
-    for name in (path, *(Path(f"{path}{suffix}") for suffix in _SIDECARS)):
-        tighten_mode(name, FILE_MODE)
 
 
 class Store:
@@ -702,17 +691,19 @@ def _connect(path: Path) -> sqlite3.Connection:
     """Open the file in WAL mode with the schema in place, or raise OSError."""
     conn: sqlite3.Connection | None = None
     try:
+        # Prompts may carry private text: only the daemon's user may read them.
         # Create the file 0600 before SQLite does: SQLite gives the -wal and
-        # -shm files the main file's mode, so nothing is ever world-readable.
-        # A file found looser (an older version, a copy) is tightened, saying so.
+        # -shm files it creates the main file's mode, whatever the umask. A file
+        # found looser (an older version, a copy) is tightened, saying so.
         os.close(open_private(path, os.O_CREAT | os.O_RDWR))
-        _restrict(path)
+        for name in (path, *(Path(f"{path}{suffix}") for suffix in _SIDECARS)):
+            tighten_mode(name, FILE_MODE)
         conn = sqlite3.connect(
             str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
         )
         conn.text_factory = _text
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal":
+        if str(mode[0]).lower() != "wal":
             report(f"state database {path}: WAL mode unavailable (journal mode {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("BEGIN IMMEDIATE")  # an older file is brought up to date in one step
@@ -728,7 +719,6 @@ def _connect(path: Path) -> sqlite3.Connection:
             (str(SCHEMA_VERSION),),
         )
         conn.commit()
-        _restrict(path)
     except (sqlite3.Error, OSError) as exc:
         if conn is not None:
             conn.close()

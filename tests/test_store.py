@@ -275,11 +275,37 @@ def test_reopening_a_closed_qid_forgets_it_was_closed(store: Store) -> None:
     assert closed == []
 
 
-def test_file_is_private(store: Store, path: Path) -> None:
-    store.put_open(spec(), owner="q")  # a write, so the WAL sidecars exist
-    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        if name.exists():
+def test_file_is_private(path: Path) -> None:
+    # SQLite makes the -wal and -shm with the main file's mode, whatever the umask
+    old = os.umask(0)
+    try:
+        store = Store.open(path)
+        store.put_open(spec(), owner="q")  # a write, so the WAL sidecars exist
+    finally:
+        os.umask(old)
+    try:
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
             assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
+    finally:
+        store.shutdown()
+
+
+def test_sidecars_left_looser_are_tightened_at_open(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store.open(path).shutdown()
+    holder = sqlite3.connect(path)  # another writer, as a killed daemon leaves its sidecars
+    with holder:
+        holder.execute("INSERT INTO meta VALUES ('x', 'y')")
+    sidecars = [Path(f"{path}-wal"), Path(f"{path}-shm")]
+    for name in sidecars:
+        name.chmod(0o644)
+    try:
+        Store.open(path).shutdown()
+    finally:
+        holder.close()
+    assert capsys.readouterr().err == "".join(
+        f"coms-hermes-bridge: {name} was mode 0644; tightened to 0600\n" for name in sidecars)
 
 
 def test_wal_mode_is_on(store: Store, path: Path) -> None:
