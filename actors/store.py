@@ -248,14 +248,8 @@ class Store:
     so that each method is atomic with respect to the others.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        conn: sqlite3.Connection,
-        schedule: Callable[[float, Callable[[], None]], object] | None = None,
-    ) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
-        self._schedule = schedule or later
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
         self._closed_since_trim = 0
@@ -265,9 +259,7 @@ class Store:
         self._settle_leader = False
 
     @classmethod
-    def open(
-        cls, path: Path, schedule: Callable[[float, Callable[[], None]], object] | None = None
-    ) -> Store:
+    def open(cls, path: Path) -> Store:
         """Open (or create) the store at `path`.
 
         A bad file is never fatal: the daemon must come up even if its state
@@ -289,7 +281,7 @@ class Store:
                     f"state database {path} was unreadable ({why}); "
                     f"moved it to {aside} and started empty"
                 )
-        return cls(path, _connect(path), schedule)
+        return cls(path, _connect(path))
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -581,7 +573,7 @@ class Store:
             self._commit_settles()
         elif first:  # no commit is on its way for these yet
             try:
-                self._schedule(SETTLE_DELAY_S, self._settle_later)
+                later(SETTLE_DELAY_S, self._settle_later)
             except Exception:  # no timer for it (no thread, say): commit now instead
                 self._commit_settles()
 

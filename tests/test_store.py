@@ -470,16 +470,19 @@ def owe_many(store: Store, count: int) -> list[str]:
     return owners
 
 
-def timed(path: Path) -> tuple[Store, list[Callable[[], None]]]:
+def timed(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, list[Callable[[], None]]]:
     """A store whose settle timers the test fires itself, in the order they were set."""
     timers: list[Callable[[], None]] = []
-    return Store.open(path, schedule=lambda delay, action: timers.append(action)), timers
+    monkeypatch.setattr(store_module, "later", lambda delay, action: timers.append(action))
+    return Store.open(path), timers
 
 
-def test_settles_arriving_together_share_one_commit(path: Path) -> None:
+def test_settles_arriving_together_share_one_commit(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # one commit per settled response cost as much as the close itself
     timers: list[tuple[float, Callable[[], None]]] = []
-    store = Store.open(path, schedule=lambda delay, action: timers.append((delay, action)))
+    monkeypatch.setattr(store_module, "later",
+                        lambda delay, action: timers.append((delay, action)))
+    store = Store.open(path)
     try:
         owe_many(store, 8)
         commits: list[str] = []
@@ -519,7 +522,7 @@ def test_settles_are_applied_as_one_batch(path: Path, monkeypatch: pytest.Monkey
     real = sqlite3.connect
     monkeypatch.setattr(store_module.sqlite3, "connect",
                         lambda *a, **k: real(*a, **k, factory=_Statements))
-    store, timers = timed(path)
+    store, timers = timed(path, monkeypatch)
     try:
         owe_many(store, 8)
         conn = store._conn
@@ -536,8 +539,10 @@ def test_settles_are_applied_as_one_batch(path: Path, monkeypatch: pytest.Monkey
         store.shutdown()
 
 
-def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path) -> None:
-    store, timers = timed(path)
+def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, timers = timed(path, monkeypatch)
     try:
         owe_many(store, 1)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -552,8 +557,8 @@ def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(path: Path
         store.shutdown()
 
 
-def test_a_full_batch_of_settles_is_committed_at_once(path: Path) -> None:
-    store, timers = timed(path)
+def test_a_full_batch_of_settles_is_committed_at_once(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, timers = timed(path, monkeypatch)
     try:
         owe_many(store, 1)
         store._settles = [(f"q{i}", "o") for i in range(SETTLE_BATCH - 1)]
@@ -590,9 +595,9 @@ def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: 
 
 
 def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
-    path: Path, capsys: pytest.CaptureFixture[str]
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, timers = timed(path)
+    store, timers = timed(path, monkeypatch)
     try:
         owe_many(store, 2)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -612,9 +617,9 @@ def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
 
 
 def test_settles_taken_by_a_write_that_fails_wait_for_the_next(
-    path: Path, capsys: pytest.CaptureFixture[str]
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, _ = timed(path)
+    store, _ = timed(path, monkeypatch)
     try:
         owe_many(store, 2)
         store.put_open(spec(QID), owner="q")
@@ -633,11 +638,12 @@ def test_settles_taken_by_a_write_that_fails_wait_for_the_next(
         store.shutdown()
 
 
-def test_a_settle_with_no_timer_to_wait_for_is_committed_at_once(path: Path) -> None:
+def test_a_settle_with_no_timer_to_wait_for_is_committed_at_once(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_timer(delay: float, action: Callable[[], None]) -> object:
         raise RuntimeError("no thread for timers")
 
-    store = Store.open(path, schedule=no_timer)
+    monkeypatch.setattr(store_module, "later", no_timer)
+    store = Store.open(path)
     try:
         owe_many(store, 1)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -647,9 +653,9 @@ def test_a_settle_with_no_timer_to_wait_for_is_committed_at_once(path: Path) -> 
 
 
 def test_a_timer_that_cannot_commit_says_so_and_the_next_settle_waits_again(
-    path: Path, capsys: pytest.CaptureFixture[str]
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, timers = timed(path)
+    store, timers = timed(path, monkeypatch)
     owe_many(store, 2)
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
     assert store._conn is not None
@@ -666,9 +672,9 @@ def test_a_timer_that_cannot_commit_says_so_and_the_next_settle_waits_again(
 
 
 def test_a_timer_firing_after_shutdown_is_silent(
-    path: Path, capsys: pytest.CaptureFixture[str]
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, timers = timed(path)
+    store, timers = timed(path, monkeypatch)
     owe_many(store, 1)
     store.shutdown()
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # too late to be recorded: stays owed
@@ -677,10 +683,10 @@ def test_a_timer_firing_after_shutdown_is_silent(
     assert rows(store, "outbox") == 1
 
 
-def test_a_settle_before_any_write_still_gets_its_timer(path: Path) -> None:
+def test_a_settle_before_any_write_still_gets_its_timer(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     owe_many(earlier := Store.open(path), 1)  # owed by the daemon before a restart
     earlier.shutdown()
-    store, timers = timed(path)
+    store, timers = timed(path, monkeypatch)
     try:
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # its first call
         assert len(timers) == 1
@@ -701,7 +707,7 @@ def test_the_store_waits_on_the_io_edge_for_its_settles(
 
     assert vars(store_module)["later"] is runtime.later  # the shared edge's timers, no thread of its own
     monkeypatch.setattr(store_module, "later", later)
-    store = Store.open(path)  # no schedule of its own: the edge's timers (runtime.later)
+    store = Store.open(path)
     try:
         owe_many(store, 1)
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
@@ -725,9 +731,10 @@ def test_a_response_owed_without_an_owner_is_settled_without_one(store: Store) -
 
 
 def test_settles_that_cannot_be_recorded_at_shutdown_are_said_and_stay_owed(
-    path: Path, capsys: pytest.CaptureFixture[str]
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = Store.open(path, schedule=lambda delay, action: None)
+    monkeypatch.setattr(store_module, "later", lambda delay, action: None)
+    store = Store.open(path)
     owe_many(store, 1)
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
     assert store._conn is not None

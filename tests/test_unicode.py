@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from coms_hermes_bridge.actors import store as store_module
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import QuestionSpec, SendResponse, SendText
 from coms_hermes_bridge.messages.contract import Rejected, parse_prompt, validate_answer
@@ -145,8 +146,9 @@ def test_depth_costs_no_stack() -> None:  # bounded work, whatever the nesting
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(tmp_path / "state.sqlite3", schedule=lambda delay, action: None)
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    monkeypatch.setattr(store_module, "later", lambda delay, action: None)
+    s = Store.open(tmp_path / "state.sqlite3")
     yield s
     s.shutdown()
 
