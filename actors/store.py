@@ -640,16 +640,15 @@ class Store:
     def _read_or_drop(self, table: str, what: str, decode: Callable[..., T], sql: str) -> list[T]:
         """The rows `sql` selects (rowid, then the key), decoded; a row that does not decode
         is deleted, by rowid (a bad key may not even bind), and said once: kept, it would
-        be said at every start."""
+        be said at every start. Read and delete are one transaction: a row another writer
+        rewrote in between would be deleted unread."""
         with self._transaction() as conn:
-            rows = conn.execute(sql).fetchall()
-        good, bad = _decode(rows, decode)
-        for _, key, exc in bad:
-            report(f"state database {self.path}: dropped {what} {key!r}: {exc!r:.200}")
-        if bad:
-            with self._transaction() as conn:
+            good, bad = _decode(conn.execute(sql).fetchall(), decode)
+            if bad:
                 conn.executemany(f"DELETE FROM {table} WHERE rowid = ?",
                                  [(rowid,) for rowid, _, _ in bad])
+        for _, key, exc in bad:
+            report(f"state database {self.path}: dropped {what} {key!r}: {exc!r:.200}")
         return good
 
     def shutdown(self) -> None:

@@ -1432,6 +1432,42 @@ def test_each_way_an_open_row_fails_to_parse_is_said_and_the_row_dropped(
     assert reopen(Store.open(path)) == ([spec(QID2)], [])  # deleted: said once, not each start
 
 
+def test_a_bad_row_is_read_and_dropped_in_one_step(
+    store: Store, path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a row rewritten between the read that found it bad and its delete would be deleted
+    # unread: no other writer may get in between
+    store.put_open(spec(QID), owner="q")
+    store.put_open(spec(QID2), owner="q")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE open_questions SET state = 'bogus' WHERE qid = ?", (QID,))
+    conn.close()
+    real = store_module._spec
+    refused: list[str] = []
+
+    def repaired_meanwhile(qid: object, *row: object) -> QuestionSpec:
+        if qid == QID:  # another writer tries to mend the row the start just read
+            other = sqlite3.connect(path, timeout=0)
+            try:
+                with other:
+                    other.execute("UPDATE open_questions SET state = NULL WHERE qid = ?", (QID,))
+            except sqlite3.OperationalError as exc:
+                refused.append(str(exc))
+            finally:
+                other.close()
+        return real(qid, *row)
+
+    monkeypatch.setattr(store_module, "_spec", repaired_meanwhile)
+    capsys.readouterr()
+    assert store.load() == ([spec(QID2)], [])
+    assert refused == ["database is locked"]
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: state database {path}: dropped open question {QID!r}:"
+        " ValueError(\"unknown state 'bogus'\")\n")
+    assert rows(store, "open_questions") == 1
+
+
 def test_a_bad_closed_row_and_a_bad_owed_note_are_said_and_dropped(
     store: Store, path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:  # one bad row never keeps the others; said once, with why
