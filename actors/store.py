@@ -1,15 +1,10 @@
 """The durable record of open questions, so that none is lost when the daemon dies.
 
-The actors write here before an effect is reported done (a question accepted,
-a state reached, a question closed, a response or note owed) and the Router
-reads everything back on start, so a crashed or killed daemon resumes every
-open question where it was and still recognises answers to questions it closed
-recently (late answers). Which actor writes which rows, and why the store has
-no actor of its own: docs/architecture.md.
-
-One SQLite file holds it all. SQLite gives atomic multi-row updates (closing a
-question removes it from one table and adds it to another in one step) and
-survives a crash mid-write without a hand-written journal.
+Every effect (an ack, a state reached, a close, a response or note owed) is written
+here first, and the Router reads it all back at start; which actor writes which rows,
+and why the store has no actor of its own: docs/architecture.md. SQLite gives atomic
+multi-row updates (a close removes one row and adds others in one step) and survives a
+crash mid-write without a hand-written journal.
 """
 
 from __future__ import annotations
@@ -204,17 +199,11 @@ def _move_aside(path: Path) -> Path:
 
 
 def adopt_shared_state(shared: Path, own: Path) -> bool:
-    """Take over the host's old shared state file as this project's, once.
-
-    Before state was kept per project, every bridge on a host used one file.
-    The first bridge to start afterwards, whatever its project, adopts it:
-    renaming is atomic, so of several bridges starting at once exactly one
-    gets it, and the others start with their own empty file. That is safe
-    because an open question needs no particular project to finish: its
-    answer file is found by qid and its response goes to the asker's own
-    endpoint. Nothing happens when this project already has its own file.
-    Returns whether this call adopted the file.
-    """
+    """Take over the host's old shared state file (one for every bridge, before state
+    was per project) as this project's; whether this call did. The rename is atomic, so of
+    bridges starting at once exactly one adopts it, whatever its project: an open question
+    needs no particular project to finish (its answer file is found by qid, its response
+    goes to the asker's own endpoint)."""
     if own.exists() or not shared.exists():
         return False
     try:
@@ -232,20 +221,13 @@ def adopt_shared_state(shared: Path, own: Path) -> bool:
 
 
 class Store:
-    """Durable state of open questions and recently closed qids.
+    """Open questions and recently closed qids, in one SQLite file (WAL, mode 0600).
 
-    One SQLite file, in WAL mode, readable by its owner only (mode 0600).
-
-    Durability: every write is committed before its method returns, except a
-    settle (`settle`), which may wait up to SETTLE_DELAY_S for a commit. The file
-    runs in WAL mode with `synchronous=NORMAL`: a commit reaches the WAL file
-    through the OS before returning, so it survives a crash or kill of the
-    process (the case this store exists for); only a power loss or kernel
-    crash may lose the last few commits, which is an acceptable trade for not
-    fsyncing on every state change.
-
-    Thread-safety: one connection, shared by every thread, guarded by one lock,
-    so that each method is atomic with respect to the others.
+    Every write is committed before its method returns, except a settle's (up to
+    SETTLE_DELAY_S later). With `synchronous=NORMAL` a commit reaches the WAL through
+    the OS before returning, so it survives a crash or kill of the process; only a power
+    loss or kernel crash may lose the last few commits, the price of not fsyncing every
+    state change. One connection for every thread, behind one lock: each method is atomic.
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
@@ -260,14 +242,10 @@ class Store:
 
     @classmethod
     def open(cls, path: Path) -> Store:
-        """Open (or create) the store at `path`.
-
-        A bad file is never fatal: the daemon must come up even if its state
-        was damaged, so the file is moved aside for inspection, reported, and
-        an empty store takes its place. Only a store that cannot be created at
-        all raises OSError, because then nothing can be made durable and the
-        caller must decide whether to run without it.
-        """
+        """Open (or create) the store at `path`. A bad file is moved aside, said, and
+        replaced by an empty store: the daemon must come up even if its state was damaged.
+        OSError only when no store can be made at all (nothing could be durable: the
+        caller decides)."""
         path = Path(path)
         try:
             bridge_dir(path.parent)
@@ -310,11 +288,10 @@ class Store:
     ) -> list[tuple[str, str]]:
         """Delete the settled rows; those applied, for a rollback to put back.
 
-        A settle SQLite cannot even take (text that is not UTF-8, a wrong type)
-        is dropped alone, said once with its qid: no outbox row can hold such a
-        key, so nothing stays owed by dropping it, and kept in the batch it
-        would fail every later write. A fault of the file (locked, full) is
-        not the item's: it fails the whole write, and the settles wait for the next.
+        A settle SQLite cannot even bind (text that is not UTF-8, a wrong type) matches no
+        outbox row, so it is dropped alone, said with its qid: kept in the batch, it would
+        fail every later write. A fault of the file (locked, full) fails the whole write,
+        and the settles wait for the next.
         """
         try:
             conn.executemany("DELETE FROM outbox WHERE qid = ? AND owner = ?", settles)
@@ -391,26 +368,17 @@ class Store:
         note: SendText | None = None,
         undelivered_at: float | None = None,
     ) -> bool:
-        """Forget an open question, remembering how it ended unless `state` is None.
+        """Forget an open question, remembering how it ended unless `state` is None
+        (delivery failed: the human never saw it, so no answer to it can be late). False,
+        with nothing written, when the row is no longer `owner`'s (closed already, or
+        replaced by a repeated qid).
 
-        One transaction, so a crash can never leave a question both open and
-        closed, or neither. None (delivery failed) leaves no closed row: the
-        human never saw the question, so no answer to it can arrive late.
-        Only the newest CLOSED_MEMORY closed qids are kept (trimmed every
-        CLOSED_TRIM_BATCH closes and at start), bounding the file.
-
-        `response` is what the asker is now owed: it goes to the outbox in the
-        same transaction, and leaves it only when `settle` says it was handed
-        over, so a crash in between resends it rather than losing it.
-        `answer_file` names the file the answer came from, so that a restart
-        before the file was removed does not take it for a late answer.
-        `note` is a Telegram note the human is now owed (cancel, timeout): it
-        is kept, in the same transaction, until `note_sent` says hermes ran it.
-        A question that is no longer `owner`'s (closed already, or replaced by
-        a repeated qid) is left alone and False is returned. `undelivered_at`
-        (a delivery failure, with its time) is remembered for
-        UNDELIVERED_MEMORY_S, so that an answer which comes all the same gets
-        the human a word (X11) instead of silence.
+        One transaction, so a crash never leaves a question both open and closed, or
+        neither; what the asker (`response`) or the human (`note`) is now owed stays in
+        the file until `settle` or `note_sent`, so a crash resends it rather than losing
+        it. `answer_file` is remembered so a restart before its removal does not take it
+        for a late answer; `undelivered_at` for UNDELIVERED_MEMORY_S, so an answer that
+        comes all the same gets the human a word (X11) instead of silence.
         """
         with self._transaction() as conn:
             gone = conn.execute(
@@ -551,18 +519,12 @@ class Store:
     def settle(self, qid: str, owner: str | None = None) -> None:
         """The asker was answered (or is gone for good): the response leaves the outbox.
 
-        Keyed by owner too, so a response settled late for an old question with
-        the same qid cannot clear the one a newer question owes.
-
-        Group commit: the settle joins a list that the next write transaction
-        applies first, whichever method it is (under load, the next question
-        to close), and a timer commits the list SETTLE_DELAY_S after the first
-        settle when no write came meanwhile; SETTLE_BATCH waiting settles are
-        committed at once. So settling costs no commit of its own while
-        answers stream in, instead of one each, and returns without waiting
-        for the lock. A crash before that commit only leaves the response
-        owed, and it is sent again at the next start, which the outbox's
-        at-least-once rule already allows.
+        Keyed by owner too, so a late settle for an old question cannot clear what a newer
+        one with the same qid owes. Group commit (docs/architecture.md): the settle is
+        applied by the next write transaction, or committed by a timer SETTLE_DELAY_S after
+        the first waiting settle, or at once when SETTLE_BATCH wait; it never waits for the
+        lock. A crash before that commit leaves the response owed, sent again at the next
+        start, as the outbox's at-least-once rule allows.
         """
         with self._settle_lock:
             self._settles.append((qid, owner or ""))
@@ -726,13 +688,10 @@ def _spec(
     state: object,
     reminded: object = None,
 ) -> QuestionSpec:
-    """Rebuild one open question from its row; ValueError or TypeError if it does not parse.
-
-    The JSON is read with the wire's `loads`, as the peer reads envelopes off
-    the socket, and checked by the same model: a row whose text is not valid
-    Unicode (X12; written by an older version, or by hand) is refused here as
-    it would be on the wire.
-    """
+    """One open question from its row; ValueError or TypeError if it does not parse. The
+    JSON is read and checked as the wire reads it (`loads`, the same models), so a row
+    that is not valid Unicode (X12; an older version's, or edited by hand) is refused as
+    an envelope would be."""
     if not isinstance(qid, str):
         raise TypeError(f"qid is {type(qid).__name__}")
     if has_lone_surrogate(qid):
@@ -826,9 +785,9 @@ def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S)
     """What the state file at `path` knows of `qid`: "open", its closed state, or
     "undelivered" (a failed delivery within the hour, X11); None when nothing.
 
-    Read-only and without the owner's lock (WAL readers never block its
-    writer), so a bridge can ask what a sibling owns while that sibling is up,
-    down or starting. Raises OSError when the file cannot be read.
+    Read-only, so a bridge can ask what a sibling owns while that sibling is up, down or
+    starting (a WAL reader never blocks its writer). StateBusyError when the file stays
+    locked past `busy_s`, OSError when it cannot be read.
     """
     try:  # a FIFO (or a device) by that name would block SQLite's open for ever
         st = os.lstat(path)
@@ -870,11 +829,9 @@ class StateBusyError(OSError):
 def sibling_of(own: Path, qid: str, now: float) -> str | None:
     """The project of another bridge beside `own` whose state knows `qid` (X6), or None.
 
-    A sibling's file that is busy (locked past the busy timeout) counts as
-    knowing it: leaving a file a while longer is safe, deleting another
-    bridge's answer is not. One that cannot be read at all (damaged, not a
-    database) knows nothing, said on stderr: it must not keep every stray file
-    forever.
+    A busy file counts as knowing it: leaving an answer file longer is safe, deleting
+    another bridge's is not. One that cannot be read at all (damaged) knows nothing,
+    said as a warning: it must not keep every stray answer file forever.
     """
     for project, path in state_files(own.parent).items():
         if path == own:
@@ -898,13 +855,12 @@ class Snapshot:
 
 
 def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
-    """Read the state file without writing to it, safe while the daemon runs.
+    """The state file as it is now, for the operator's verbs, safe while the daemon runs.
 
-    The file is opened read-only (SQLite URI `mode=ro`): no schema is created,
-    nothing is migrated or moved aside, no row is deleted, and a WAL reader
-    never blocks the daemon's writer. A row that does not parse is skipped,
-    not repaired: that is the daemon's business on its next start. Raises
-    FileNotFoundError when there is no state file, OSError when it cannot be read.
+    Opened read-only (`mode=ro`): nothing is created, migrated, moved aside or deleted,
+    and the daemon's writer is never blocked. A row that does not parse is skipped, not
+    repaired: that is the daemon's business at its next start. FileNotFoundError when
+    there is no file, OSError when it cannot be read.
     """
     path = Path(path)
     if not path.is_file():
