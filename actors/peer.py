@@ -135,11 +135,6 @@ def _refusal(kind: str, exc: ValidationError) -> str:
     return kind if why is None else f"{kind}: {why}"
 
 
-def _reject_constant(name: str) -> Any:
-    """JSON.parse refuses NaN and Infinity, so the pool would call such a line invalid."""
-    raise ValueError(f"not JSON: {name}")
-
-
 def admit_through(router: Address) -> Admit:
     """Admission by the Router; while it restarts, the asker is told to try again."""
     def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
@@ -333,7 +328,7 @@ class Listener:
         """The reply for one line, and what to do once it is written: a prompt is acked
         once stored (an ack means it survives a crash); a cancel is acked first (C12)."""
         try:
-            body = loads(line.decode("utf-8"), parse_constant=_reject_constant)
+            body = loads(line.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError is one
             return Nack(msg_id="", error=INVALID_JSON), None
         raw_id = body.get("msg_id") if isinstance(body, dict) else None

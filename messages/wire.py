@@ -150,13 +150,18 @@ def _too_deep(text: str) -> bool:
     return False
 
 
-def loads(text: str, **options: Any) -> Any:
-    """`json.loads`, the same on every thread: ValueError for text that is not JSON,
-    and for JSON nested deeper than MAX_JSON_DEPTH."""
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")
+
+
+def loads(text: str) -> Any:
+    """`json.loads` as JavaScript's JSON.parse reads, the same on every thread:
+    ValueError for text that is not JSON, for NaN and Infinity (Python reads them,
+    the daemon we replace does not) and for JSON nested deeper than MAX_JSON_DEPTH."""
     if _too_deep(text):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, **options)
+        return json.loads(text, parse_constant=_reject_constant)
     except RecursionError as exc:  # not reached below the bound; kept as a refusal anyway
         raise ValueError("JSON nested too deep") from exc
 

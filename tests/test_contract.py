@@ -128,6 +128,15 @@ def test_invalid_qid_error_text() -> None:
         ("[1, 2]", ParsedPrompt(question="[1, 2]", context="From builder @ /work/app")),
         ('"just a string"', ParsedPrompt(question='"just a string"', context="From builder @ /work/app")),
         ("{not json", ParsedPrompt(question="{not json", context="From builder @ /work/app")),
+        # NaN and Infinity are not JSON (JSON.parse refuses them): plain text
+        (
+            '{"question":"q","x":Infinity}',
+            ParsedPrompt(question='{"question":"q","x":Infinity}', context="From builder @ /work/app"),
+        ),
+        (
+            '{"question":"q","x":NaN}',
+            ParsedPrompt(question='{"question":"q","x":NaN}', context="From builder @ /work/app"),
+        ),
     ],
 )
 def test_prompt_parsing(text: str, expected: ParsedPrompt) -> None:
@@ -331,6 +340,11 @@ def test_valid_answer_is_accepted() -> None:
         (NAME, b'{"qid": "', {QID}, Rejected("invalid_json", QID)),
         (NAME, b"", {QID}, Rejected("invalid_json", QID)),
         (NAME, b"\xff\xfe", {QID}, Rejected("invalid_json", QID)),
+        # JSON.parse refuses NaN and Infinity: not JSON, wherever they stand
+        (NAME, body()[:-1] + b', "n": NaN}', {QID}, Rejected("invalid_json", QID)),
+        (NAME, body(answer=...)[:-1] + b', "answer": NaN}', {QID}, Rejected("invalid_json", QID)),
+        (NAME, body()[:-1] + b', "n": Infinity}', {QID}, Rejected("invalid_json", QID)),
+        (NAME, body()[:-1] + b', "n": [-Infinity]}', {QID}, Rejected("invalid_json", QID)),
         (NAME, b"[1]", {QID}, Rejected("invalid_schema", QID)),
         (NAME, body(answer=...), {QID}, Rejected("invalid_schema", QID)),
         (NAME, body(answer=5), {QID}, Rejected("invalid_schema", QID)),

@@ -174,8 +174,14 @@ def test_non_utf8_is_invalid_json(peer: Running) -> None:  # W12, W13
     assert exchange(peer.endpoint, b'\xff\xfe{"type":"ping"}\n') == nack("", "invalid json")
 
 
-def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running) -> None:  # W13
-    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":NaN}\n') == nack("", "invalid json")
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running, constant: bytes) -> None:  # W13
+    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":%s}\n' % constant) == nack(
+        "", "invalid json")
+    # a prompt otherwise valid, its number NaN: the line is refused, not the prompt
+    prompt = line(PROMPT).replace(b'"hops": 0', b'"hops":' + constant)
+    assert b'"hops":' + constant in prompt
+    assert exchange(peer.endpoint, prompt) == nack("", "invalid json")
 
 
 @pytest.mark.parametrize(

@@ -354,3 +354,10 @@ def test_json_nesting_is_bounded_the_same_on_every_thread() -> None:
     assert loads(text) == json.loads(text)
     with pytest.raises(ValueError):
         loads("[1,")
+
+
+@pytest.mark.parametrize("text", ["NaN", '{"a":Infinity}', "[1,-Infinity]", '{"n":NaN}'])
+def test_nan_and_infinity_are_not_json(text: str) -> None:
+    # C9, W13: JavaScript's JSON.parse refuses them, so every reader here does too
+    with pytest.raises(ValueError, match="not JSON"):
+        loads(text)
