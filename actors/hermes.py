@@ -45,8 +45,8 @@ from ..messages.contract import (
     UNREADABLE_REASONS,
     Rejected,
     delivery_error,
-    format_ms,
     grace_ms,
+    js_number,
     log_record,
     qid_of_name,
     unreadable_note,
@@ -131,7 +131,7 @@ class DeliveryActor(PooledChild):
             return delivery_error(None, f"{type(exc).__name__}: {exc}")
         result = done.result()
         if result.returncode is None:
-            ms = format_ms(self.w.config.send_timeout_ms)
+            ms = js_number(self.w.config.send_timeout_ms)
             return delivery_error(None, f"timed out after {ms}ms")
         if result.returncode == 0:
             return None

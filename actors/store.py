@@ -28,6 +28,7 @@ from ..messages.commands import (
     SendResponse,
     SendText,
 )
+from ..messages.contract import js_number
 from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from .runtime import later, report
@@ -706,7 +707,7 @@ def _spec(
         qid=qid,
         prompt=PromptEnvelope.model_validate(loads(prompt)),
         parsed=ParsedPrompt.model_validate(loads(parsed)),
-        timeout_ms=float(timeout_ms),
+        timeout_ms=js_number(timeout_ms),  # as the Router made it: 250, not 250.0
         deadline=float(deadline),
         state=cast("State | None", state),
         reminded=bool(reminded),

@@ -69,9 +69,10 @@ def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def format_ms(ms: float) -> str:
-    """A millisecond count as JavaScript prints it: 250, not 250.0."""
-    return str(int(ms)) if float(ms).is_integer() else repr(float(ms))
+def js_number(value: float) -> float:
+    """A number as JavaScript holds it, so it prints and serialises the same: 250, not
+    250.0 (Python keeps int and float apart; a stored REAL comes back a float)."""
+    return int(value) if float(value).is_integer() else float(value)
 
 
 # -- timeouts (C16) -------------------------------------------------------------
@@ -87,7 +88,7 @@ def parse_positive_ms(raw: str | None) -> float | None:
         return None
     if not math.isfinite(value) or value <= 0:
         return None
-    return int(value) if value.is_integer() else value
+    return js_number(value)
 
 
 def resolve_timeout_ms(flag: float | None, env: Mapping[str, str] = os.environ) -> float:
@@ -112,8 +113,7 @@ def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
         return default_ms
     if not math.isfinite(raw) or raw <= 0:
         return default_ms
-    capped = min(raw, MAX_REPLY_TIMEOUT_MS)
-    return int(capped) if float(capped).is_integer() else float(capped)
+    return js_number(min(raw, MAX_REPLY_TIMEOUT_MS))
 
 
 # -- ownership (X2) -----------------------------------------------------------
@@ -484,12 +484,12 @@ def remind_note(qid: str, left_s: float, question: str) -> str:
 
 def timeout_note(qid: str, timeout_ms: float) -> str:
     """C17: told to the human when nobody answered in time."""
-    return f"⌛ {hub_tag(qid)} The question timed out after {format_ms(timeout_ms)}ms."
+    return f"⌛ {hub_tag(qid)} The question timed out after {js_number(timeout_ms)}ms."
 
 
 def timeout_error(timeout_ms: float) -> str:
     """C17: the error the asker gets on timeout."""
-    return f"no remote answer within {format_ms(timeout_ms)}ms"
+    return f"no remote answer within {js_number(timeout_ms)}ms"
 
 
 def delivery_error(exit_code: int | None, stderr: str, stdout: str = "") -> str:

@@ -6,6 +6,7 @@ router."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -412,6 +413,23 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
         PROMPT, None, "no remote answer within 100000ms", "question:x:2")
     wait_for(lambda: not second.is_alive(), what="the restarted one stops")  # timed out
     first.logger.assert_nothing()  # both are over, their timers fired or cancelled
+
+
+def test_a_restored_question_logs_its_timeout_in_the_bytes_a_fresh_one_does(store: Store) -> None:
+    # C17, C20: the row holds timeout_ms as a REAL; read back (a restart), the detail is
+    # still the JavaScript number 250 a fresh question logs, not 250.0
+    line = (f'{{"at":"2026-11-30T12:00:00.000Z","qid":"{QID}","event":"timeout",'
+            '"detail":{"timeout_ms":250}}\n')
+    fresh = dataclasses.replace(
+        question_spec(deadline=time.time() + 0.25, state="delivered"), timeout_ms=250)
+    first = Rig(fresh, store)
+    assert first.logger.expect(LogEvent, timeout=5).record.to_line() == line
+    wait_for(lambda: not first.ref.is_alive(), what="the fresh one times out")
+    store.put_open(dataclasses.replace(fresh, deadline=time.time() + 0.25), owner="question:x:2")
+    restored = store.open_spec(QID, "question:x:2")
+    assert restored is not None
+    QuestionActor.start(first.wiring, restored, "question:x:2")
+    assert first.logger.expect(LogEvent, timeout=5).record.to_line() == line
 
 
 def test_two_thousand_open_questions_run_on_a_few_threads(store: Store) -> None:
