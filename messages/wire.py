@@ -109,8 +109,8 @@ class ValidText(BaseModel):
 
 def invalid_text(exc: ValidationError) -> str | None:
     """The `<field> is not valid Unicode` reason in a validation error, if that is its cause."""
-    # (ValidText's check runs before any field's, so pydantic's own string_unicode
-    # never comes first)
+    # (pydantic itself lets a lone surrogate through a str field: only ValidText's
+    # check ever raises for one)
     for error in exc.errors():
         if error["type"] == INVALID_UNICODE:
             return str(error["msg"])
@@ -327,7 +327,8 @@ class CancelEnvelope(ValidText, WireModel):
 
 
 class PingEnvelope(WireModel):
-    """A liveness probe (W17); a missing msg_id is answered with ""."""
+    """The liveness probe `doctor` sends (W17). Incoming pings are not read through
+    it: the listener answers any line whose type is ping, with the msg_id a string."""
 
     type: Literal["ping"] = "ping"
     msg_id: StrictStr = ""
