@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from datetime import datetime
-from functools import cached_property
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 
 from dateutil import parser as dateutil_parser
 from pydantic import (
@@ -248,19 +246,7 @@ class WireModel(BaseModel):
 
     def to_json(self) -> str:
         """The model as one compact JSON text, without the newline."""
-        return self.json_text
-
-    @cached_property
-    def json_text(self) -> str:
-        """`to_json`, made once: the model is frozen, and a prompt's text is written
-        twice (its open row, then the response it is owed)."""
         return dumps(self.json_body())
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy (with `update` applied) whose JSON text is made afresh, not copied."""
-        copy = super().model_copy(update=update, deep=deep)
-        copy.__dict__.pop("json_text", None)
-        return copy
 
     def to_line(self) -> bytes:
         """The model as one ndjson line, ready for a socket; never over LINE_LIMIT."""
