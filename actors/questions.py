@@ -52,7 +52,6 @@ from ..messages.contract import (
     AlreadyOpen,
     Refused,
     Rejected,
-    Undelivered,
     admission,
     answer_name,
     cancel_note,
@@ -60,7 +59,6 @@ from ..messages.contract import (
     cancel_target,
     duplicate_refused_record,
     effective_timeout_ms,
-    foreign_verdict,
     format_question,
     late_note,
     log_record,
@@ -380,19 +378,17 @@ class QuestionRouter(PooledChild):
                 note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
                 self._noted(name, signature, note, "late_answer", {"state": state})
             return
-        undelivered = self.w.store.undelivered(qid, self.w.clock())
+        # our own failed delivery first (the human may have the question all the same);
         # siblings' files are read only when our own memory does not decide it
-        verdict = foreign_verdict(qid, undelivered, None if undelivered else self.sibling(qid))
-        match verdict:
-            case Undelivered():
-                note = SendText(qid, undelivered_note(qid), "undelivered_note",
-                                note_id=f"undelivered:{qid}:{ULID()}")
-                self._noted(name, signature, note, "answer_rejected",
-                            {"reason": "foreign_qid", "file": name, "delivery_failed": True})
-            case Rejected():
-                self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
-            # OwnedElsewhere (X6): left for its owner, however long it is down; the Watcher
-            # offers it again `reoffer_s` after it handed it on
+        if self.w.store.undelivered(qid, self.w.clock()):
+            note = SendText(qid, undelivered_note(qid), "undelivered_note",
+                            note_id=f"undelivered:{qid}:{ULID()}")
+            self._noted(name, signature, note, "answer_rejected",
+                        {"reason": "foreign_qid", "file": name, "delivery_failed": True})
+        elif self.sibling(qid) is None:  # no bridge on this host knows it: at once
+            self.w.watcher.tell(DisposeAnswerFile(name, signature, Rejected("foreign_qid", qid)))
+        # else a sibling's (X6): left for its owner, however long it is down; the Watcher
+        # offers it again `reoffer_s` after it handed it on
 
     def _noted(self, name: str, signature: FileSignature, note: SendText, event: Event,
                detail: dict[str, Any]) -> None:

@@ -566,37 +566,6 @@ def validate_answer(
     return Accepted(qid, answer)
 
 
-@dataclass(frozen=True, slots=True)
-class OwnedElsewhere:
-    """X6: a sibling bridge on this host (another project) owns the qid; its file is its own."""
-
-    qid: str
-    project: str
-
-
-@dataclass(frozen=True, slots=True)
-class Undelivered:
-    """X11: the qid is this bridge's, whose delivery failed within the hour."""
-
-    qid: str
-
-
-def foreign_verdict(
-    qid: str, undelivered: bool, sibling: str | None
-) -> Undelivered | OwnedElsewhere | Rejected:
-    """C9, X6, X11: what becomes of a file whose qid is neither open nor closed here.
-
-    Our own failed delivery first (the human may have the question all the
-    same), then a sibling's qid (left for it, however long it is down); only a
-    qid no bridge on this host knows is foreign_qid, at once.
-    """
-    if undelivered:
-        return Undelivered(qid)
-    if sibling is not None:
-        return OwnedElsewhere(qid, sibling)
-    return Rejected("foreign_qid", qid)
-
-
 # -- admission and cancel (X2, X10, C13, C14) ----------------------------------
 
 

@@ -12,14 +12,10 @@ import json
 import pytest
 
 from coms_hermes_bridge.messages.contract import (
-    OwnedElsewhere,
-    Rejected,
-    Undelivered,
     cancel_target,
     defuse_markers,
     effective_timeout_ms,
     first_line,
-    foreign_verdict,
     format_question,
     over_asker_limit,
     over_capacity,
@@ -119,13 +115,6 @@ def test_a_cancel_names_an_open_question_or_nothing() -> None:
     assert cancel_target(QID, {QID}) == QID
     assert cancel_target(QID, set()) is None
     assert cancel_target("not-a-qid", {QID}) is None
-
-
-def test_foreign_verdict_order() -> None:  # C9, X6, X11: our failed delivery, a sibling's, none
-    qid = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
-    assert foreign_verdict(qid, True, "b") == Undelivered(qid)
-    assert foreign_verdict(qid, False, "b") == OwnedElsewhere(qid, "b")
-    assert foreign_verdict(qid, False, None) == Rejected("foreign_qid", qid)
 
 
 def test_undelivered_note_wording() -> None:  # X11
