@@ -49,14 +49,13 @@ from ..messages.contract import (
     INVALID_QID_ERROR,
     NOT_ADMITTED,
     Accepted,
-    AlreadyOpen,
-    Refused,
     Rejected,
     admission,
     answer_name,
     cancel_note,
     cancel_refused_record,
     cancel_target,
+    duplicate_error,
     duplicate_refused_record,
     effective_timeout_ms,
     format_question,
@@ -242,13 +241,12 @@ class QuestionRouter(PooledChild):
             self.w.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
             return
         current = self.open.get(qid)
-        verdict = admission(qid, envelope, current.prompt if current else None,
-                            qid in self.closed)
-        if isinstance(verdict, AlreadyOpen):  # its asker retrying: ack, nothing more
+        verdict = admission(envelope, current.prompt if current else None, qid in self.closed)
+        if verdict == "retry":  # its asker retrying: ack, nothing more
             return
-        if isinstance(verdict, Refused):
+        if verdict != "admit":
             self._log(duplicate_refused_record(self.w.now(), qid, envelope, verdict))
-            raise AdmissionRefused(verdict.error)
+            raise AdmissionRefused(duplicate_error(qid))
         config = self.w.config
         refusal = over_asker_limit(envelope.sender_name, self._open_of(envelope.sender_name),
                                    config.max_open_per_asker) or over_capacity(

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -119,25 +119,9 @@ def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
 # -- ownership (X2) -----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """A new qid: open the question."""
-
-
-@dataclass(frozen=True, slots=True)
-class AlreadyOpen:
-    """Its own asker sent the open prompt again (a retry after a lost ack): ack, nothing more."""
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """Someone else's qid, or one closed too recently to reuse: nack with `error`."""
-
-    error: str
-    reason: str  # "open" or "closed", for the duplicate_refused log detail
-
-
-Admission = Admit | AlreadyOpen | Refused
+Admission = Literal["admit", "retry", "open", "closed"]
+"""X2: a new qid to open; its own asker retrying (a lost ack: ack, nothing more); or
+refused, as `duplicate_error`, because the qid is open or was closed too recently."""
 
 
 def duplicate_error(qid: str) -> str:
@@ -146,9 +130,9 @@ def duplicate_error(qid: str) -> str:
 
 
 def admission(
-    qid: str, prompt: PromptEnvelope, open_prompt: PromptEnvelope | None, recently_closed: bool
+    prompt: PromptEnvelope, open_prompt: PromptEnvelope | None, recently_closed: bool
 ) -> Admission:
-    """X2: may this prompt open question `qid`?
+    """X2: may this prompt open its question?
 
     `open_prompt` is the prompt of the question open under `qid`, if any;
     `recently_closed` says the qid is in the closed-qid memory (its human may
@@ -158,11 +142,9 @@ def admission(
         # the same endpoint asking the same thing is the same asker retrying
         if (prompt.sender_endpoint, prompt.prompt) == (
             open_prompt.sender_endpoint, open_prompt.prompt):
-            return AlreadyOpen()
-        return Refused(duplicate_error(qid), "open")
-    if recently_closed:
-        return Refused(duplicate_error(qid), "closed")
-    return Admit()
+            return "retry"
+        return "open"
+    return "closed" if recently_closed else "admit"
 
 
 def may_cancel(cancel: CancelEnvelope, open_prompt: PromptEnvelope) -> bool:
@@ -179,11 +161,11 @@ SENDER_LOG_LIMIT = 128
 
 
 def duplicate_refused_record(
-    at: datetime, qid: str, prompt: PromptEnvelope, refused: Refused
+    at: datetime, qid: str, prompt: PromptEnvelope, reason: Literal["open", "closed"]
 ) -> LogRecord:
     """X1, X2: the log line for a refused reuse of `qid`; the claimed name is bounded."""
     sender = truncate_utf16(prompt.sender_name, SENDER_LOG_LIMIT)
-    return log_record(at, qid, "duplicate_refused", {"from": sender, "reason": refused.reason})
+    return log_record(at, qid, "duplicate_refused", {"from": sender, "reason": reason})
 
 
 def cancel_refused_record(at: datetime, cancel: CancelEnvelope) -> LogRecord:

@@ -13,9 +13,6 @@ from dateutil import parser as dateutil_parser
 from coms_hermes_bridge.messages.contract import (
     MAX_REPLY_TIMEOUT_MS,
     Accepted,
-    Admit,
-    AlreadyOpen,
-    Refused,
     admission,
     cancel_refused_record,
     defuse_markers,
@@ -375,26 +372,24 @@ A = prompt_envelope(text="Ship?")
 @pytest.mark.parametrize(
     ("incoming", "open_prompt", "closed", "expected"),
     [
-        (A, None, False, Admit()),
-        (A, A, False, AlreadyOpen()),  # identical resend by its asker
+        (A, None, False, "admit"),
+        (A, A, False, "retry"),  # identical resend by its asker
         # the same asker is endpoint and text; the rest of the envelope may differ
         (prompt_envelope(text="Ship?", sender_session="other", timestamp="later"), A, False,
-         AlreadyOpen()),
-        (prompt_envelope(text="Ship?", sender_endpoint="/tmp/b.sock"), A, False,
-         Refused(f"qid {QID} is already in use", "open")),
-        (prompt_envelope(text="Ship now?"), A, False,
-         Refused(f"qid {QID} is already in use", "open")),
+         "retry"),
+        (prompt_envelope(text="Ship?", sender_endpoint="/tmp/b.sock"), A, False, "open"),
+        (prompt_envelope(text="Ship now?"), A, False, "open"),
         (prompt_envelope(text="Ship?", sender_name="agent-b", sender_endpoint="/tmp/b.sock"),
-         A, False, Refused(f"qid {QID} is already in use", "open")),
-        (A, None, True, Refused(f"qid {QID} is already in use", "closed")),  # recently closed
-        (A, A, True, AlreadyOpen()),  # open wins over a stale closed entry
+         A, False, "open"),
+        (A, None, True, "closed"),  # recently closed
+        (A, A, True, "retry"),  # open wins over a stale closed entry
     ],
 )
 def test_admission(
     incoming: PromptEnvelope, open_prompt: PromptEnvelope | None, closed: bool, expected: object
 ) -> None:
     # X2
-    assert admission(QID, incoming, open_prompt, closed) == expected
+    assert admission(incoming, open_prompt, closed) == expected
 
 
 def test_duplicate_error_text() -> None:
@@ -429,9 +424,8 @@ AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 def test_refusal_log_records() -> None:
     # X1, X2: the claimed sender, bounded like every log line
-    refusal = Refused(duplicate_error(QID), "closed")
     claimed = prompt_envelope(sender_name="agent-b")
-    assert json.loads(duplicate_refused_record(AT, QID, claimed, refusal).to_line()) == {
+    assert json.loads(duplicate_refused_record(AT, QID, claimed, "closed").to_line()) == {
         "at": "2026-11-30T12:00:00.000Z", "qid": QID, "event": "duplicate_refused",
         "detail": {"from": "agent-b", "reason": "closed"},
     }
