@@ -20,7 +20,6 @@ from ulid import ULID
 
 from ..messages.commands import (
     Address,
-    AdmissionRefused,
     AnswerArrived,
     AnswerFileSeen,
     CancelQuestion,
@@ -227,38 +226,37 @@ class QuestionRouter(PooledChild):
         """None to ack (once stored), else the nack's error. An unforeseen fault (the
         store could not take it) is our words to the asker and the cause on stderr."""
         try:
-            self._new_question(envelope)
-        except AdmissionRefused as exc:  # full, its asker's share, not its qid (X2)
-            return str(exc)
+            return self._new_question(envelope)
         except Exception as exc:
             report(f"could not take question {envelope.msg_id!r}: {exc!r}", "error")
             return NOT_ADMITTED
-        return None
 
-    def _new_question(self, envelope: PromptEnvelope) -> None:
+    def _new_question(self, envelope: PromptEnvelope) -> str | None:
+        """None to ack, else the nack's error: full, its asker's share, not its qid (X2)."""
         qid = qid_of(envelope)
         if qid is None:  # C3: never reaches Telegram
             self.w.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
-            return
+            return None
         current = self.open.get(qid)
         verdict = admission(envelope, current.prompt if current else None, qid in self.closed)
         if verdict == "retry":  # its asker retrying: ack, nothing more
-            return
+            return None
         if verdict != "admit":
             self._log(duplicate_refused_record(self.w.now(), qid, envelope, verdict))
-            raise AdmissionRefused(duplicate_error(qid))
+            return duplicate_error(qid)
         config = self.w.config
         refusal = over_asker_limit(envelope.sender_name, self._open_of(envelope.sender_name),
                                    config.max_open_per_asker) or over_capacity(
                                        len(self.open), config.max_open)
         if refusal is not None:
-            raise AdmissionRefused(refusal)
+            return refusal
         timeout_ms = effective_timeout_ms(envelope, config.timeout_ms)  # X5
         spec = QuestionSpec(qid=qid, prompt=envelope, parsed=parse_prompt(envelope),
                             timeout_ms=timeout_ms, deadline=self.w.clock() + timeout_ms / 1000)
         question = self._start(spec, claim=False)
         if question is not None:
             self._deliver(spec, question)
+        return None
 
     def _open_of(self, asker: str) -> int:
         """X10: counted from the table, and only when the limit is set."""

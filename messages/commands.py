@@ -77,10 +77,6 @@ class QueueDepthQuery:
     reply: Callable[[int], None]
 
 
-class AdmissionRefused(Exception):
-    """The Router will not take a prompt; the text is the nack's error, word for word."""
-
-
 # -- the question's life -------------------------------------------------------
 
 
