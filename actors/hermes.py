@@ -25,8 +25,6 @@ from inotify_simple import INotify, flags
 from ..messages.commands import (
     Address,
     AnswerFileSeen,
-    Delivered,
-    DeliveryFailed,
     DisposeAnswerFile,
     FilesChanged,
     FileSignature,
@@ -153,8 +151,7 @@ class DeliveryActor(PooledChild):
             report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
         try:
             if job.reply_to is not None:
-                result = Delivered(job.qid) if error is None else DeliveryFailed(job.qid, error)
-                job.reply_to.tell(result)
+                job.reply_to.tell(HermesRan(job, error))
             elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
                 detail = {"phase": job.purpose, "error": error}
                 self.w.logger.tell(LogEvent(log_record(self.w.now(), job.qid, "delivery_error",

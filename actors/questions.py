@@ -25,10 +25,9 @@ from ..messages.commands import (
     CancelQuestion,
     CancelRequested,
     ChildFailed,
-    Delivered,
-    DeliveryFailed,
     DisposeAnswerFile,
     FileSignature,
+    HermesRan,
     LogEvent,
     NewQuestion,
     OfferAgain,
@@ -440,10 +439,10 @@ class QuestionActor(PooledChild):
 
     def on_receive(self, message: Any) -> None:
         match message:
-            case Delivered():
+            case HermesRan(error=None):
                 if self.state == "pending":
                     self._move("delivered", {"to": self.w.config.target})
-            case DeliveryFailed(error=error):
+            case HermesRan(error=str(error)):
                 if self.state == "pending":
                     owed = self._owed(None, error)
                     # remembered an hour: the human may have the question all the same (X11)

@@ -10,7 +10,7 @@ Who sends what (docs/architecture.md draws the path of one question):
                               NewQuestion and QueueDepthQuery carries its reply callback)
     Router    -> Question   : AnswerArrived, CancelRequested
     Question  -> Router     : QuestionClosed, AnswerFileSeen (an answer it closed under)
-    Question  -> Delivery   : SendText          Delivery -> Question : Delivered, DeliveryFailed
+    Question  -> Delivery   : SendText          Delivery -> Question : HermesRan
     Question  -> Peer       : SendResponse
     Question  -> Watcher    : RemoveAnswerFile
     Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : DisposeAnswerFile,
@@ -136,17 +136,6 @@ class SendText:
     note_id: str | None = None  # a note owed in the store, cleared once hermes has run it
 
 
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    qid: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryFailed:
-    qid: str
-    error: str
-
-
 # -- coms responses -----------------------------------------------------------
 
 
@@ -216,7 +205,8 @@ class OfferAgain:
 
 @dataclass(frozen=True, slots=True)
 class HermesRan:
-    """The edge finished running hermes for `job`: None when it sent, else C18's error."""
+    """Hermes ran `job`: None when it sent, else C18's error. The edge tells Delivery,
+    which tells the question that asked (its `reply_to`) the same."""
 
     job: SendText
     error: str | None

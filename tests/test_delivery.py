@@ -20,8 +20,7 @@ from coms_hermes_bridge.actors.hermes import DeliveryActor
 from coms_hermes_bridge.actors.runtime import OUTPUT_TAIL, run_process
 from coms_hermes_bridge.messages.commands import (
     ChildFailed,
-    Delivered,
-    DeliveryFailed,
+    HermesRan,
     LogEvent,
     SendText,
     TextPurpose,
@@ -66,6 +65,11 @@ class DeliveryRig(WiredRig[DeliveryActor]):
             reply_to = self.question
         self.ref.tell(SendText(QID, text, purpose, reply_to, note_id))
 
+    def told(self, timeout: float = 5.0) -> tuple[str, str | None]:
+        """What the next question was told: its qid, and None when sent, else C18's error."""
+        ran = self.question.expect(HermesRan, timeout)
+        return ran.job.qid, ran.error
+
 
 @pytest.fixture
 def hermes(tmp_path: Path) -> FakeHermes:
@@ -91,14 +95,14 @@ def test_runs_hermes_with_the_exact_argv_and_reports_delivered(hermes: FakeHerme
     rig = DeliveryRig(hermes.path)
     text = "❓ [HUB-Q:X] what?\n\n↩ reply; $(rm -rf /) `x` 'q' \"d\""
     rig.send(text)
-    assert rig.question.expect(Delivered) == Delivered(QID)
+    assert rig.told() == (QID, None)
     assert hermes.argvs() == [["send", "--to", "telegram:1:2", text]]
 
 
 def test_profile_goes_before_send(hermes: FakeHermes) -> None:  # W20
     rig = DeliveryRig(hermes.path, profile="p")
     rig.send("hi")
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, None)
     assert hermes.argvs() == [["--profile", "p", "send", "--to", "telegram:1:2", "hi"]]
 
 
@@ -106,7 +110,7 @@ def test_found_on_path(hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("PATH", f"{hermes.directory}{os.pathsep}{os.environ['PATH']}")
     rig = DeliveryRig("hermes")
     rig.send("hi")
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, None)
     assert len(hermes.calls()) == 1
 
 
@@ -125,7 +129,7 @@ def test_nonzero_exit_is_a_failure_naming_code_and_output(
     hermes.configure(**config)
     rig = DeliveryRig(hermes.path)
     rig.send("hi")
-    assert rig.question.expect(DeliveryFailed) == DeliveryFailed(QID, error)
+    assert rig.told() == (QID, error)
 
 
 def test_a_failed_send_is_one_error_line_for_the_operator(
@@ -134,7 +138,7 @@ def test_a_failed_send_is_one_error_line_for_the_operator(
     hermes.configure(exit=3, stderr="chat not found\n")
     rig = DeliveryRig(hermes.path)
     rig.send("hi")
-    rig.question.expect(DeliveryFailed)
+    assert rig.told() == (QID, "hermes send failed (3): chat not found")
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: error: question for {QID} not delivered: "
         "hermes send failed (3): chat not found\n"
@@ -145,9 +149,10 @@ def test_missing_hermes_is_a_failure(tmp_path: Path) -> None:  # C18
     missing = tmp_path / "nowhere" / "hermes"
     rig = DeliveryRig(missing)
     rig.send("hi")
-    failed = rig.question.expect(DeliveryFailed)
-    assert failed.error.startswith("hermes send failed: [Errno 2] No such file or directory")
-    assert str(missing) in failed.error
+    qid, error = rig.told()
+    assert qid == QID and error is not None
+    assert error.startswith("hermes send failed: [Errno 2] No such file or directory")
+    assert str(missing) in error
 
 
 def test_a_burst_runs_one_at_a_time_in_arrival_order(hermes: FakeHermes) -> None:  # W20
@@ -156,7 +161,7 @@ def test_a_burst_runs_one_at_a_time_in_arrival_order(hermes: FakeHermes) -> None
     for i in range(4):
         rig.send(f"text {i}")
     for _ in range(4):
-        rig.question.expect(Delivered)
+        assert rig.told() == (QID, None)
     calls = hermes.calls()
     assert [c["argv"][-1] for c in calls] == [f"text {i}" for i in range(4)]
     for earlier, later in itertools.pairwise(calls):
@@ -168,9 +173,9 @@ def test_a_send_past_its_timeout_is_killed_with_its_group(hermes: FakeHermes) ->
     rig = DeliveryRig(hermes.path, send_timeout_ms=300)
     began = time.monotonic()
     rig.send("hi")
-    failed = rig.question.expect(DeliveryFailed, timeout=3)
+    failed = rig.told(timeout=3)
     assert time.monotonic() - began < 1.5
-    assert failed == DeliveryFailed(QID, "hermes send failed: timed out after 300ms")
+    assert failed == (QID, "hermes send failed: timed out after 300ms")
     run = hermes.started()[0]
     assert run["pgid"] == run["pid"] and run["child"] is not None
     wait_for(lambda: not group_alive(run["pgid"]), timeout=2, what="hermes' group to die")
@@ -184,18 +189,19 @@ def test_delivery_goes_on_after_a_timeout(hermes: FakeHermes) -> None:  # C18
     hermes.wait_started(1)
     hermes.configure()
     rig.send("fast")
-    rig.question.expect(DeliveryFailed)
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, "hermes send failed: timed out after 1500ms")
+    assert rig.told() == (QID, None)
 
 
 def test_hermes_output_is_kept_to_its_last_4_kib(hermes: FakeHermes) -> None:  # C18
     hermes.configure(exit=1, flood=50_000_000, stderr="final reason")
     rig = DeliveryRig(hermes.path, send_timeout_ms=30_000)
     rig.send("hi")
-    failed = rig.question.expect(DeliveryFailed, timeout=30)
-    assert failed.error.startswith("hermes send failed (1): ")
-    assert failed.error.endswith("final reason")
-    assert len(failed.error.encode()) <= len("hermes send failed (1): ") + OUTPUT_TAIL
+    qid, error = rig.told(timeout=30)
+    assert qid == QID and error is not None
+    assert error.startswith("hermes send failed (1): ")
+    assert error.endswith("final reason")
+    assert len(error.encode()) <= len("hermes send failed (1): ") + OUTPUT_TAIL
 
 
 def test_hermes_exit_decides_even_when_a_child_holds_its_pipes(hermes: FakeHermes) -> None:
@@ -205,7 +211,7 @@ def test_hermes_exit_decides_even_when_a_child_holds_its_pipes(hermes: FakeHerme
     began = time.monotonic()
     rig.send("hi")
     try:
-        assert rig.question.expect(Delivered, timeout=5) == Delivered(QID)
+        assert rig.told(timeout=5) == (QID, None)
         assert time.monotonic() - began < 1.0
     finally:
         os.kill(hermes.started()[0]["child"], signal.SIGKILL)
@@ -217,8 +223,7 @@ def test_hermes_exit_status_decides_failure_with_a_child_left(hermes: FakeHermes
     began = time.monotonic()
     rig.send("hi")
     try:
-        failed = rig.question.expect(DeliveryFailed, timeout=5)
-        assert failed == DeliveryFailed(QID, "hermes send failed (3): no route")
+        assert rig.told(timeout=5) == (QID, "hermes send failed (3): no route")
         assert time.monotonic() - began < 1.0
     finally:
         os.kill(hermes.started()[0]["child"], signal.SIGKILL)
@@ -238,9 +243,8 @@ def test_an_unforeseen_fault_running_hermes_is_the_send_failing(
     rig = DeliveryRig(hermes.path)
     rig.send("one")
     rig.send("two")
-    assert rig.question.expect(DeliveryFailed) == DeliveryFailed(
-        QID, "hermes send failed: RuntimeError: no pidfd")
-    assert rig.question.expect(Delivered) == Delivered(QID)
+    assert rig.told() == (QID, "hermes send failed: RuntimeError: no pidfd")
+    assert rig.told() == (QID, None)
 
 
 def test_a_failed_note_is_logged_by_delivery_itself(hermes: FakeHermes) -> None:  # C18, C20
@@ -273,7 +277,7 @@ def test_a_sent_note_that_cannot_be_recorded_is_said(
     rig = DeliveryRig(hermes.path, notes=Notes(sent=note_sent))
     rig.send("✖ cancelled", "cancel_note", note_id="cancel:1")
     rig.send("next")
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, None)
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: could not record the cancel_note for {QID} as sent: "
         "RuntimeError('disk full')\n"
@@ -294,7 +298,7 @@ def test_a_reminder_no_longer_owed_is_never_run(hermes: FakeHermes) -> None:  # 
     rig.send("⏰ b", "remind_note", note_id="remind:b")
     rig.send("✖ c", "cancel_note", note_id="c")  # other notes: never asked
     rig.send("❓ d")
-    assert rig.question.expect(Delivered) == Delivered(QID)
+    assert rig.told() == (QID, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ b", "✖ c", "❓ d"]
     assert sent == ["remind:b", "c"]
     assert asked == ["remind:a", "remind:b"]
@@ -309,7 +313,7 @@ def test_a_withdrawn_reminder_queued_behind_a_send_does_not_hold_up_the_next(
     hermes.wait_started(1)
     rig.send("⏰ gone", "remind_note", note_id="remind:gone")
     rig.send("second")
-    assert [rig.question.expect(Delivered), rig.question.expect(Delivered)] == [Delivered(QID)] * 2
+    assert [rig.told(), rig.told()] == [(QID, None)] * 2
     assert [argv[-1] for argv in hermes.argvs()] == ["first", "second"]
 
 
@@ -325,7 +329,7 @@ def test_a_reminder_without_a_note_id_is_sent_without_asking_the_store(
     rig = DeliveryRig(hermes.path, notes=Notes(owed=note_owed))
     rig.send("⏰ anonymous", "remind_note")
     rig.send("next")
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ anonymous", "next"]
     assert asked == []
 
@@ -339,7 +343,7 @@ def test_a_store_that_cannot_say_sends_the_reminder_and_says_why(
     rig = DeliveryRig(hermes.path, notes=Notes(owed=note_owed))
     rig.send("⏰ maybe", "remind_note", note_id="remind:m")
     rig.send("next")
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ maybe", "next"]
     assert capfd.readouterr().err == (
         "coms-hermes-bridge: delivery: cannot tell whether remind:m is owed: "
@@ -356,7 +360,7 @@ def test_a_dead_reply_to_does_not_stop_delivery(hermes: FakeHermes) -> None:
     rig = DeliveryRig(hermes.path)
     rig.send("first", reply_to=DeadRef())
     rig.send("second")
-    rig.question.expect(Delivered)
+    assert rig.told() == (QID, None)
     rig.sync()
     rig.supervisor.assert_nothing()
 

@@ -29,10 +29,9 @@ from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
     CancelRequested,
     ChildFailed,
-    Delivered,
-    DeliveryFailed,
     DisposeAnswerFile,
     FileSignature,
+    HermesRan,
     LogEvent,
     QuestionClosed,
     QuestionSpec,
@@ -128,6 +127,11 @@ def start(store: Store) -> Start:
     return _start
 
 
+def ran(error: str | None = None, qid: str = QID) -> HermesRan:
+    """Delivery's word on the question's text: None when hermes sent it, else C18's error."""
+    return HermesRan(SendText(qid, "❓ Ship?", "question"), error)
+
+
 def answer(text: str) -> AnswerArrived:
     body = AnswerFile(qid=QID, answer=text, answered_by="telegram:alice", at="2026-11-30T12:01:00Z")
     return AnswerArrived(body, f"{QID}.answer.json", SIG)
@@ -153,7 +157,7 @@ def test_new_question_is_logged_and_stored(start: Start, store: Store) -> None:
 def test_delivered(start: Start, store: Store) -> None:
     # C19: pending + delivered -> delivered, logged with the target, stored
     rig = start()
-    rig.slot.tell(Delivered(QID))
+    rig.slot.tell(ran())
     assert rig.events(2)[1] == ("delivered", {"to": "telegram"})
     assert _row_state(store) == "delivered"
     assert rig.ref.is_alive()
@@ -164,7 +168,7 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(
 ) -> None:
     # C18, C19: pending + delivery_error -> none; error response at once
     rig = start()
-    rig.slot.tell(DeliveryFailed(QID, "hermes send failed (3): chat not found"))
+    rig.slot.tell(ran("hermes send failed (3): chat not found"))
     assert rig.events(2)[1] == ("delivery_error", {"error": "hermes send failed (3): chat not found"})
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "hermes send failed (3): chat not found", NAME
@@ -193,7 +197,7 @@ def test_answer_closes_the_question(
     # C11, C19: pending|delivered + answered -> answered; mapped response; file removed
     rig = start()
     if delivered:
-        rig.slot.tell(Delivered(QID))
+        rig.slot.tell(ran())
     rig.slot.tell(answer(text))
     events = rig.events(3 if delivered else 2)
     assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
@@ -212,7 +216,7 @@ def test_cancel_sends_the_note_and_no_response(start: Start, delivered: bool) ->
     # C13, C19: pending|delivered + cancelled -> cancelled
     rig = start()
     if delivered:
-        rig.slot.tell(Delivered(QID))
+        rig.slot.tell(ran())
     rig.slot.tell(CancelRequested())
     assert rig.events(3 if delivered else 2)[-1] == ("cancelled", {"reason": "cancel envelope"})
     note = rig.delivery.expect(SendText)
@@ -229,7 +233,7 @@ def test_timer_expiry(start: Start, delivered: bool) -> None:
     # C16, C17, C19: the timer fires at the deadline; note and error response
     rig = start(timeout_s=0.25)
     if delivered:
-        rig.slot.tell(Delivered(QID))
+        rig.slot.tell(ran())
     events = rig.events(3 if delivered else 2)
     assert events[-1] == ("timeout", {"timeout_ms": 250})
     note = rig.delivery.expect(SendText)
@@ -283,11 +287,11 @@ def test_unknown_message_crashes_loudly_to_the_supervisor(start: Start) -> None:
     rig.sync()
     with actors_held():  # both queued before the first is handled
         rig.slot.tell("what is this")
-        rig.slot.tell(Delivered(QID))
+        rig.slot.tell(ran())
     failed = rig.router.expect(ChildFailed)
     assert failed.child == NAME
     assert failed.error == f"UnknownMessage: {NAME} does not take str: 'what is this'"
-    assert failed.unread == (Delivered(QID),)
+    assert failed.unread == (ran(),)
 
 
 class SnapshotPeer(FakeRef):
@@ -311,10 +315,10 @@ def test_the_owed_response_is_durable_before_the_peer_is_told(
     peer = SnapshotPeer(store)
     rig = start(timeout_s=0.3 if ending == "timeout" else 60, addresses={"peer": peer})
     if ending == "answered":
-        rig.slot.tell(Delivered(QID))
+        rig.slot.tell(ran())
         rig.slot.tell(answer("stop"))
     elif ending == "delivery_error":
-        rig.slot.tell(DeliveryFailed(QID, "hermes send failed (1)"))
+        rig.slot.tell(ran("hermes send failed (1)"))
     sent = peer.expect(SendResponse)
     assert sent.owner == NAME
     assert peer.outbox_when_told == [[sent]]
@@ -324,9 +328,9 @@ def test_the_owed_response_is_durable_before_the_peer_is_told(
         assert store.answered_by(QID) == (f"{QID}.answer.json", SIG)
 
 
-@pytest.mark.parametrize("event", [TimedOut(), Delivered(QID)])
+@pytest.mark.parametrize("event", [TimedOut(), ran()])
 def test_a_replaced_question_does_nothing_more(start: Start, store: Store,
-                                               event: TimedOut | Delivered) -> None:
+                                               event: TimedOut | HermesRan) -> None:
     # a repeated qid gave the row to a successor: the old actor's timer (or its late
     # word of delivery) must not log, note, answer, close or move anything in its name
     rig = start()
@@ -399,7 +403,7 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
     deadline = time.time() + 1.0
     spec = question_spec(timeout_s=100, deadline=deadline, state="delivered")
     first = Rig(spec, store)
-    first.ref.ask(Delivered(QID))  # a turn after begin(): its timer is set
+    first.ref.ask(ran())  # a turn after begin(): its timer is set
     timer = first.actor._timer
     assert timer is not None and not timer.cancelled
     first.ref.stop()
@@ -448,7 +452,7 @@ def test_two_thousand_open_questions_run_on_a_few_threads(store: Store) -> None:
         slot.bind(QuestionActor.start(wiring, spec, f"question:x:{i}"))
         slots.append((spec.qid, slot))
     for qid, slot in slots:
-        slot.tell(Delivered(qid))
+        slot.tell(ran(qid=qid))
     delivered = 0
     while delivered < 2000:
         if fakes["logger"].expect(LogEvent, timeout=30).record.event == "delivered":

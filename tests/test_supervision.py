@@ -40,7 +40,7 @@ from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor, Wiri
 from coms_hermes_bridge.messages.commands import (
     Address,
     ChildFailed,
-    Delivered,
+    HermesRan,
     RestartChild,
     SendText,
 )
@@ -452,15 +452,17 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None,
                                 max_restarts=5, window_s=10)
     wait_for(lambda: slot.ref, what="delivery up")
-    slot.tell(SendText(QID_A, "question A", "question", reply_to=question_a))
-    slot.tell(SendText(QID_B, "question B", "question", reply_to=question_b))
+    job_a = SendText(QID_A, "question A", "question", reply_to=question_a)
+    job_b = SendText(QID_B, "question B", "question", reply_to=question_b)
+    slot.tell(job_a)
+    slot.tell(job_b)
     hermes.wait_started(1)
     before = slot.ref
     hermes.configure(sleep=0)
     slot.tell(Boom())  # Delivery takes no such thing: it crashes mid-send
     wait_for(lambda: slot.ref not in (None, before), what="delivery restarted")
-    assert question_a.expect(Delivered) == Delivered(QID_A)
-    assert question_b.expect(Delivered) == Delivered(QID_B)
+    assert question_a.expect(HermesRan) == HermesRan(job_a, None)
+    assert question_b.expect(HermesRan) == HermesRan(job_b, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["question A", "question B"]
     root.stop()
 
