@@ -25,7 +25,6 @@ from inotify_simple import INotify, flags
 from ..messages.commands import (
     Address,
     AnswerFileSeen,
-    DisposeAnswerFile,
     FilesChanged,
     FileSignature,
     HermesRan,
@@ -286,10 +285,10 @@ class WatcherActor(PooledChild):
             case Rescan():
                 self._rescan()
                 self._next_beat()
-            case DisposeAnswerFile(name=name, signature=signature, verdict=verdict):
-                self._dispose(name, signature, verdict)
-            case RemoveAnswerFile(name=name, signature=signature):
+            case RemoveAnswerFile(name=name, signature=signature, verdict=None):
                 self._remove_judged(name, signature)
+            case RemoveAnswerFile(name=name, signature=signature, verdict=Rejected() as verdict):
+                self._dispose(name, signature, verdict)
             case OfferAgain(name=name):
                 tracked = self._tracked.get(name)
                 if tracked is not None:  # forget it was handed on; its grace clock stays

@@ -25,7 +25,6 @@ from ..messages.commands import (
     CancelQuestion,
     CancelRequested,
     ChildFailed,
-    DisposeAnswerFile,
     FileSignature,
     HermesRan,
     LogEvent,
@@ -360,7 +359,7 @@ class QuestionRouter(PooledChild):
             case Rejected(reason="foreign_qid", qid=str(qid)):
                 self._not_open(name, signature, qid)
             case Rejected():
-                self.w.watcher.tell(DisposeAnswerFile(name, signature, verdict))
+                self.w.watcher.tell(RemoveAnswerFile(name, signature, verdict))
 
     def _not_open(self, name: str, signature: FileSignature, qid: str) -> None:
         """Closed here (late, C15), ours undelivered (X11), a sibling's (X6), or foreign."""
@@ -381,7 +380,7 @@ class QuestionRouter(PooledChild):
             self._noted(name, signature, note, "answer_rejected",
                         {"reason": "foreign_qid", "file": name, "delivery_failed": True})
         elif self.sibling(qid) is None:  # no bridge on this host knows it: at once
-            self.w.watcher.tell(DisposeAnswerFile(name, signature, Rejected("foreign_qid", qid)))
+            self.w.watcher.tell(RemoveAnswerFile(name, signature, Rejected("foreign_qid", qid)))
         # else a sibling's (X6): left for its owner, however long it is down; the Watcher
         # offers it again `reoffer_s` after it handed it on
 

@@ -13,8 +13,7 @@ Who sends what (docs/architecture.md draws the path of one question):
     Question  -> Delivery   : SendText          Delivery -> Question : HermesRan
     Question  -> Peer       : SendResponse
     Question  -> Watcher    : RemoveAnswerFile
-    Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : DisposeAnswerFile,
-                                                                    RemoveAnswerFile, OfferAgain
+    Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : RemoveAnswerFile, OfferAgain
     Router    -> Delivery   : SendText (questions; late notes, owed in the store)
     Watcher   -> Delivery   : SendText (unreadable-answer notes)
     anyone    -> Logger     : LogEvent
@@ -179,20 +178,13 @@ class AnswerFileSeen:
 
 
 @dataclass(frozen=True, slots=True)
-class DisposeAnswerFile:
-    """The Router's verdict on a file that is not a valid answer to an open question."""
-
-    name: str
-    signature: FileSignature
-    verdict: Rejected
-
-
-@dataclass(frozen=True, slots=True)
 class RemoveAnswerFile:
-    """The question used this answer; remove the file (C2)."""
+    """Remove this version of the file: used (C2) or answered with a note; or, with a
+    `verdict`, refused (C9), which the Watcher logs first and may leave for its grace (C10)."""
 
     name: str
     signature: FileSignature
+    verdict: Rejected | None = None
 
 
 @dataclass(frozen=True, slots=True)

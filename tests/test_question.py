@@ -29,7 +29,6 @@ from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
     CancelRequested,
     ChildFailed,
-    DisposeAnswerFile,
     FileSignature,
     HermesRan,
     LogEvent,
@@ -262,7 +261,7 @@ def test_answer_after_each_terminal_state_is_late(start: Start, closing: Any, st
     assert rig.router.next() == AnswerFileSeen(f"{QID}.answer.json", None, SIG)
     rig.stopped()
     told = rig.rest("watcher")
-    assert not [m for m in told if isinstance(m, DisposeAnswerFile)]  # nothing judged here
+    assert not [m for m in told if isinstance(m, RemoveAnswerFile) and m.verdict]  # no verdict here
     rig.router.assert_nothing()  # closed exactly once
 
 

@@ -34,7 +34,6 @@ from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
     CancelRequested,
     ChildFailed,
-    DisposeAnswerFile,
     FileSignature,
     LogEvent,
     OfferAgain,
@@ -328,13 +327,13 @@ def test_a_file_whose_name_or_content_is_no_answer_is_refused(make: Make) -> Non
     rig = make()
     rig.opened(prompt_envelope(QIDS[0]))
     rig.ref.tell(AnswerFileSeen("notes.txt", b"{}", SIG))
-    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
         "notes.txt", SIG, Rejected("invalid_path"))
     rig.ref.tell(seen(QIDS[1], b"{not json"))  # a foreign qid: never read
-    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
         f"{QIDS[1]}.answer.json", SIG, Rejected("foreign_qid", QIDS[1]))
     rig.ref.tell(seen(QIDS[0], answer_file(QIDS[1])))  # an open one's, with another qid inside
-    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
         f"{QIDS[0]}.answer.json", SIG, Rejected("qid_mismatch", QIDS[0]))
 
 
@@ -462,7 +461,7 @@ def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Make, tmp_pat
         sibling.shutdown()
     rig = make()
     rig.ref.tell(seen(QIDS[1]))
-    assert rig.watcher.expect(DisposeAnswerFile).verdict == Rejected("foreign_qid", QIDS[1])
+    assert rig.watcher.expect(RemoveAnswerFile).verdict == Rejected("foreign_qid", QIDS[1])
 
 
 def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Make) -> None:

@@ -31,7 +31,6 @@ from coms_hermes_bridge.actors import hermes
 from coms_hermes_bridge.actors.hermes import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
-    DisposeAnswerFile,
     FilesChanged,
     FileSignature,
     LogEvent,
@@ -373,7 +372,7 @@ def test_a_rejected_file_is_logged_removed_and_said(
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
     capsys.readouterr()
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected(reason, QID, error)))
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected(reason, QID, error)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": reason, "file": NAME, **({"error": error} if error else {})}
@@ -398,7 +397,7 @@ def test_a_file_is_read_up_to_the_limit_and_past_it_handed_on_unread(
     over = size > ANSWER_FILE_LIMIT
     assert rig.seen(version=signature) == AnswerFileSeen(
         NAME, None if over else b"\0" * size, signature)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": "invalid_schema", "file": NAME,
@@ -476,10 +475,10 @@ def test_invalid_json_stays_for_the_grace_then_goes_and_only_then_is_noted(
     rig.sync()
     signature = write(rig.dir / NAME, b'{"qid": "01')
     rig.seen(b'{"qid": "01')
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     clock.now += 0.9995
     rig.ref.tell(Rescan())  # held: this version is not sent again within its grace
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     rig.sync()
     rig.router.assert_nothing()
     assert (rig.dir / NAME).exists()
@@ -489,7 +488,7 @@ def test_invalid_json_stays_for_the_grace_then_goes_and_only_then_is_noted(
     rig.ref.tell(Rescan())  # so it is due: sent again for a fresh verdict
     assert rig.seen() == AnswerFileSeen(NAME, b'{"qid": "01', signature)
     clock.now += 0.02
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": "invalid_json", "file": NAME}
@@ -511,13 +510,13 @@ def test_a_file_gone_is_forgotten_and_a_new_one_by_its_name_gets_a_fresh_grace(
     rig.sync()  # every event of that write handled: the watcher still knows the name
     clock.now += 121  # past the grace of its first sighting
     if gone == "rejected by it":
-        rig.ref.tell(DisposeAnswerFile(NAME, old, Rejected("invalid_json", QID)))
+        rig.ref.tell(RemoveAnswerFile(NAME, old, Rejected("invalid_json", QID)))
         assert rig.logged().detail == {"reason": "invalid_json", "file": NAME}
     else:
         os.remove(rig.dir / NAME)  # meanwhile, by someone else (a sibling bridge, say)
         if gone == "removed by another":
             for verdict in (Rejected("invalid_json", QID), Rejected("foreign_qid", QID)):
-                rig.ref.tell(DisposeAnswerFile(NAME, old, verdict))
+                rig.ref.tell(RemoveAnswerFile(NAME, old, verdict))
         elif gone == "seen gone":  # an event for a name whose file is gone by then
             rig.ref.tell(FilesChanged((NAME,)))
         else:
@@ -527,7 +526,7 @@ def test_a_file_gone_is_forgotten_and_a_new_one_by_its_name_gets_a_fresh_grace(
         rig.delivery.assert_nothing()
     new = write(rig.dir / NAME, b"[")
     rig.seen(b"[")
-    rig.ref.tell(DisposeAnswerFile(NAME, new, Rejected("invalid_json", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, new, Rejected("invalid_json", QID)))
     rig.sync()
     assert (rig.dir / NAME).exists()  # half written, for all we know: its grace runs
     rig.logger.assert_nothing()
@@ -539,7 +538,7 @@ def test_a_verdict_on_an_older_version_re_examines_the_file(tmp_path: Path) -> N
     old = write(rig.dir / NAME, b"{}")
     rig.seen(b"{}")
     new = write(rig.dir / NAME, ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, old, Rejected("invalid_schema", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, old, Rejected("invalid_schema", QID)))
     assert rig.seen(ANSWER).signature == new
     rig.sync()
     assert (rig.dir / NAME).read_bytes() == ANSWER
@@ -633,7 +632,7 @@ def test_a_file_another_bridge_removes_first_is_not_logged_here(
         real(src, dst)
 
     monkeypatch.setattr(os, "rename", taken_first)
-    rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
     rig.sync()
     rig.logger.assert_nothing()
     rig.delivery.assert_nothing()
@@ -1207,7 +1206,7 @@ def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -
     a.seen(ANSWER)
     b.seen(ANSWER)
     for rig in (a, b):
-        rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+        rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
         rig.sync()
     assert not (a.dir / NAME).exists()
     assert a.logged().detail == {"reason": "foreign_qid", "file": NAME}
@@ -1228,7 +1227,7 @@ def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
         clock.now += step
         signature = write(rig.dir / NAME, b"{}")
         rig.seen(b"{}")
-        rig.ref.tell(DisposeAnswerFile(NAME, signature, Rejected(reason, QID)))
+        rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected(reason, QID)))
         assert rig.logged().detail == {"reason": reason, "file": NAME}
         if step != 59.9:
             assert rig.delivery.next() == note(reason)
@@ -1303,7 +1302,7 @@ class SimulatedRouter:
             except ValueError:
                 verdict = Rejected("invalid_json", QID)
                 try:
-                    self.rig.ref.tell(DisposeAnswerFile(message.name, message.signature, verdict))
+                    self.rig.ref.tell(RemoveAnswerFile(message.name, message.signature, verdict))
                 except pykka.ActorDeadError:
                     return
                 self.judged.append(message.content)
