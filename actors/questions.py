@@ -51,7 +51,6 @@ from ..messages.contract import (
     answer_name,
     cancel_note,
     cancel_refused_record,
-    cancel_target,
     duplicate_error,
     duplicate_refused_record,
     effective_timeout_ms,
@@ -63,7 +62,6 @@ from ..messages.contract import (
     over_asker_limit,
     over_capacity,
     parse_prompt,
-    qid_of,
     remind_after_s,
     remind_note,
     timeout_error,
@@ -72,7 +70,7 @@ from ..messages.contract import (
     undelivered_note,
     validate_answer,
 )
-from ..messages.wire import Event, PromptEnvelope, State
+from ..messages.wire import Event, PromptEnvelope, State, is_valid_qid
 from .runtime import (
     GiveUp,
     PooledChild,
@@ -188,10 +186,10 @@ class QuestionRouter(PooledChild):
             case NewQuestion(envelope=envelope, reply=reply):
                 reply(self._admit(envelope))
             case CancelQuestion(envelope=envelope):
-                qid = cancel_target(envelope.ref_msg_id, self.open)
-                if qid is not None:
-                    if may_cancel(envelope, self.open[qid].prompt):
-                        self.open[qid].slot.tell(CancelRequested())
+                question = self.open.get(envelope.ref_msg_id)  # C14: else acked, ignored
+                if question is not None:
+                    if may_cancel(envelope, question.prompt):
+                        question.slot.tell(CancelRequested())
                     else:  # X2: only the asker cancels; acked all the same (C12)
                         self._log(cancel_refused_record(self.w.now(), envelope))
             case QueueDepthQuery(reply=reply):
@@ -231,8 +229,8 @@ class QuestionRouter(PooledChild):
 
     def _new_question(self, envelope: PromptEnvelope) -> str | None:
         """None to ack, else the nack's error: full, its asker's share, not its qid (X2)."""
-        qid = qid_of(envelope)
-        if qid is None:  # C3: never reaches Telegram
+        qid = envelope.msg_id
+        if not is_valid_qid(qid):  # C3: never reaches Telegram
             self.w.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
             return None
         current = self.open.get(qid)

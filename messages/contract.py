@@ -177,11 +177,6 @@ def cancel_refused_record(at: datetime, cancel: CancelEnvelope) -> LogRecord:
 # -- prompts (C3, C6) ---------------------------------------------------------
 
 
-def qid_of(prompt: PromptEnvelope) -> str | None:
-    """C3: the qid is the prompt's msg_id, when that is a valid ULID."""
-    return prompt.msg_id if is_valid_qid(prompt.msg_id) else None
-
-
 def _option(entry: Any) -> QuestionOption | None:
     if isinstance(entry, str):
         return QuestionOption(title=entry)
@@ -571,11 +566,6 @@ def over_asker_limit(asker: str, asker_open: int, limit: int | None) -> str | No
     if limit is not None and asker_open >= limit:
         return f"{asker} has {asker_open} open questions; try again later"
     return None
-
-
-def cancel_target(ref_msg_id: str, open_qids: Container[str]) -> str | None:
-    """C13, C14: the open question a cancel ends, or None (acked, otherwise ignored)."""
-    return ref_msg_id if ref_msg_id in open_qids else None
 
 
 def grace_ms(poll_ms: float) -> float:

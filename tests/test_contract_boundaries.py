@@ -12,7 +12,6 @@ import json
 import pytest
 
 from coms_hermes_bridge.messages.contract import (
-    cancel_target,
     defuse_markers,
     effective_timeout_ms,
     first_line,
@@ -108,13 +107,6 @@ def test_max_open_is_reached_at_max_open_not_after() -> None:
     # --max-open N admits N questions, and refuses the N+1st
     assert over_capacity(1, 2) is None
     assert over_capacity(2, 2) == "bridge has 2 open questions; try again later"
-
-
-def test_a_cancel_names_an_open_question_or_nothing() -> None:
-    # C13, C14
-    assert cancel_target(QID, {QID}) == QID
-    assert cancel_target(QID, set()) is None
-    assert cancel_target("not-a-qid", {QID}) is None
 
 
 def test_undelivered_note_wording() -> None:  # X11

@@ -48,7 +48,6 @@ from coms_hermes_bridge.messages.contract import (
     INVALID_QID_ERROR,
     NOT_ADMITTED,
     Rejected,
-    cancel_target,
     late_note,
     over_capacity,
     parse_prompt,
@@ -126,12 +125,10 @@ def make(tmp_path: Path) -> Iterator[Make]:
         store.shutdown()
 
 
-def test_over_capacity_and_the_cancel_target() -> None:  # C13, C14
+def test_over_capacity() -> None:
     assert over_capacity(2, 3) is None
     assert over_capacity(3, 3) == "bridge has 3 open questions; try again later"
     assert over_capacity(4, 3) == "bridge has 4 open questions; try again later"
-    assert cancel_target(QIDS[0], {QIDS[0]}) == QIDS[0]
-    assert cancel_target(QIDS[1], {QIDS[0]}) is None
 
 
 def test_the_error_a_poison_questions_asker_reads_is_kept_to_500_characters() -> None:
