@@ -544,7 +544,4 @@ class LogRecord(Frozen):
 
     def to_line(self) -> str:
         """The record as one ndjson line, newline included."""
-        body: dict[str, JsonValue] = {"at": self.at, "qid": self.qid, "event": self.event}
-        if self.detail is not None:
-            body["detail"] = self.detail
-        return fit_line(body)
+        return fit_line(self.model_dump(exclude_none=True))

@@ -542,6 +542,11 @@ def test_log_record_rendering() -> None:
     assert log_record(AT, QID, "delivered").to_line() == (
         '{"at":"2026-11-30T12:00:01.234Z","qid":"' + QID + '","event":"delivered"}\n'
     )
+    # only an absent detail is left out: a null inside it stays, as JSON.stringify keeps it
+    assert log_record(AT, QID, "answer_rejected", {"error": None, "n": [None]}).to_line() == (
+        '{"at":"2026-11-30T12:00:01.234Z","qid":"' + QID
+        + '","event":"answer_rejected","detail":{"error":null,"n":[null]}}\n'
+    )
 
 
 def test_rejection_log_record_without_a_qid() -> None:
