@@ -602,16 +602,12 @@ def map_answer(answer: str, options: tuple[QuestionOption, ...]) -> MappedAnswer
 
 # -- states (C19) -------------------------------------------------------------
 
-
-class ForbiddenTransition(ValueError):
-    """An event arrived that C19 does not allow in the current state."""
-
-
 _OPEN: tuple[State | None, ...] = ("pending", "delivered")
 
 
 def transition(state: State | None, event: Event) -> State | None:
-    """C19: the next state, or ForbiddenTransition. None is "no question"."""
+    """C19: the next state, or ValueError for an event C19 does not allow in `state`
+    (a bug: the actors check first). None is "no question"."""
     if state is None and event == "question_received":
         return "pending"
     if state == "pending" and event == "delivered":
@@ -622,7 +618,7 @@ def transition(state: State | None, event: Event) -> State | None:
         return event
     if state in TERMINAL_STATES and event == "late_answer":
         return state
-    raise ForbiddenTransition(f"{event} is not allowed in state {state}")
+    raise ValueError(f"{event} is not allowed in state {state}")
 
 
 # -- log (C20) ----------------------------------------------------------------
