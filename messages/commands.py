@@ -1,26 +1,8 @@
 """What the actors tell each other.
 
 Each command is a frozen dataclass: cheap to build on every hop, typed, and
-matched by class in an actor's `on_receive`. Wire and file values inside them
-are the pydantic models of `messages.wire`.
-
-Who sends what (docs/architecture.md draws the path of one question):
-
-    listener  -> Router     : NewQuestion, CancelQuestion, QueueDepthQuery (each
-                              NewQuestion and QueueDepthQuery carries its reply callback)
-    Router    -> Question   : AnswerArrived, CancelRequested
-    Question  -> Router     : QuestionClosed, AnswerFileSeen (an answer it closed under)
-    Question  -> Delivery   : SendText          Delivery -> Question : HermesRan
-    Question  -> Peer       : SendResponse
-    Question  -> Watcher    : RemoveAnswerFile
-    Watcher   -> Router     : AnswerFileSeen    Router -> Watcher : RemoveAnswerFile, OfferAgain
-    Router    -> Delivery   : SendText (questions; late notes, owed in the store)
-    Watcher   -> Delivery   : SendText (unreadable-answer notes)
-    anyone    -> Logger     : LogEvent
-    child     -> its supervisor (the root; the Router for questions) : ChildFailed
-    a supervisor's timer -> it : RestartChild
-    the loop  -> the actor that asked : FilesChanged, Rescan, WatchEnded, WatchLost,
-                                        TimedOut, RemindDue, HermesRan, HeartbeatDue
+matched by class in an actor's `on_receive`. Who sends what, hop by hop:
+docs/architecture.md, "The path of one question".
 """
 
 from __future__ import annotations

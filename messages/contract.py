@@ -281,15 +281,12 @@ def _fold(ch: str) -> str:
 
 
 def defuse_markers(text: str, keep: Sequence[tuple[int, int]] = ()) -> str:
-    """X3: break every `HUB-Q:`-like marker in `text` except those in `keep`.
+    """X3: break every `HUB-Q:`-like marker in `text` except in the [start, end) ranges
+    of `keep`, which the bridge wrote itself.
 
-    `keep` holds [start, end) index ranges the bridge wrote itself. Matching
-    is generous on purpose: any case, full-width or mathematical letters,
-    zero-width characters inside, look-alike letters of other scripts, dashes,
-    spaces or underscores between the parts, an ASCII, full-width or other
-    colon, or a qid-like run instead of a colon. The Q of each marker becomes
-    Ɋ/ɋ: still readable, visibly not the marker, and one UTF-16 unit, so the
-    text never grows (C5).
+    Matching is generous on purpose (see `_fold`): whatever a lenient reader might
+    take for the marker is broken. Its Q becomes Ɋ/ɋ: still readable, visibly not the
+    marker, and one UTF-16 unit, so the text never grows (C5).
     """
     folded: list[str] = []
     source: list[int] = []  # index in `text` of each folded character
@@ -349,15 +346,10 @@ def format_question(
 ) -> str:
     """C4, C5, X3, X4: the Telegram text for a question, at most `limit` UTF-16 units.
 
-    With a `project`, the `📁 Project:` line follows the header (X4). The
-    context takes what the header, project line, options and reply
-    instruction leave. If those alone do not fit, the context is dropped and
-    the question is cut; if even that is not enough, the header, project line
-    and options are cut together, so that the qid at the start and the reply
-    instruction at the end (which the gateway and the human need) survive.
-    Every agent-supplied word is defused (X3, X8): the only markers left are
-    the bridge's own, in the header and the reply instruction, and no hermes
-    directive is left at all.
+    Cut in this order: the context, then the question, then the header, project line
+    and options together; never the qid at the start or the reply instruction at the
+    end, which the gateway and the human need. Agent-supplied words are defused (X3,
+    X8): only those two keep a marker.
     """
     tag = f"❓ {hub_tag(qid)} "
     question = scrub(parsed.question)
@@ -430,7 +422,6 @@ def span(seconds: float) -> str:
 
 
 def first_line(text: str) -> str:
-    """The first line of `text` that is not blank, stripped."""
     for line in text.splitlines():
         if line.strip():
             return line.strip()
@@ -558,11 +549,8 @@ def over_capacity(open_count: int, max_open: int) -> str | None:
 
 
 def over_asker_limit(asker: str, asker_open: int, limit: int | None) -> str | None:
-    """X10: the nack for an asker that already has `limit` questions open, or None.
-
-    Asked, as `over_capacity` is, only for a qid that `admission` let through,
-    so an asker's resend of its own open question is never refused by it.
-    """
+    """X10: the nack for an asker that already has `limit` questions open, or None;
+    asked, as `over_capacity` is, only for a qid that `admission` let through."""
     if limit is not None and asker_open >= limit:
         return f"{asker} has {asker_open} open questions; try again later"
     return None

@@ -442,16 +442,10 @@ def _zone(name: str | None, offset: int | None) -> int | None:
 
 
 def parse_timestamp(value: str) -> datetime:
-    """Parse `at` as JavaScript's Date.parse does in practice (C8, X4).
-
-    ISO 8601 in its usual variants (`T` or a space, `Z` or an offset, a
-    fraction with `.` or `,`), RFC 2822 (`date -R`), `date`'s default output
-    (`Mon Nov 30 18:00:00 UTC 2026`), JavaScript's own `Date.toString()`, and
-    the ISO year or year-month alone. The text must name a whole date (year,
-    month and day) unless it is such an ISO year or year-month, so words like
-    `Monday` or a bare time are refused; so is anything that is not a real
-    date (`2026-13-45`). Raises ValueError when the value is refused.
-    """
+    """Parse `at` as JavaScript's Date.parse does in practice (C8, X4; docs/protocol.md
+    lists the forms), or ValueError. As there, only a whole real date counts (bar an ISO
+    year or year-month alone): dateutil would fill in `Monday` or a bare time from a
+    default date, hence the two probes."""
     if len(value) > _MAX_TIMESTAMP:  # bounded work, whatever the writer sent
         raise ValueError("timestamp too long")
     text = _LABELLED_OFFSET.sub("", _COMMENT.sub(" ", value)).strip()
