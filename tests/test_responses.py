@@ -209,6 +209,8 @@ def test_a_reply_nested_past_the_parsers_depth_is_judged_not_fatal(coms_dir: Pat
     (b'{"type":"ack","msg_id":"q"}\n{"type":"nack"}\n', (None, True)),  # the first line decides
     (b'{"type":"nack","error":"busy"}\n', ("nack: busy", True)),
     (b"[1, 2]\n", ("unexpected reply: [1, 2]", True)),  # JSON, not an object
+    (b'{"type":"ack","n":NaN}\n',
+     ('unexpected reply: {"type":"ack","n":NaN}', True)),  # not JSON to a JavaScript peer
     (b'"nack"\n', ('unexpected reply: "nack"', True)),
     (b"\xff\xfe{}\n", ("unexpected reply: \ufffd\ufffd{}", True)),  # not UTF-8: still judged
     (b"x" * 300 + b"\n", ("unexpected reply: " + "x" * 200, True)),  # quoted, cut to 200
