@@ -8,6 +8,7 @@ an answer to an open question.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import functools
@@ -54,7 +55,6 @@ from .runtime import (
     Episode,
     PooledChild,
     ProcessResult,
-    Timer,
     report,
     run_process,
     shared_edge,
@@ -223,7 +223,7 @@ class WatcherActor(PooledChild):
         self._last_heal_report = float("-inf")
         self._scan_cut = Episode()  # more entries than one rescan looks at
         self._remove_failing = Episode()  # files cannot be removed (read-only, immutable)
-        self._beat: Timer | None = None
+        self._beat: asyncio.TimerHandle | None = None
         self._deep_queued = False  # one deep rescan queued at a time
 
     def begin(self) -> None:

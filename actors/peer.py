@@ -63,7 +63,6 @@ from .runtime import (
     Episode,
     PooledChild,
     Slot,
-    Timer,
     awaited,
     report,
     shared_edge,
@@ -556,7 +555,7 @@ class PeerActor(PooledChild):
         self._last_depth = 0
         self._listener: Listener | None = None
         self._bound = self._published = self._asked_depth = False
-        self._beat: Timer | None = None
+        self._beat: asyncio.TimerHandle | None = None
         self._failing = Episode()  # the registry entry cannot be written
 
     def begin(self) -> None:

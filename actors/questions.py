@@ -7,6 +7,7 @@ The decisions are pure functions in `messages.contract`; these actors decide whe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import time
@@ -77,7 +78,6 @@ from .runtime import (
     RestartPolicy,
     Schedule,
     Slot,
-    Timer,
     is_resource_shortage,
     later,
     report,
@@ -168,7 +168,6 @@ class QuestionRouter(PooledChild):
             report(f"restored {len(specs)} open and {len(closed)} closed question(s)", "info")
 
     def release(self) -> None:  # its questions die with it; a successor starts them again
-        self.policy.cancel_all()
         for question in self.open.values():
             self._halt(question)
 
@@ -205,7 +204,6 @@ class QuestionRouter(PooledChild):
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
                 self._crashed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
-                self.policy.restarting(child)
                 question = self._question(child)
                 if question is not None:
                     self._restart(question, unread)
@@ -403,8 +401,8 @@ class QuestionActor(PooledChild):
         self.spec = spec
         self.qid = spec.qid
         self.state: State | None = spec.state
-        self._timer: Timer | None = None
-        self._reminder: Timer | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._reminder: asyncio.TimerHandle | None = None
 
     # -- life ---------------------------------------------------------------
 

@@ -156,37 +156,6 @@ class _BootLoop(asyncio.SelectorEventLoop):
         return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-class Timer:
-    """One call set for later; `cancel()` from any thread keeps it from running.
-
-    Slots and arguments, no closure: every open question holds one or two."""
-
-    __slots__ = ("_args", "_due", "_edge", "_fn", "_handle", "cancelled")
-
-    def __init__(self, edge: Edge, due: float, fn: Callable[..., object], args: tuple[Any, ...]):
-        self._edge, self._due, self._fn, self._args = edge, due, fn, args
-        self._handle: asyncio.TimerHandle | None = None
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True  # checked when it fires, should the drop below come late
-        self._edge.call(self._drop)
-
-    def _arm(self) -> None:
-        if not self.cancelled:
-            self._handle = self._edge.loop.call_at(self._due, self._fire)
-
-    def _fire(self) -> None:
-        self._handle = None
-        if not self.cancelled:
-            self._fn(*self._args)
-
-    def _drop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
 class Edge:
     """The event loop and its thread (a daemon thread: the process never waits for it),
     started on first use. One serves the process (`shared_edge()`); it is tied to no
@@ -223,12 +192,6 @@ class Edge:
         else:
             loop.call_soon_threadsafe(fn, *args)
 
-    def after(self, delay: float, fn: Callable[..., object], *args: Any) -> Timer:
-        """`fn(*args)` on the loop `delay` seconds from this call (it must be quick)."""
-        timer = Timer(self, self.loop.time() + delay, fn, args)
-        self.call(timer._arm)
-        return timer
-
     def spawn(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run a coroutine on the loop; a non-actor thread may wait on its future."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -262,9 +225,13 @@ def shared_edge() -> Edge:
         return _SHARED_EDGE
 
 
-def later(delay: float, action: Callable[[], None]) -> Callable[[], None]:
-    """`action` on the shared edge after `delay`; returns its cancel (a supervisor's schedule)."""
-    return shared_edge().after(delay, action).cancel
+def later(delay: float, action: Callable[[], None]) -> None:
+    """`action` on the shared edge `delay` seconds from this call, from any thread (a
+    supervisor's schedule, the store's settle): due from when it was set, however long
+    the loop takes to get to the call that sets it."""
+    edge = shared_edge()
+    loop = edge.loop
+    edge.call(loop.call_at, loop.time() + delay, action)
 
 
 def tell_quietly(ref: Address, message: Any) -> None:
@@ -548,10 +515,13 @@ class PooledActor(pykka.Actor):
             ActorRegistry.unregister(self.actor_ref)
             raise
 
-    def tell_later(self, delay: float, message: Any, to: Address | None = None) -> Timer:
-        """Tell `to` (this actor by default) `message` after `delay` seconds."""
-        return (self.edge or shared_edge()).after(delay, tell_quietly, to or self.actor_ref,
-                                                  message)
+    def tell_later(self, delay: float, message: Any, to: Address | None = None
+                   ) -> asyncio.TimerHandle:
+        """Tell `to` (this actor by default) `message` after `delay`. In a turn only: the
+        handle is the loop's, and only the loop may cancel it."""
+        edge = self.edge or shared_edge()
+        assert edge.on_loop(), "tell_later outside a turn"
+        return edge.loop.call_later(delay, tell_quietly, to or self.actor_ref, message)
 
     def _turn(self) -> None:
         """on_start the first time, then up to `throughput` messages, as pykka's own
@@ -739,8 +709,8 @@ class PooledChild(Supervised, PooledActor):
     but the root. Its turns must be short (what waits, waits on the loop)."""
 
 
-# (delay in seconds, what to run then) -> a function that cancels it
-Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]
+# (delay in seconds, what to run then)
+Schedule = Callable[[float, Callable[[], None]], None]
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 30.0
 
@@ -804,12 +774,14 @@ class GiveUp:
 
 
 class RestartPolicy:
-    """The restart decision both supervisors make, and the restarts it put off.
+    """The restart decision both supervisors make.
 
     A shortage comes back after a backoff (said once per episode) and is not
     counted; any other crash counts toward an intensity (one over all children for
     the root, one per child for questions) and comes back at once, or never past
-    its bound. A restart put off is a RestartChild told later, never a sleep.
+    its bound. A restart put off is a RestartChild told later, never a sleep, and
+    never cancelled: one that comes too late (the child closed, its supervisor
+    stopped or gave up) is let be where it is read.
     """
 
     def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float],
@@ -819,7 +791,6 @@ class RestartPolicy:
         self.backoff = Backoff(clock)
         self._shared = None if per_child else Intensity(max_restarts, window_s, clock)
         self._each: dict[str, Intensity] = {}
-        self._pending: dict[str, Callable[[], None]] = {}
 
     def crashed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool,
                 me: Address, who: str | None = None) -> Literal["now", "later"] | GiveUp:
@@ -830,8 +801,7 @@ class RestartPolicy:
             if fresh:
                 report(f"{child} ran short of a resource ({error}); restarting it with backoff "
                        f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s", "warning")
-            restart = RestartChild(child, unread)
-            self._pending[child] = self.schedule(delay, lambda: me.tell(restart))
+            self.schedule(delay, functools.partial(tell_quietly, me, RestartChild(child, unread)))
             return "later"
         self.backoff.forget(child)
         intensity = self._shared or self._each.setdefault(
@@ -841,19 +811,7 @@ class RestartPolicy:
         report(f"{child} crashed ({error}); restarting it", "warning")
         return "now"
 
-    def restarting(self, child: str) -> None:
-        """The put-off restart of `child` is here: nothing left to cancel."""
-        self._pending.pop(child, None)
-
     def forget(self, child: str) -> None:
-        """`child` is gone for good: its history, and any restart put off for it."""
+        """`child` is gone for good: its history."""
         self.backoff.forget(child)
         self._each.pop(child, None)
-        cancel = self._pending.pop(child, None)
-        if cancel is not None:
-            cancel()
-
-    def cancel_all(self) -> None:
-        for cancel in self._pending.values():
-            cancel()
-        self._pending.clear()

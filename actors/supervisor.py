@@ -91,8 +91,6 @@ class RootSupervisor(pykka.ThreadingActor):
             self._start(child, ())
 
     def on_stop(self) -> None:
-        # no message is handled after this: no crash of a child stopped here restarts it
-        self.policy.cancel_all()
         for spec in reversed(self.specs.values()):
             ref = spec.slot.ref
             spec.slot.retire()
@@ -112,7 +110,6 @@ class RootSupervisor(pykka.ThreadingActor):
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
                 self._child_failed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
-                self.policy.restarting(child)
                 if not self._failed:
                     self._start(child, unread)
             case _:

@@ -570,14 +570,11 @@ class FakeSchedule:
 
     def __init__(self) -> None:
         self.delays: list[float] = []
-        self.cancelled: list[int] = []  # which of them (by index) were cancelled
         self._actions: list[Callable[[], None]] = []
 
-    def __call__(self, delay: float, action: Callable[[], None]) -> Callable[[], None]:
-        index = len(self.delays)
+    def __call__(self, delay: float, action: Callable[[], None]) -> None:
         self.delays.append(delay)
         self._actions.append(action)
-        return lambda: self.cancelled.append(index)
 
     def fire(self) -> None:
         self._actions.pop(0)()

@@ -311,7 +311,8 @@ class Paused:
 
     def pause_over(self) -> None:
         resumed = threading.Event()
-        self.edge.after(2 * peer_module.ACCEPT_PAUSE_S, resumed.set)  # after its end
+        self.edge.call(self.edge.loop.call_later, 2 * peer_module.ACCEPT_PAUSE_S,
+                       resumed.set)  # after its end
         assert resumed.wait(5)
 
     def close(self) -> None:

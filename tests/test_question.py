@@ -404,9 +404,9 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
     first = Rig(spec, store)
     first.ref.ask(ran())  # a turn after begin(): its timer is set
     timer = first.actor._timer
-    assert timer is not None and not timer.cancelled
+    assert timer is not None and not timer.cancelled()
     first.ref.stop()
-    assert timer.cancelled  # the stopped one's timer goes with it: it tells nobody
+    assert timer.cancelled()  # the stopped one's timer goes with it: it tells nobody
     # the restart, as a restarted Router's: the row claimed under a new name, same deadline
     assert store.claim(QID, "question:x:2")
     second = QuestionActor.start(first.wiring, spec, "question:x:2")
@@ -506,7 +506,7 @@ def test_a_long_question_s_reminder_is_armed_for_its_deadline_minus_remind_befor
     rig.sync()
     reminder = rig.actor._reminder
     assert reminder is not None
-    due_in = reminder._due - shared_edge().loop.time()
+    due_in = reminder.when() - shared_edge().loop.time()
     assert abs(due_in - (deadline - 30 - time.time())) < 1.0
 
 

@@ -925,24 +925,40 @@ def test_word_from_a_question_it_no_longer_runs_changes_nothing(
     assert capsys.readouterr().err == ""
 
 
-def test_a_closed_question_loses_its_put_off_restart(crashing: Crashing) -> None:
+def test_a_put_off_restart_that_comes_after_its_question_closed_changes_nothing(
+    crashing: Crashing, capsys: pytest.CaptureFixture[str]
+) -> None:
     c = crashing
     c.slot.tell(Short())
     wait_for(lambda: c.schedule.delays, what="the restart put off")
+    assert c.rig.store.close(QID, "cancelled", owner=c.child)
     c.rig.ref.tell(QuestionClosed(QID, "cancelled", c.child))
-    c.rig.depth()
-    assert c.schedule.cancelled == [0]
+    assert c.rig.depth() == 0
+    capsys.readouterr()
+    logged = c.rig.logger.inbox.qsize()
+    c.schedule.fire()  # its RestartChild, after the backoff
+    assert c.rig.depth() == 0 and c.rig.actor.closed == {QID: "cancelled"}
+    assert len(c.starts) == 1  # nothing started again
+    assert c.rig.logger.inbox.qsize() == logged
+    c.rig.peer.assert_nothing()
+    c.rig.watcher.assert_nothing()
+    c.seen.assert_nothing()
+    assert capsys.readouterr().err == ""
 
 
-def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(crashing: Crashing) -> None:
+def test_a_put_off_restart_that_comes_after_the_router_stopped_starts_nothing(
+    crashing: Crashing, capsys: pytest.CaptureFixture[str]
+) -> None:
     c = crashing
-    before = c.slot.ref
     c.slot.tell(Short())
     wait_for(lambda: c.schedule.delays, what="the restart put off")
-    c.schedule.fire()
-    c.restarted(before)
     c.rig.ref.stop(block=True, timeout=5)
-    assert c.schedule.cancelled == []
+    capsys.readouterr()
+    c.schedule.fire()  # its RestartChild, to a Router that is gone
+    assert len(c.starts) == 1
+    c.rig.watcher.assert_nothing()
+    c.seen.assert_nothing()
+    assert capsys.readouterr().err == ""
 
 
 def test_a_stopping_router_stops_its_questions(crashing: Crashing) -> None:

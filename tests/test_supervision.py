@@ -568,21 +568,15 @@ def test_a_backoff_episode_lasts_until_the_cap_has_passed_since_the_last_delay()
     assert backoff.next("a") == (1.0, True)
 
 
-def test_the_default_schedule_runs_a_restart_later_on_the_edge_and_can_be_cancelled() -> None:
+def test_the_default_schedule_runs_a_restart_later_on_the_edge() -> None:
     # a backoff delay is a call set for later on the one loop's timers, never a sleep
     assert inspect.signature(RootSupervisor).parameters["schedule"].default is later
-    ran: list[tuple[str, bool]] = []
+    ran: list[bool] = []
     fired = threading.Event()
-
-    def note(what: str) -> Callable[[], None]:
-        return lambda: ran.append((what, shared_edge().on_loop()))
-
-    cancel = later(0.05, note("cancelled"))
-    later(0.05, note("kept"))
-    cancel()
-    later(0.1, fired.set)  # due after both: by then either would have run
+    later(0.05, lambda: ran.append(shared_edge().on_loop()))
+    later(0.1, fired.set)  # due after it: by then it has run
     wait_for(fired.is_set, what="the later call ran")
-    assert ran == [("kept", True)]
+    assert ran == [True]
 
 
 def test_a_crash_of_the_root_itself_is_fatal_with_its_reason(rig: Callable[..., Rig]) -> None:
@@ -641,32 +635,42 @@ def test_a_crash_that_is_no_shortage_ends_the_backoff_episode() -> None:
     assert schedule.delays == [0.1, 0.2, 0.1]  # the third shortage starts afresh
 
 
-def test_a_forgotten_child_loses_its_put_off_restart_and_its_history() -> None:
+def test_a_forgotten_child_loses_its_history() -> None:
     clock, schedule, me = FakeClock(), FakeSchedule(), FakeRef("me")
     policy = RestartPolicy(1, 10.0, clock, schedule, per_child=True)
     assert policy.crashed("a", "bug", (), False, me) == "now"
     policy.crashed("a", "short", (), True, me)
     policy.crashed("b", "short", (), True, me)
     policy.forget("a")
-    assert schedule.cancelled == [0]  # a's, not b's
     policy.crashed("a", "short", (), True, me)
-    assert schedule.delays[-1] == 0.1  # its backoff afresh
-    assert policy.crashed("a", "bug", (), False, me) == "now"  # and its count
-
-
-def test_a_put_off_restart_that_came_is_no_longer_cancellable() -> None:
-    clock, schedule, me = FakeClock(), FakeSchedule(), FakeRef("me")
-    policy = RestartPolicy(1, 10.0, clock, schedule, per_child=False)
-    policy.crashed("a", "short", (), True, me)
-    schedule.fire()
-    policy.restarting("a")
-    policy.forget("a")
-    policy.cancel_all()
-    assert schedule.cancelled == []  # it had come: nothing left to cancel
     policy.crashed("b", "short", (), True, me)
-    policy.cancel_all()
-    policy.restarting("b")  # told before the cancel, read after it: harmless
-    assert schedule.cancelled == [1]
+    assert schedule.delays == [0.1, 0.1, 0.1, 0.2]  # a's backoff afresh, not b's
+    assert policy.crashed("a", "bug", (), False, me) == "now"  # and a's count
+    # a restart put off before is not taken back: where it lands, it finds nothing to do
+    schedule.fire()
+    assert me.next() == RestartChild("a", ())
+
+
+def test_a_put_off_restart_that_comes_after_the_root_stopped_starts_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    slot, starts, schedule = Slot("a"), list[int](), FakeSchedule()
+
+    def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
+        starts.append(n)
+        return Recorder.start(supervisor=sup, seen=FakeRef("seen"), name="a", incarnation=n)
+
+    root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None,
+                                max_restarts=5, window_s=10, clock=FakeClock(),
+                                schedule=schedule)
+    wait_for(lambda: slot.ref, what="a started")
+    slot.tell(Short())
+    wait_for(lambda: schedule.delays, what="the restart put off")
+    root.stop(block=True, timeout=5)
+    capsys.readouterr()
+    schedule.fire()  # its RestartChild, to a root that is gone
+    assert starts == [0] and slot.ref is None and slot.held == ()
+    assert capsys.readouterr().err == ""
 
 
 def test_a_child_that_cannot_start_is_restarted_as_if_it_had_crashed(
@@ -738,7 +742,7 @@ def test_a_child_slow_to_stop_holds_the_root_no_longer_than_its_shutdown_time() 
     assert time.monotonic() - began < 1.5
 
 
-def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(
+def test_a_child_restarted_after_its_backoff_stops_with_the_root(
     rig: Callable[..., Rig],
 ) -> None:
     r = rig(("a",))
@@ -746,9 +750,10 @@ def test_a_put_off_restart_that_came_is_not_cancelled_again_at_stop(
     r.slots["a"].tell(Short())
     wait_for(lambda: r.schedule.delays, what="the restart put off")
     r.schedule.fire()
-    wait_for(lambda: r.slots["a"].ref not in (None, before), what="a restarted")
+    after = wait_for(lambda: r.slots["a"].ref not in (None, before) and r.slots["a"].ref,
+                     what="a restarted")
     r.ref.stop(block=True, timeout=5)
-    assert r.schedule.cancelled == []  # it had come: nothing was left to cancel
+    assert not after.is_alive() and r.slots["a"].ref is None
 
 
 # -- the operator's line (C18) and what counts as a shortage -----------------------
