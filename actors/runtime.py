@@ -413,11 +413,8 @@ class PoolInbox:
             edge = self._edge
         edge.call(self.run_turn)
 
-    def get(self) -> Envelope[Any]:
-        envelope = self.take()
-        if envelope is None:
-            raise IndexError("get from an empty mailbox")  # callers check empty() first
-        return envelope
+    def get(self) -> Envelope[Any]:  # its callers (pykka's teardown, _hand_over) ask empty() first
+        return self.take()  # type: ignore[return-value]
 
     def take(self) -> Envelope[Any] | None:
         with self._lock:
@@ -452,34 +449,20 @@ class PoolInbox:
 
 
 class StopFlag:
-    """`actor_stopped` without a Condition until someone waits: pykka's Event costs some
-    700 bytes per actor, paid by each of thousands of questions, although the runtime
-    only ever calls `set` and `is_set`. A waiter gets a real Event, made on demand."""
+    """`actor_stopped` as a bare flag: pykka's Event costs some 700 bytes per actor, paid
+    by each of thousands of questions, and pykka (4.1 to 4.5) only calls `set` and
+    `is_set` on it; a blocking stop waits on its own future."""
 
-    __slots__ = ("_event", "_flag")
-    _lock = threading.Lock()  # one for all flags: only `set` and a first `wait` take it
+    __slots__ = ("_flag",)
 
     def __init__(self) -> None:
         self._flag = False
-        self._event: threading.Event | None = None
 
     def is_set(self) -> bool:
         return self._flag
 
     def set(self) -> None:
-        with StopFlag._lock:
-            self._flag = True
-            if self._event is not None:
-                self._event.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        with StopFlag._lock:
-            if self._flag:
-                return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
+        self._flag = True
 
 
 class PooledActor(pykka.Actor):
