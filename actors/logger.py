@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..messages.commands import Address, LogEvent, UnknownMessage
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .runtime import PooledChild, report
+from .runtime import Episode, PooledChild, report
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
@@ -48,6 +48,7 @@ class LoggerActor(PooledChild):
         self._batch_since = 0.0  # when its first line came
         self._fd: int | None = None
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._failing = Episode()  # batches cannot be written (a full disk, say)
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -94,7 +95,11 @@ class LoggerActor(PooledChild):
             # A lost log line must not take the bridge down with it (C20 is
             # a record of what happened, not a precondition for doing it).
             self._close()
-            report(f"cannot write {self.log_path}: {exc}")
+            if self._failing.happened(cause=getattr(exc, "errno", None)):
+                report(f"cannot write {self.log_path}: {exc}")
+            return
+        if lost := self._failing.over():
+            report(f"writing {self.log_path} works again ({lost} batch(es) lost)")
 
     def _file_for_append(self) -> int:
         """The open log file, opened again when the path no longer names it."""

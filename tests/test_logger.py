@@ -108,6 +108,36 @@ def test_unwritable_path_reports_on_stderr_and_survives(
     assert rig.log_path.read_text(encoding="utf-8") == good.to_line()
 
 
+def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20: a full disk fails every batch; the operator gets two lines, not a flood
+    rig = LoggerRig(tmp_path / "dir" / "log.ndjson")
+    rig.log_path.mkdir(parents=True)
+    for event in ("question_received", "delivered", "answered"):
+        rig.logged(log_record(AT, QID, event))  # a batch each, each lost
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: cannot write {rig.log_path}: "
+        f"[Errno 21] Is a directory: '{rig.log_path}'\n")
+    rig.log_path.rmdir()
+    rig.log_path.parent.rmdir()
+    rig.log_path.parent.write_text("")  # a new cause mid-episode is said, once
+    rig.logged(log_record(AT, QID, "timeout"))
+    rig.logged(log_record(AT, QID, "timeout"))
+    assert capfd.readouterr().err.count("\n") == 1
+    rig.log_path.parent.unlink()
+    good = [log_record(AT, QID, "delivered"), log_record(AT, QID, "answered")]
+    for record in good:
+        rig.logged(record)
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: warning: {rig.log_path.parent} was gone; made it again (0700)\n"
+        f"coms-hermes-bridge: writing {rig.log_path} works again (5 batch(es) lost)\n")
+    assert rig.log_path.read_bytes() == lines(good)
+    rig.log_path.unlink()
+    rig.log_path.mkdir()
+    rig.logged(log_record(AT, QID, "timeout"))  # a new episode: said again
+    assert capfd.readouterr().err.startswith(f"coms-hermes-bridge: cannot write {rig.log_path}: ")
+
+
 def test_an_unknown_message_fails_loudly_naming_the_logger_and_what_it_was_told(
     tmp_path: Path,
 ) -> None:
