@@ -133,9 +133,9 @@ def _parser() -> Parser:
     return p
 
 
-def _positive(flag: str, raw: str | None, default: float | None) -> float | None:
+def _positive(flag: str, raw: str | None) -> float | None:
     if raw is None:
-        return default
+        return None
     value = parse_positive_ms(raw)
     if value is None:
         raise UsageError(f"{flag} must be a positive number")
@@ -161,19 +161,18 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     profile = args.hermes_profile
     if profile is not None and not SAFE_PROFILE.fullmatch(profile):
         raise UsageError(f"--hermes-profile must be a safe profile name: {profile!r}")
-    timeout = _positive("--timeout", args.timeout, None)
-    poll = _positive("--poll-ms", args.poll_ms, DEFAULT_POLL_MS)
-    send_timeout = _positive("--send-timeout", args.send_timeout, DEFAULT_SEND_TIMEOUT_MS)
+    timeout = _positive("--timeout", args.timeout)
+    poll = _positive("--poll-ms", args.poll_ms) or DEFAULT_POLL_MS  # (never 0: positive)
+    send_timeout = _positive("--send-timeout", args.send_timeout) or DEFAULT_SEND_TIMEOUT_MS
     notices: tuple[str, ...] = ()
-    if _positive("--claim-ms", args.claim_ms, None) is not None:
+    if _positive("--claim-ms", args.claim_ms) is not None:
         notices = (
             "--claim-ms is no longer used: an answer file is left for another bridge on this "
             "host exactly while that bridge's state knows its qid (X6)",
         )
-    assert poll is not None and send_timeout is not None
     max_open = _count("--max-open", args.max_open) or DEFAULT_MAX_OPEN
     per_asker = _count("--max-open-per-asker", args.max_open_per_asker)
-    remind = _positive("--remind-before", args.remind_before, None)
+    remind = _positive("--remind-before", args.remind_before)
     home = home_dir(env)
     bridge_dir = home / ".pi" / "coms" / "hermes-bridge"
     questions = (

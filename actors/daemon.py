@@ -114,7 +114,6 @@ def run(config: BridgeConfig) -> int:
         report(f"cannot open the state database {config.state_path}: {exc}", "error")
         return 1
     tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
-    supervisor = tree.root  # tree.queue_depth(timeout) is the bounded "how many open?" ask
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
     ready = False
     while not stop.wait(0.2 if ready else 0.02):
@@ -134,7 +133,7 @@ def run(config: BridgeConfig) -> int:
     link.stopping()
     report(f"stopping {why[0]} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
     try:
-        supervisor.stop(block=True, timeout=SHUTDOWN_BUDGET_S)
+        tree.root.stop(block=True, timeout=SHUTDOWN_BUDGET_S)
     except pykka.Timeout:
         report("shutdown took too long; exiting anyway", "warning")
     except pykka.ActorDeadError:

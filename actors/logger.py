@@ -107,11 +107,9 @@ class LoggerActor(PooledChild):
             st: os.stat_result | None = os.stat(self.log_path)
         except FileNotFoundError:
             st = None
-        if self._fd is not None and st is not None and (st.st_dev, st.st_ino) == self._file:
-            if stat.S_IMODE(st.st_mode) & 0o077:  # loosened since: tightened, with one line
-                self._close()
-            else:
-                return self._fd
+        if (self._fd is not None and st is not None and (st.st_dev, st.st_ino) == self._file
+                and not stat.S_IMODE(st.st_mode) & 0o077):  # loosened: opened (so tightened) again
+            return self._fd
         self._close()
         directory = self.log_path.parent
         if not directory.is_dir():

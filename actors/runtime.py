@@ -582,8 +582,7 @@ class Slot:
     def bind(self, ref: pykka.ActorRef[Any], unread: tuple[Any, ...] = ()) -> None:
         """Point at a (new) child: `unread` first, then what was held. A child that died
         before it was bound leaves the rest held for the rebind its ChildFailed brings."""
-        with contextlib.suppress(AttributeError):  # a thread actor's queue may not take it
-            ref.actor_inbox.slot = self  # type: ignore[attr-defined]
+        ref.actor_inbox.slot = self  # type: ignore[attr-defined]  # a PoolInbox or a Queue
         with self._lock:
             if self._retired:
                 return

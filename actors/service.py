@@ -27,7 +27,6 @@ from .runtime import Episode, report
 
 # A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
 PROBE_TIMEOUT_S = 2.0
-MAX_DATAGRAM = 4096  # our messages are a few dozen bytes; never send more
 
 
 def _address(raw: str) -> str | None:
@@ -85,7 +84,7 @@ class ServiceLink:
         """Send `fields` as one datagram (newline-separated); False if it did not go."""
         if self.address is None:
             return False
-        payload = "\n".join(fields).encode("utf-8")[:MAX_DATAGRAM]
+        payload = "\n".join(fields).encode("utf-8")
         with self._lock:
             try:
                 if self._socket is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -118,8 +118,7 @@ class RootSupervisor(pykka.ThreadingActor):
 
     def _child_failed(self, child: str, error: str, unread: tuple[Any, ...],
                       shortage: bool) -> None:
-        spec = self.specs.get(child)
-        if spec is None or self._failed:
+        if child not in self.specs or self._failed:
             return
         verdict = self.policy.crashed(child, error, unread, shortage, self.actor_ref)
         if isinstance(verdict, GiveUp):
@@ -151,7 +150,7 @@ class Tree:
     """The started root and the children's slots."""
 
     root: pykka.ActorRef[RootSupervisor]
-    slots: dict[str, Slot] = field(default_factory=dict)
+    slots: dict[str, Slot]
 
     def queue_depth(self, timeout: float = DEPTH_TIMEOUT_S) -> int:
         """How many questions are open (C21; the watchdog's proof of life); TimeoutError

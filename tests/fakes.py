@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Generic, TypeVar
 
 import pykka
@@ -498,7 +498,7 @@ class _FakeChild:
     def __init__(self, fake: FakeRef) -> None:
         self.fake = fake
         self.actor_urn = fake.name
-        self.actor_inbox = None
+        self.actor_inbox = SimpleNamespace()  # takes the slot bound to it
         self.stops = 0
 
     def tell(self, message: Any) -> None:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
+from types import SimpleNamespace, TracebackType
 from typing import Any, cast
 
 import pykka
@@ -1063,14 +1063,13 @@ def test_a_child_that_cannot_begin_hands_over_what_was_told_as_a_shortage() -> N
     supervisor.assert_nothing()
 
 
-def test_a_slot_binds_a_child_whose_mailbox_takes_no_slot() -> None:
-    # a ref-like whose inbox has no room for the slot (a fake child) is bound all the same
+def test_a_slot_binds_a_child_unread_first_then_what_it_held() -> None:
     class Bare:
         actor_urn = "bare"
-        actor_inbox = None
 
         def __init__(self) -> None:
             self.told: list[Any] = []
+            self.actor_inbox = SimpleNamespace()  # takes the slot, as every mailbox does
 
         def tell(self, message: Any) -> None:
             self.told.append(message)
@@ -1080,3 +1079,4 @@ def test_a_slot_binds_a_child_whose_mailbox_takes_no_slot() -> None:
     slot.bind(cast(Any, bare), ("unread",))
     slot.tell("after")
     assert bare.told == ["unread", "held", "after"] and slot.ref is cast(Any, bare)
+    assert bare.actor_inbox.slot is slot
