@@ -30,14 +30,10 @@ BATCH_AGE_S = 0.2
 class LoggerActor(PooledChild):
     """Appends one JSON line per LogEvent, and never lets a write failure escape.
 
-    Lines are written in batches: each record joins a batch that is written
-    (one write call) as soon as the mailbox is empty, or at BATCH_LINES or
-    BATCH_CHARS, so a burst of thousands of events costs a few writes, while a
-    lone event is written at once, and no line waits more than BATCH_AGE_S for
-    a busy mailbox to empty. The file stays open between batches; before
-    each batch one stat of the path tells whether it was rotated away, deleted
-    or loosened, so logrotate and chmod take effect at the next line as when
-    the file was opened per record.
+    Batched (written when the mailbox is empty, or at the BATCH_* bounds) so a burst
+    of thousands of events costs a few writes while a lone event is written at once.
+    The file stays open; one stat per batch lets logrotate and chmod take effect at the
+    next line, as when the file was opened per record.
     """
 
     def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "logger") -> None:

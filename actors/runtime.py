@@ -75,13 +75,9 @@ def _stderr_is_journal() -> bool:
 
 
 def report(message: str, level: Level | None = None) -> None:
-    """One operator-facing line on stderr; never raises.
-
-    The level word lets grep and journald pick out what needs a look (under
-    journald the line also starts with its priority, for `journalctl -p`);
-    without one the line reads like any command's usage error. Written whole
-    under a lock, so lines from two threads never run together.
-    """
+    """One operator-facing line on stderr; never raises. The level word lets grep and
+    journald pick out what needs a look; written whole under a lock, so lines from two
+    threads never run together."""
     try:
         line = " ".join(message.splitlines())
         if len(line) > MAX_REPORT:
@@ -507,10 +503,8 @@ class PooledActor(pykka.Actor):
         return edge.loop.call_later(delay, tell_quietly, to or self.actor_ref, message)
 
     def _turn(self) -> None:
-        """on_start the first time, then up to `throughput` messages, as pykka's own
-        loop handles them: an ask's exception goes to its caller, a tell's stops the
-        actor through on_failure, a BaseException stops every actor; once stopped,
-        what is left is torn down as pykka does (asks get ActorDeadError)."""
+        """pykka's actor loop cut into turns: on_start first, then at most `throughput`
+        messages, each handled as pykka does, and pykka's teardown once stopped."""
         inbox = self.actor_inbox
         assert isinstance(inbox, PoolInbox)
         if not self._started:
@@ -549,14 +543,11 @@ class PooledActor(pykka.Actor):
 
 
 class Slot:
-    """A supervised child's stable address: collaborators hold the slot, never the ref,
-    so a restarted child is reachable at once and what is told meanwhile is held.
+    """A supervised child's stable address (collaborators hold it, never the ref).
 
-    Every delivery happens under the slot's lock, and a dying child detaches its
-    slot under the same lock before it drains its mailbox: a message told through
-    the slot is either in the mailbox (and handed over) or held for the successor,
-    never in a mailbox nobody reads.
-    """
+    Deliveries and a dying child's detach (before it drains its mailbox) take the same
+    lock, so a message told through the slot is either in the mailbox (and handed
+    over) or held for the successor, never in a mailbox nobody reads."""
 
     __slots__ = ("_held", "_lock", "_ref", "_retired", "name")
 

@@ -1,10 +1,7 @@
-"""The daemon's line to its service manager: sd_notify, the watchdog, stack dumps.
+"""The daemon's line to its service manager (sd_notify(3)), the watchdog, stack dumps.
 
-systemd (Type=notify) learns from us when the bridge is ready, that it is
-still healthy, what it is doing, and that it is stopping, through datagrams
-on the socket named by NOTIFY_SOCKET (sd_notify(3)). Without that variable
-every call here does nothing, so the daemon behaves the same under any other
-service manager or in a terminal.
+Without NOTIFY_SOCKET every call here does nothing, so the daemon behaves the same
+under any other service manager or in a terminal.
 
 The watchdog ping is earned, not timed: each tick first asks the actor tree a
 bounded question, and a tree that does not answer in time gets no ping, so a

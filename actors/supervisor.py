@@ -1,19 +1,10 @@
-"""The root supervisor and the tree it starts.
+"""The root supervisor and the tree it starts (drawn in docs/architecture.md).
 
-    RootSupervisor (one_for_one, one intensity over all children: 5 in 10 s)
-      logger    LoggerActor      log.ndjson (only writer)
-      delivery  DeliveryActor    hermes send, one at a time, in order
-      router    QuestionRouter   the question table; runs a QuestionActor per open qid
-      watcher   WatcherActor     questions/: inotify, rescan, grace
-      peer      PeerActor        socket, registry entry, heartbeat, responses
-
-Shaped like an OTP supervisor: child specs (every child permanent), one intensity with
-backoff for resource shortages (runtime.RestartPolicy), and no business state.
-Children start top to bottom and stop bottom to top: the Peer goes first (no
+Children start in CHILDREN's order and stop in reverse: the Peer goes first (no
 new questions, the registry entry leaves, W8), and its entry, written last, is
-the daemon's readiness (W7). Every child is started with the `Wiring`: the
-settings, the store and the others' slots, made before anything starts, so any
-order of start is safe (what is told to a child not up yet waits in its slot).
+the daemon's readiness (W7). The `Wiring` every child gets is made before anything
+starts, so any order of start is safe (what is told to a child not up yet waits in
+its slot).
 """
 
 from __future__ import annotations
