@@ -62,13 +62,7 @@ def agents_dir(coms_dir: Path, project: str) -> Path:
 
 def validate_project(project: str) -> None:
     """W2: the project becomes a directory name, so nothing that could escape it."""
-    if (
-        not _PROJECT.fullmatch(project)
-        or project == "."
-        or ".." in project
-        or "/" in project
-        or "\\" in project
-    ):
+    if not _PROJECT.fullmatch(project) or ".." in project:  # the pattern rules out "/" and "."
         raise IdentityError(f'invalid project name: "{project}"')
 
 
@@ -101,18 +95,13 @@ def pid_alive(pid: int) -> bool | None:
 
 def endpoint_accepts(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether something listens on a unix socket path right now (W11's probe)."""
-    if not endpoint:
-        return False
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(timeout)
-        probe.connect(endpoint)
-    except (OSError, ValueError):
-        return False
-    else:
-        return True
-    finally:
-        probe.close()
+        try:
+            probe.connect(endpoint)  # "" too fails, with EINVAL
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def heartbeat_fresh(heartbeat_at: str | None, now: datetime) -> bool:
@@ -140,13 +129,9 @@ def is_live(entry: RegistryEntry, now: datetime) -> bool:
 
 
 def crashed_holder(entry: RegistryEntry) -> bool:
-    """W10's takeover: the holder's pid is dead and its socket refuses connections.
-
-    Such a holder is gone however fresh its last heartbeat: without this a
-    bridge restarted after SIGKILL would come back as `user-remote2`, where no
-    asker looks. Used only for the names we are about to claim, never to prune
-    other peers' entries (W9 calls those live while their heartbeat is fresh).
-    """
+    """W10: gone however fresh its last heartbeat, or a bridge restarted after SIGKILL
+    would come back as `user-remote2`, where no asker looks. Only for the names we are
+    about to claim: W9 calls other peers' entries live while their heartbeat is fresh."""
     return pid_alive(entry.pid) is False and not endpoint_accepts(entry.endpoint)
 
 
@@ -159,12 +144,8 @@ def read_entry(path: Path) -> RegistryEntry | None:
 
 
 def live_names(directory: Path, now: datetime, claiming: str | None = None) -> set[str]:
-    """Names held by live entries; dead entries are pruned on the way (W9).
-
-    An entry for `claiming` or one of its suffixed names (`claiming2`, ...)
-    whose holder crashed (W10) does not hold its name, and is removed so that
-    we can take the name over.
-    """
+    """Names held by live entries, pruning dead ones (W9); a crashed holder (W10) of
+    `claiming` or a suffixed `claiming2`, ... holds nothing, so we can take its name over."""
     held: set[str] = set()
     try:
         paths = sorted(directory.glob("*.json"))
