@@ -83,7 +83,6 @@ ADMIT_TIMEOUT_S = 5.0  # for the Router to store a question before it is acked a
 DEPTH_TIMEOUT_S = 2.0  # for the Router's open count; the last one seen is used after
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
 ACCEPT_BATCH = 64
-JOIN_TIMEOUT_S = 1.0
 RESPONSE_TIMEOUT_S = 10.0  # for an asker to ack one attempt
 RETRY_PAUSES_S = (2.0, 10.0)
 
@@ -184,15 +183,8 @@ class Listener:
         self.edge.call(self._listen, self._server)
 
     def stop(self) -> None:
-        """Stop listening and drop every client, on the loop (waited for briefly when called
-        from another thread)."""
-        done = concurrent.futures.Future[None]()
-        if self.edge.on_loop():
-            self._shut(done)
-            return
-        self.edge.call(self._shut, done)
-        with contextlib.suppress(concurrent.futures.TimeoutError):
-            done.result(JOIN_TIMEOUT_S)
+        """Stop listening and drop every client, soon, on the loop."""
+        self.edge.call(self._shut)
 
     def replace_server(self, server: socket.socket) -> None:
         """Serve on a newly bound socket (the old path was deleted under us)."""
@@ -222,12 +214,11 @@ class Listener:
         self._unlisten(old)
         self._listen(server)
 
-    def _shut(self, done: concurrent.futures.Future[None]) -> None:
+    def _shut(self) -> None:
         self._stopped = True
         self._unlisten(self._server)
         for task in list(self._clients):
             task.cancel()
-        done.set_result(None)
 
     def _accept(self, server: socket.socket) -> None:
         """Take every waiting connection; out of descriptors, pause and try again."""

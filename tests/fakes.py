@@ -26,7 +26,7 @@ from ulid import ULID
 
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
 from coms_hermes_bridge.actors.questions import QuestionRouter
-from coms_hermes_bridge.actors.runtime import Slot, Supervised, shared_edge, utc_now
+from coms_hermes_bridge.actors.runtime import Edge, Slot, Supervised, shared_edge, utc_now
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
@@ -126,13 +126,13 @@ def handled(ref: pykka.ActorRef[Any]) -> None:
     ref.proxy().actor_urn.get(timeout=5)
 
 
-def edge_caught_up() -> None:
+def edge_caught_up(edge: Edge | None = None) -> None:
     """Returns once the edge's loop has run every callback that was ready when this was
     called: inotify's read of the events of every change made before, say, or what a
     connection's task does after its reply. A call from another thread may run ahead
     of the I/O that its own wake-up finds, so the sign is given one loop iteration
-    later, after that I/O's callbacks."""
-    loop = shared_edge().loop
+    later, after that I/O's callbacks. `edge`: a test's own instead of the shared one."""
+    loop = (edge or shared_edge()).loop
     done = threading.Event()
     loop.call_soon_threadsafe(loop.call_soon, done.set)
     assert done.wait(5), "the edge's loop stalled"

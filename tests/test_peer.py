@@ -399,7 +399,8 @@ def test_release_closes_the_listener_and_minds_a_socket_already_gone(
     listener = rig.listener
     identity.endpoint.unlink()  # removed by hand before the stop
     rig.ref.stop()
-    assert listener._server.fileno() == -1  # the listening socket is closed, not leaked
+    wait_for(lambda: listener._server.fileno() == -1,  # the listening socket is closed,
+             what="the listening socket closed")  # not leaked
     assert not identity.entry_path.exists()
     assert capfd.readouterr().err == ""
 
