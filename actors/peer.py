@@ -406,7 +406,7 @@ class ResponsePool:
     """Every response being sent, with its retries, as a task on the loop: any number of
     slow askers cost no thread and at most `flights` descriptors. Not tied to one Peer's
     life: a restarted Peer must not drop a response mid-retry. `done(reason)` is called
-    on the loop once per response (None when acked), and must be quick."""
+    on the loop once per response (None when acked); it must be quick and never raise."""
 
     def __init__(self, capacity: int = RESPONSE_QUEUE, flights: int = FLIGHTS,
                  edge: Edge | None = None) -> None:
@@ -415,15 +415,14 @@ class ResponsePool:
         self._flights = asyncio.Semaphore(flights)  # bound to the loop at its first use
         self._sends: set[concurrent.futures.Future[None]] = set()  # submitted, not done
         self._lock = threading.Lock()
-        self._closed = False
 
-    def submit(self, qid: str, endpoint: str, line: bytes, timeout: float,
+    def submit(self, endpoint: str, line: bytes, timeout: float,
                pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
-        """Queue a send; False (nothing queued) past `capacity`, or once closed."""
+        """Queue a send; False (nothing queued) past `capacity`."""
         with self._lock:
-            if self._closed or len(self._sends) >= self.capacity:
+            if len(self._sends) >= self.capacity:
                 return False
-            send = self.edge.spawn(self._send(qid, endpoint, line, timeout, pauses, done))
+            send = self.edge.spawn(self._send(endpoint, line, timeout, pauses, done))
             self._sends.add(send)
         send.add_done_callback(self._sent)
         return True
@@ -432,7 +431,7 @@ class ResponsePool:
         with self._lock:
             self._sends.discard(send)
 
-    async def _send(self, qid: str, endpoint: str, line: bytes, timeout: float,
+    async def _send(self, endpoint: str, line: bytes, timeout: float,
                     pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:
         for pause in (*pauses, None):
             async with self._flights:  # a socket is held only while an attempt runs
@@ -440,18 +439,7 @@ class ResponsePool:
             if final or pause is None:
                 break
             await asyncio.sleep(pause)
-        try:
-            done(reason)
-        except Exception as exc:
-            report(f"response for {qid}: {exc!r}")
-
-    def close(self) -> None:
-        """Drop every send (a pool of a test's or a tool's own): what was not sent stays owed."""
-        with self._lock:
-            self._closed = True
-            sends = list(self._sends)
-        for send in sends:
-            send.cancel()
+        done(reason)
 
 
 async def _exchange(endpoint: str, line: bytes, timeout: float) -> bytes:
@@ -677,7 +665,7 @@ class PeerActor(PooledChild):
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
-        if not self.responses.submit(qid, prompt.sender_endpoint, line, self.response_timeout_s,
+        if not self.responses.submit(prompt.sender_endpoint, line, self.response_timeout_s,
                                      self.retry_pauses_s, settled):
             # refused, never dropped: it stays owed and is sent at the next start
             report(f"response for {qid} not sent now: {self.responses.capacity} responses are "
