@@ -35,7 +35,7 @@ from ..messages.commands import (
     SendResponse,
     UnknownMessage,
 )
-from ..messages.contract import NOT_ADMITTED, iso, log_record
+from ..messages.contract import iso, log_record
 from ..messages.wire import (
     Ack,
     AgentCard,
@@ -97,7 +97,8 @@ RESTARTING = "bridge is restarting; try again"
 _SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 Admit = Callable[[PromptEnvelope, Callable[[str | None], None]], None]
-"""Hand a prompt to admission; the callback gets None (ack) or the nack's error."""
+"""Hand a prompt to admission; the callback gets None (ack) or the nack's error. It never
+raises: the Router turns its own faults into a nack in our words."""
 Depth = Callable[[Callable[[int], None]], None]
 """Ask for the open count; the callback gets it."""
 
@@ -292,10 +293,7 @@ class Listener:
             report(f"error serving a coms connection: {exc!r}")
         finally:
             if then is not None:  # a well-formed cancel counts even if its sender left
-                try:
-                    then()
-                except Exception as exc:
-                    report(f"error handing on a coms envelope: {exc!r}")
+                then()
 
     @staticmethod
     async def _read_line(loop: asyncio.AbstractEventLoop, conn: socket.socket
@@ -335,9 +333,6 @@ class Listener:
                 report(f"question {prompt.msg_id} is queued but was not stored within "
                        f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
                 error = None
-            except Exception as exc:  # unforeseen: our words to the peer, the cause to stderr
-                report(f"could not take question {prompt.msg_id!r}: {exc!r}", "error")
-                error = NOT_ADMITTED
             if error is not None:
                 return Nack(msg_id=prompt.msg_id, error=error), None
             return Ack(msg_id=prompt.msg_id), None

@@ -460,22 +460,6 @@ def test_a_fault_while_serving_a_connection_is_said_and_the_listener_goes_on(
     assert served.listener.serving
 
 
-def test_a_cancel_that_cannot_be_handed_on_is_said_after_its_ack(
-    serve: Callable[..., Served], capfd: pytest.CaptureFixture[str]
-) -> None:  # W16
-    class Gone:
-        def tell(self, message: object) -> None:
-            raise RuntimeError("router gone")
-
-    served = serve(router=Gone())
-    cancel = json.dumps({"type": "cancel", "msg_id": "c-1", "from": "builder",
-                         "to": "user-remote", "created_at": "2026-12-02T06:00:00.000Z",
-                         "ref_msg_id": QID}).encode() + b"\n"
-    assert json.loads(talk(served.path, cancel)) == {"type": "ack", "msg_id": "c-1"}
-    assert said(capfd) == (
-        "coms-hermes-bridge: error handing on a coms envelope: RuntimeError('router gone')\n")
-
-
 # -- the Peer's heartbeat ---------------------------------------------------------------
 
 

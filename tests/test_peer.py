@@ -209,24 +209,6 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
     assert replies == [ACKED]
 
 
-def test_prompt_that_cannot_be_admitted_is_nacked_in_our_words(
-    identity: PeerIdentity, capsys: pytest.CaptureFixture[str]
-) -> None:  # W14, X12: the cause goes to stderr once, never to the peer
-    def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
-        raise OSError("disk full")
-
-    reply = json.loads(start(identity, admit=admit).ready().send(PROMPT_LINE))
-    assert reply == {
-        "type": "nack",
-        "msg_id": QID,
-        "error": "bridge could not take the question (internal error)",
-    }
-    lines = [line for line in capsys.readouterr().err.splitlines() if "disk full" in line]
-    assert lines == [
-        f"coms-hermes-bridge: error: could not take question '{QID}': OSError('disk full')"
-    ]
-
-
 def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity) -> None:  # W16
     rig = start(identity).ready()
     cancel = {
