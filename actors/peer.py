@@ -152,16 +152,16 @@ class Listener:
     """
 
     def __init__(self, server: socket.socket, router: Address,
-                 pong_card: Callable[[int | None], AgentCard], admit: Admit | None = None,
-                 depth: Depth | None = None, *, edge: Edge | None = None,
+                 pong_card: Callable[[int | None], AgentCard], admit: Admit, depth: Depth, *,
+                 edge: Edge | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  line_deadline_s: float = LINE_DEADLINE_S) -> None:
         server.setblocking(False)  # accept() in a batch must never wait
         self._server = server
         self._router = router
         self._pong_card = pong_card
-        self._admit = admit or admit_through(router)
-        self._depth = depth or (lambda reply: router.tell(QueueDepthQuery(reply)))
+        self._admit = admit
+        self._depth = depth
         self.edge = edge or shared_edge()
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
@@ -523,8 +523,6 @@ class PeerActor(PooledChild):
         self.depth = depth or (lambda reply: wiring.router.tell(QueueDepthQuery(reply)))
         self.admit = admit or admit_through(wiring.router)
         self.heartbeat_s = wiring.config.heartbeat_ms / 1000
-        self.response_timeout_s = RESPONSE_TIMEOUT_S
-        self.retry_pauses_s = RETRY_PAUSES_S
         self.responses = responses or shared_responses()
         self._last_depth = 0
         self._listener: Listener | None = None
@@ -660,8 +658,8 @@ class PeerActor(PooledChild):
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
-        if not self.responses.submit(prompt.sender_endpoint, line, self.response_timeout_s,
-                                     self.retry_pauses_s, settled):
+        if not self.responses.submit(prompt.sender_endpoint, line, RESPONSE_TIMEOUT_S,
+                                     RETRY_PAUSES_S, settled):
             # refused, never dropped: it stays owed and is sent at the next start
             report(f"response for {qid} not sent now: {self.responses.capacity} responses are "
                    "already being sent (the limit); it stays owed in the state database and "

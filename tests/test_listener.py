@@ -21,9 +21,11 @@ from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.peer import (
     BUSY,
     MAX_LINE,
+    Admit,
     Depth,
     Listener,
     PeerActor,
+    admit_through,
     bind_endpoint,
 )
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
@@ -50,6 +52,10 @@ def card(depth: int | None) -> AgentCard:
 
 def zero(reply: Callable[[int], None]) -> None:
     reply(0)
+
+
+def refuse(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+    reply("no")
 
 
 def talk(path: Path, data: bytes) -> bytes:
@@ -95,11 +101,12 @@ class Served:
 
     def __init__(self, path: Path, *, server: socket.socket | None = None,
                  router: Address | None = None, pong_card: Callable[[int | None], AgentCard] = card,
-                 depth: Depth | None = zero, **options: Any) -> None:
+                 admit: Admit | None = None, depth: Depth = zero, **options: Any) -> None:
         self.path = path
         self.router = FakeRef("router")  # unless `router` gives another
-        self.listener = Listener(server or bind_endpoint(path), router or self.router, pong_card,
-                                 depth=depth, **options)
+        router = router or self.router
+        self.listener = Listener(server or bind_endpoint(path), router, pong_card,
+                                 admit or admit_through(router), depth, **options)
         self.listener.start()
 
 
@@ -292,7 +299,7 @@ def test_a_listening_socket_that_cannot_be_watched_is_said_and_not_serving(
     coms_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:  # the Peer's next heartbeat then fails it, and its restart binds afresh
     server = bind_endpoint(coms_dir / "l.sock")
-    listener = Listener(server, FakeRef("router"), card, None, zero)
+    listener = Listener(server, FakeRef("router"), card, refuse, zero)
     server.close()  # closed before the loop could watch it
     listener.start()
     try:
@@ -312,7 +319,7 @@ class Paused:
         self.edge = Edge("test-listener")
         self.path = tmp / "l.sock"
         self.server = FailingAccept(self.path, errno.EMFILE, fails=10**9)
-        self.listener = Listener(self.server, FakeRef("router"), card, None, zero,
+        self.listener = Listener(self.server, FakeRef("router"), card, refuse, zero,
                                  edge=self.edge)
         self.listener.start()
         self.waiting = connect(self.path)  # accept() fails: the listener pauses
@@ -370,7 +377,7 @@ def test_stop_from_another_thread_never_waits_for_a_busy_loop(
     edge = Edge("test-listener")
     try:
         path = coms_dir / "l.sock"
-        listener = Listener(bind_endpoint(path), FakeRef("router"), card, None, zero, edge=edge)
+        listener = Listener(bind_endpoint(path), FakeRef("router"), card, refuse, zero, edge=edge)
         listener.start()
         assert json.loads(talk(path, PING))["type"] == "pong"
         busy = threading.Event()
@@ -412,16 +419,6 @@ def test_a_question_not_stored_in_time_is_acked_anyway_and_said(
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: question {QID} is queued but was not stored within 0.1s;"
         " acking it anyway\n")
-
-
-def test_without_a_depth_callable_a_ping_asks_the_router(
-    serve: Callable[..., Served],
-) -> None:  # W17
-    served = serve(depth=None)
-    pinger, replies = in_background(served.path, PING)
-    served.router.expect(QueueDepthQuery).reply(4)
-    pinger.join(10)
-    assert json.loads(replies[0])["agent_card"]["queue_depth"] == 4
 
 
 def test_an_envelope_whose_text_is_not_unicode_is_nacked_naming_the_field(

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.daemon import unpublish_if_left
 from coms_hermes_bridge.actors.peer import Depth, Listener, PeerActor, ResponsePool
 from coms_hermes_bridge.actors.registry import (
@@ -299,7 +300,7 @@ def test_the_heartbeat_reports_queue_depth_every_interval(identity: PeerIdentity
 def test_the_peer_beats_every_30_s_and_gives_an_asker_10_s(identity: PeerIdentity) -> None:
     # W6's heartbeat (the default setting); W15's per-attempt bound on a response
     actor = WiredRig(PeerActor, store=Settles(), identity=identity).actor
-    assert (actor.heartbeat_s, actor.response_timeout_s) == (30.0, 10.0)
+    assert (actor.heartbeat_s, peer_module.RESPONSE_TIMEOUT_S) == (30.0, 10.0)
 
 
 def test_entry_appears_only_once_the_socket_accepts(identity: PeerIdentity) -> None:  # W7
@@ -390,8 +391,6 @@ def test_release_closes_the_listener_and_minds_a_socket_already_gone(
 def test_a_release_that_fails_is_said_and_never_raised(
     identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W8
-    from coms_hermes_bridge.actors import peer as peer_module
-
     def refuse(path: Path, session_id: str) -> None:
         raise PermissionError(13, "Permission denied")
 
@@ -428,6 +427,14 @@ def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
     rig.supervisor.assert_nothing()
 
 
+def test_without_a_depth_callable_a_ping_asks_the_router(identity: PeerIdentity) -> None:  # W17
+    rig = start(identity, depth=None).ready()
+    sender, replies = send_in_background(rig, b'{"type":"ping","msg_id":"p"}\n')
+    rig.router.expect(QueueDepthQuery).reply(4)
+    sender.join(5)
+    assert json.loads(replies[0])["agent_card"]["queue_depth"] == 4
+
+
 def test_without_a_depth_callable_the_router_is_asked(identity: PeerIdentity) -> None:  # W6
     rig = start(identity, depth=None).ready()
     rig.ref.tell(HeartbeatDue())
@@ -441,8 +448,6 @@ def test_without_a_depth_callable_the_router_is_asked(identity: PeerIdentity) ->
 def test_a_registry_entry_that_cannot_be_written_is_said_once_and_again_when_it_can(
     identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W6: never a crash, restarting would not help
-    from coms_hermes_bridge.actors import peer as peer_module
-
     rig = start(identity).ready()
 
     def full(path: Path, entry: RegistryEntry) -> None:
@@ -530,10 +535,11 @@ def test_send_response_carries_an_error(identity: PeerIdentity) -> None:  # W15
 
 
 def test_a_dead_asker_is_said_logged_and_settled_at_once_not_fatal(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # W15: refused is final, no retry after the 30 s pause
+    monkeypatch.setattr(peer_module, "RETRY_PAUSES_S", (30.0, 30.0))
     rig = start(identity).ready()
-    rig.actor.retry_pauses_s = (30.0, 30.0)
     rig.respond(identity.coms_dir / "gone.sock", "yes", owner="q2")
     record = rig.logger.expect(LogEvent).record  # the question stays closed
     assert (record.qid, record.event) == (QID, "response_failed")
@@ -568,14 +574,15 @@ def test_response_nacked_by_the_asker_is_reported(
 
 
 def test_response_to_a_silent_asker_times_out(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # W15
     # a timeout may pass: retried, then given up, reported and settled once
     asker = Asker(identity.coms_dir / "asker.sock", lambda _: None)
     try:
         rig = start(identity)
-        rig.actor.response_timeout_s = 0.1  # white-box: fixed bounds, shortened
-        rig.actor.retry_pauses_s = (0.05, 0.05)
+        monkeypatch.setattr(peer_module, "RESPONSE_TIMEOUT_S", 0.1)  # fixed bounds, shortened
+        monkeypatch.setattr(peer_module, "RETRY_PAUSES_S", (0.05, 0.05))
         started = time.monotonic()
         rig.respond(asker.endpoint, "yes", owner="question:q:1")
         seen: list[str] = []
