@@ -74,8 +74,8 @@ class DeliveryActor(PooledChild):
         super().__init__(name, supervisor)
         self.w = wiring
         self._jobs: deque[SendText] = deque()
-        self._current: SendText | None = None
-        self._running: concurrent.futures.Future[ProcessResult] | None = None
+        # the job hermes is running for, and that run: only one at a time
+        self._running: tuple[SendText, concurrent.futures.Future[ProcessResult]] | None = None
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -83,21 +83,20 @@ class DeliveryActor(PooledChild):
                 self._jobs.append(message)
                 self._next()
             case HermesRan(job=job, error=error):  # of the current job: only it runs
-                self._current = self._running = None
+                self._running = None
                 self._settle(job, error)
                 self._next()
             case _:
                 raise UnknownMessage(self.child_name, message)
 
     def release(self) -> None:
-        running, self._running = self._running, None
-        if running is not None:
-            running.cancel()  # hermes' group is killed; the job goes on in taken()
+        if self._running is not None:
+            self._running[1].cancel()  # hermes' group is killed; the job goes on in taken()
 
     def taken(self) -> tuple[SendText, ...]:
         """On a crash: the send cut short, then the queue. The cut-short one may have
         reached the chat; it is sent again (at least once) rather than risk never."""
-        return (*([self._current] if self._current is not None else []), *self._jobs)
+        return (*([self._running[0]] if self._running is not None else []), *self._jobs)
 
     def argv(self, text: str) -> list[str]:
         """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
@@ -106,14 +105,14 @@ class DeliveryActor(PooledChild):
         return [c.hermes, *profile, "send", "--to", c.target, text]
 
     def _next(self) -> None:
-        while self._current is None and self._jobs:
+        while self._running is None and self._jobs:
             job = self._jobs.popleft()
             if self._withdrawn(job):
                 continue
-            self._current = job
-            self._running = shared_edge().spawn(
+            run = shared_edge().spawn(
                 run_process(self.argv(job.text), self.w.config.send_timeout_ms / 1000))
-            self._running.add_done_callback(functools.partial(self._ran, job))
+            self._running = job, run
+            run.add_done_callback(functools.partial(self._ran, job))
 
     def _ran(self, job: SendText, done: concurrent.futures.Future[ProcessResult]) -> None:
         if not done.cancelled():  # (cancelled by release: the successor has the job)
