@@ -1,9 +1,7 @@
-"""The Hermes side: DeliveryActor runs `hermes send` (out, W20, C18), WatcherActor reads
-the gateway's answer files (in, C7-C10, C15, W21, X6, X7).
+"""The Hermes side: `hermes send` out (W20, C18), answer files in (C7-C10, C15, W21, X6, X7).
 
 The Watcher does not know which questions are open; the Router does, so every file
-with a well-formed name goes there, and a verdict comes back for a file that is not
-an answer to an open question.
+with a well-formed name goes there, and a verdict comes back for one that is no answer.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The bridge's face in the coms pool (W3, W5-W8, W11-W17): the PeerActor, the listener
-that reads every client on the loop, and the sends of responses to askers.
-
-The actor owns the identity: the listening socket, the registry entry and its
-heartbeat, and the responses it sends. Whatever waits (a client trickling its
-line, the Router's word on a prompt, an asker's ack) waits on the loop, so a
-slow or hostile peer never reaches the actor's mailbox and costs no thread.
-"""
+"""The bridge's face in the coms pool (W3, W5-W8, W11-W17). Whatever waits (a client
+trickling its line, the Router's word on a prompt, an asker's ack) waits on the loop, so
+a slow or hostile peer never reaches the actor's mailbox and costs no thread."""
 
 from __future__ import annotations
 
@@ -144,12 +139,9 @@ def admit_through(router: Address) -> Admit:
 
 
 class Listener:
-    """Reads one request line from every client on the loop and answers it (W12-W17).
-
-    Every limit is fixed: at most `max_connections` at once (the next gets a `busy`
-    nack and is closed), and a whole line within `line_deadline_s`, however it
-    trickles in. A client costs a descriptor, its buffer and a task: no thread.
-    """
+    """One request line from every client, answered (W12-W17). The limits are fixed, so
+    no client can cost more than a descriptor, its buffer and a task: the next past
+    `max_connections` gets a `busy` nack, and a line trickled past `line_deadline_s` none."""
 
     def __init__(self, server: socket.socket, router: Address,
                  pong_card: Callable[[int | None], AgentCard], admit: Admit, depth: Depth, *,
@@ -398,8 +390,7 @@ def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
 
 
 class ResponsePool:
-    """Every response being sent, with its retries, as a task on the loop: any number of
-    slow askers cost no thread and at most `flights` descriptors. Not tied to one Peer's
+    """Slow askers cost no thread and at most `flights` descriptors. Not tied to one Peer's
     life: a restarted Peer must not drop a response mid-retry. `done(reason)` is called
     on the loop once per response (None when acked); it must be quick and never raise."""
 
