@@ -138,6 +138,18 @@ def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
     assert capfd.readouterr().err.startswith(f"coms-hermes-bridge: cannot write {rig.log_path}: ")
 
 
+def test_a_log_path_the_system_refuses_outright_is_said_once_and_the_logger_lives_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20: a ValueError from the OS call (no errno) is a failing write like any other
+    rig = LoggerRig(tmp_path / "log\0.ndjson")
+    rig.logged(log_record(AT, QID, "delivered"))
+    rig.logged(log_record(AT, QID, "answered"))
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: cannot write {rig.log_path}: embedded null byte\n")
+    assert rig.ref.is_alive()
+    rig.supervisor.assert_nothing()
+
+
 def test_an_unknown_message_fails_loudly_naming_the_logger_and_what_it_was_told(
     tmp_path: Path,
 ) -> None:
