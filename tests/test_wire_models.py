@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import pytest
@@ -23,9 +24,11 @@ from coms_hermes_bridge.messages.wire import (
     PromptEnvelope,
     RegistryEntry,
     ResponseEnvelope,
+    SelectionAnswer,
     dumps,
     fit_line,
     loads,
+    parse_timestamp,
 )
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -161,6 +164,13 @@ def test_ping_and_replies() -> None:
     )
 
 
+def test_json_body_is_plain_json_values() -> None:
+    # W12: lists where the model holds tuples, as a JSON reader would hand them back
+    body = SelectionAnswer(selections=("Ship", "Wait")).json_body()
+    assert body == {"kind": "selection", "selections": ["Ship", "Wait"]}
+    assert type(body["selections"]) is list
+
+
 def test_registry_entry_is_written_like_the_pool_writes_it() -> None:
     # W5: every field, in order, two-space JSON
     entry = RegistryEntry(
@@ -188,6 +198,18 @@ def test_registry_entry_is_written_like_the_pool_writes_it() -> None:
     assert RegistryEntry.model_validate_json(text) == entry
 
 
+def test_registry_entry_text_is_exact_and_keeps_non_ascii_as_itself() -> None:
+    # W5: JSON.stringify(entry, null, 2): ", " nowhere, ": " after keys, "é" as itself
+    entry = RegistryEntry(session_id="s", name="café", endpoint="/e", purpose="ça va",
+                          context_used_pct=12.5, heartbeat_at=None)
+    assert entry.to_file_text() == (
+        '{\n  "session_id": "s",\n  "name": "café",\n  "purpose": "ça va",\n  "model": "",\n'
+        '  "color": "",\n  "pid": 0,\n  "endpoint": "/e",\n  "cwd": "",\n  "started_at": "",\n'
+        '  "explicit": false,\n  "version": 1,\n  "context_used_pct": 12.5,\n'
+        '  "queue_depth": 0,\n  "heartbeat_at": null\n}'
+    )
+
+
 def test_registry_entry_of_another_peer_reads_leniently() -> None:
     # W9, W18: an older peer's entry without heartbeat or queue depth
     entry = RegistryEntry.model_validate(
@@ -205,10 +227,56 @@ def test_answer_file_model() -> None:
             AnswerFile.model_validate({**data, **bad})
 
 
+def test_answer_file_qid_error_names_the_form() -> None:
+    # C3, C8: the refusal says what a qid must be
+    data = {"qid": "x", "answer": "2", "answered_by": "telegram:alice", "at": "2026-11-30T12:01:00Z"}
+    with pytest.raises(ValidationError) as caught:
+        AnswerFile.model_validate(data)
+    assert [(e["loc"], e["msg"]) for e in caught.value.errors()] == [
+        (("qid",), "Value error, not a 26-character Crockford ULID")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("at", "message"),
+    [
+        ("", "not a timestamp"),
+        ("   ", "not a timestamp"),
+        ("(comment only)", "not a timestamp"),
+        ("hello", "not a timestamp: Unknown string format: hello"),
+        ("Monday", "not a whole date"),
+        ("12:00", "not a whole date"),
+    ],
+)
+def test_a_refused_timestamp_says_why(at: str, message: str) -> None:
+    # X4, C8: empty text, text no parser reads, and a time without its date
+    with pytest.raises(ValueError) as caught:
+        parse_timestamp(at)
+    assert str(caught.value) == message
+
+
 def test_dumps_escapes_lone_surrogates_and_keeps_unicode() -> None:
     # W12: every line is valid UTF-8
     assert dumps({"t": "é😀\ud800"}) == '{"t":"é😀\\ud800"}'
     assert dumps({"t": "é😀\ud800"}).encode("utf-8")
+
+
+def test_indented_dumps_writes_like_json_stringify() -> None:
+    # W5, W12: non-ASCII as itself, "," at line ends and ": " after keys, as
+    # JSON.stringify(value, null, 2) writes
+    assert dumps({"t": "é😀", "l": [1, {}]}, indent=2) == (
+        '{\n  "t": "é😀",\n  "l": [\n    1,\n    {}\n  ]\n}'
+    )
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+def test_dumps_refuses_what_json_cannot_hold(indent: int | None, number: float) -> None:
+    # W12: NaN and Infinity are not JSON; no peer could read such a line
+    with pytest.raises(ValueError) as caught:
+        dumps({"n": number}, indent=indent)
+    # (the indented writer appends the value, the compact one does not)
+    assert str(caught.value).startswith("Out of range float values are not JSON compliant")
 
 
 def test_log_record_omits_absent_detail() -> None:
@@ -255,6 +323,12 @@ def test_a_line_with_no_text_to_cut_is_written_whole() -> None:  # W13
     assert fit_line(body, limit=50) == dumps(body) + "\n"
 
 
+def test_two_character_texts_are_cut_to_the_ellipsis_alone() -> None:  # W13
+    # a two-character text is the shortest that can be cut, and keeps nothing but "…"
+    body = {"t": ["😀😀"] * 4}
+    assert fit_line(body, limit=40) == '{"t":["…","…","…","…"]}\n'
+
+
 def test_the_common_size_saves_what_is_over_and_never_goes_below_nothing() -> None:
     # W13: fit_line's arithmetic. Cutting 10 to 7 saves 3 (5 stays); 3 cannot save 10,
     # so everything goes; nothing to cut gives nothing
@@ -272,6 +346,35 @@ def test_the_longest_texts_anywhere_in_the_value_are_cut_to_one_common_size() ->
     cut = {"a": "s" * 10, "b": ["x" * 77 + "…", {"c": "y" * 77 + "…", "d": "z" * 40}],
            "e": "w" * 76 + "…"}
     assert fit_line(body, limit=400) == dumps(cut) + "\n"
+
+
+def test_a_text_at_the_common_size_is_not_cut() -> None:  # W13
+    # cutting 100 encoded bytes to 50 saves what is over: the text of exactly 50 stays
+    body = {"a": "a" * 98, "b": "b" * 48}
+    limit = len(dumps(body).encode("utf-8")) + 1 - 18
+    assert fit_line(body, limit) == dumps({"a": "a" * 49 + "…", "b": "b" * 48}) + "\n"
+
+
+def test_a_cut_text_always_loses_at_least_two_characters() -> None:  # W13
+    # the common size (100 bytes) would keep 49 of the 50 "é": a cut keeps at most 48,
+    # so that with its "…" it is never as long as it was
+    body = {"a": "a" * 298, "b": "é" * 50}
+    limit = len(dumps(body).encode("utf-8")) + 1 - 170
+    assert fit_line(body, limit) == dumps({"a": "a" * 99 + "…", "b": "é" * 48 + "…"}) + "\n"
+
+
+def test_a_line_still_over_after_a_cut_is_cut_again() -> None:  # W13
+    # the cut keeps characters in proportion, but here the kept ones are the wide ones:
+    # the first cut leaves the line over the limit by a byte, and a second cut fixes it
+    body = ["😀" * 7 + "x" * 12]
+    assert fit_line(body, limit=35) == '["😀😀😀…"]\n'
+
+
+def test_a_cut_that_lands_on_the_limit_exactly_is_final() -> None:  # W13
+    # the newline counts: a line of `limit` bytes in all fits and is not cut further
+    body = ["😀" * 12 + "x" * 7]
+    line = fit_line(body, limit=56)
+    assert line == '["' + "😀" * 12 + '…"]\n' and len(line.encode("utf-8")) == 56
 
 
 @pytest.mark.parametrize("unit", ["x", "é", "\n", "😀", '"'])
@@ -352,6 +455,60 @@ def test_json_nesting_is_bounded_the_same_on_every_thread() -> None:
     assert loads(text) == json.loads(text)
     with pytest.raises(ValueError):
         loads("[1,")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 199 + "[],[]" + "]" * 199,  # 201 brackets, none deeper than the bound
+        "[" * 100 + "]," + "[" * 101 + "]" * 101 + "]" * 99,  # a deep branch after a closed one
+        json.dumps(["[{" * 300]),  # brackets in a string are text
+        json.dumps(['\\" ' + "[" * 300]),  # an escaped quote does not end the string
+    ],
+)
+def test_json_up_to_the_bound_is_read_whatever_its_bracket_count(text: str) -> None:
+    # W12: only nesting counts, not how many brackets the text holds
+    assert loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),
+        "[" * 100 + "]," + "[" * 102 + "]" * 102 + "]" * 99,  # deep again after a close
+        '["\\n",' + "[" * 200 + "]" * 200 + "]",  # after an escape the string still ends
+        "[X" + "[" * 200,  # too deep comes first, whatever else is wrong with the text
+    ],
+)
+def test_json_past_the_bound_is_refused_as_too_deep(text: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        loads(text)
+    assert str(caught.value) == f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def test_text_within_the_bound_that_is_not_json_gets_the_parsers_reason() -> None:
+    with pytest.raises(ValueError) as caught:
+        loads("[" * 200 + "X" + "]" * 200 + "[]")
+    assert str(caught.value) == "Expecting value: line 1 column 201 (char 200)"
+
+
+def test_json_on_a_thread_with_no_stack_left_is_refused_not_raised() -> None:
+    # within the bound, but the caller's stack is nearly used up: still a ValueError
+    results: list[object] = []
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+            return
+        try:
+            results.append(loads("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH))
+        except ValueError as exc:
+            results.append(str(exc))
+
+    thread = threading.Thread(target=deep, args=(sys.getrecursionlimit() - 150,))
+    thread.start()
+    thread.join()
+    assert results == ["JSON nested too deep"]
 
 
 @pytest.mark.parametrize("text", ["NaN", '{"a":Infinity}', "[1,-Infinity]", '{"n":NaN}'])
