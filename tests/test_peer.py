@@ -7,16 +7,18 @@ peer's own and a fake asker that records what it is sent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,10 @@ from coms_hermes_bridge.actors.registry import (
     endpoint_accepts,
     heartbeat_fresh,
     is_live,
+    live_names,
+    pid_alive,
     read_entry,
+    remove_entry_if_ours,
     resolve_identity,
     write_entry,
 )
@@ -731,10 +736,12 @@ def dead_pid() -> int:
     return child.pid
 
 
-def plant(coms_dir: Path, name: str, *, pid: int, endpoint: str, heartbeat_at: str | None) -> Path:
+def plant(coms_dir: Path, name: str, *, pid: int, endpoint: str, heartbeat_at: str | None,
+          file: str | None = None) -> Path:
+    """An entry holding `name`, in `<file>.json` (by default `<name>.json`)."""
     agents = coms_dir / "projects" / "default" / "agents"
     agents.mkdir(parents=True, exist_ok=True)
-    path = agents / f"{name}.json"
+    path = agents / f"{file or name}.json"
     entry = RegistryEntry(
         session_id="01OLDSESSION0000000000000", name=name, pid=pid, endpoint=endpoint,
         heartbeat_at=heartbeat_at,
@@ -859,6 +866,166 @@ def test_heartbeat_freshness_window() -> None:  # W9
     assert not heartbeat_fresh(iso(now + timedelta(seconds=5, milliseconds=1)), now)
     assert not heartbeat_fresh(None, now)
     assert not heartbeat_fresh("yesterday", now)
+
+
+def test_a_heartbeat_without_a_zone_is_utc_and_one_with_a_zone_keeps_it() -> None:  # W9
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    assert heartbeat_fresh("2026-11-30T11:58:30", now)  # 90 s old, read as UTC
+    assert not heartbeat_fresh("2026-11-30T11:58:29", now)
+    assert heartbeat_fresh("2026-11-30T13:00:00+01:00", now)  # 12:00 UTC
+    assert not heartbeat_fresh("2026-11-30T12:00:00-01:00", now)  # 13:00 UTC: an hour ahead
+
+
+def test_the_heartbeat_window_does_not_depend_on_the_local_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W9
+    monkeypatch.setenv("TZ", "WST5")  # POSIX form, no zone files needed: five hours west of UTC
+    time.tzset()
+    try:
+        # the first minute of year 1 in UTC: in local time it would fall before year 1
+        assert heartbeat_fresh("0001-01-01T00:00:00.000Z", datetime(1, 1, 1, 0, 0, 30, tzinfo=UTC))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_asking_whether_a_pid_lives_sends_it_no_signal() -> None:  # W9: kill(pid, 0)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert pid_alive(child.pid) is True
+    finally:
+        child.terminate()
+    # a process that has received a fatal signal dies of that first one: ours, not another
+    assert child.wait() == -signal.SIGTERM
+
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user takes root")
+
+
+def as_nobody(work: Callable[[], object]) -> str:
+    """The repr of what `work` returns, or the error it raises, run in a forked child that
+    has become another user: how a root test meets a process or directory not its own.
+    Forked, not started anew, so that it runs the code exactly as this process loaded it."""
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child reports through the pipe, and never returns
+        try:
+            os.close(reading)
+            try:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                result = repr(work())
+            except BaseException as error:
+                result = f"{type(error).__name__}: {error}"
+            os.write(writing, result.encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        result = pipe.read().decode()
+    os.waitpid(child, 0)
+    return result
+
+
+@needs_root
+def test_a_pid_of_another_user_is_alive() -> None:  # W9: EPERM is not ESRCH
+    me = os.getpid()
+    assert as_nobody(lambda: pid_alive(me)) == "True"
+
+
+@needs_root
+def test_a_root_made_by_another_user_is_used_as_it_is(coms_dir: Path) -> None:  # W1: 0700 where possible
+    coms_dir.chmod(0o777)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    name = as_nobody(
+        lambda: resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now).name
+    )
+    assert name == "'user-remote'"
+    assert stat.S_IMODE(coms_dir.stat().st_mode) == 0o777
+    assert (coms_dir / "sockets").is_dir()
+    assert (coms_dir / "projects" / "default" / "agents").is_dir()
+
+
+def test_a_root_whose_parents_are_missing_is_made_with_them(coms_dir: Path) -> None:  # W1
+    root = coms_dir / "home" / ".pi" / "coms"  # ~/.pi/coms on a machine with no ~/.pi yet
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    ident = resolve_identity(root, "default", "user-remote", cwd="/", pid=1, now=now)
+    assert ident.endpoint == root / "sockets" / f"{ident.session_id}.sock"
+    assert (root / "sockets").is_dir() and (root / "projects" / "default" / "agents").is_dir()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+def test_only_crashed_holders_of_the_claimed_name_are_taken_over(coms_dir: Path) -> None:  # W9, W10
+    now = datetime.now(UTC)
+    gone = dead_pid()
+    # each a crashed holder (pid gone, no socket) with a fresh heartbeat: (file, name inside)
+    for file, name in [
+        ("user-remote", "user-remote"),
+        ("user-remote2", "user-remote2"),
+        ("user-remote02", "user-remote02"),  # W10's suffixes are 2, 3, ...: not "02"
+        ("builder", "user-remote"),  # the name is ours to claim, the file is not
+        ("user-remote3", "builder"),  # the file is, the name is not
+    ]:
+        plant(coms_dir, name, pid=gone, endpoint="", heartbeat_at=iso(now), file=file)
+    agents = coms_dir / "projects" / "default" / "agents"
+    # a live entry holds both its file's name and the name inside it
+    assert live_names(agents, now, "user-remote") == {
+        "user-remote02", "builder", "user-remote", "user-remote3"
+    }
+    assert sorted(path.name for path in agents.iterdir()) == [
+        "builder.json", "user-remote02.json", "user-remote3.json"
+    ]
+
+
+@contextlib.contextmanager
+def vanishing(path: Path, entry: RegistryEntry) -> Iterator[None]:
+    """`path` gives `entry` to one reader and is gone before that reading ends: another
+    run that pruned or released the same file between our read and our unlink."""
+    os.mkfifo(path)
+
+    def serve() -> None:
+        fd = os.open(path, os.O_WRONLY)  # returns once the reader has opened it
+        os.write(fd, entry.to_file_text().encode())
+        os.unlink(path)
+        os.close(fd)  # only now does the reader see the end of the file
+
+    writer = threading.Thread(target=serve, daemon=True)
+    writer.start()
+    yield
+    writer.join(timeout=5)
+    assert not writer.is_alive(), "nobody read the entry"
+
+
+def test_an_entry_pruned_meanwhile_by_another_run_is_no_error(coms_dir: Path) -> None:  # W9
+    dead = RegistryEntry(session_id="s", name="other", pid=dead_pid(), endpoint="")
+    with vanishing(coms_dir / "other.json", dead):
+        assert live_names(coms_dir, datetime.now(UTC), "user-remote") == set()
+    assert list(coms_dir.iterdir()) == []
+
+
+def test_an_entry_removed_meanwhile_by_another_hand_is_not_ours_removed(coms_dir: Path) -> None:  # W8
+    path = coms_dir / "user-remote.json"
+    ours = RegistryEntry(session_id="01OURS", name="user-remote", pid=os.getpid(), endpoint="")
+    with vanishing(path, ours):
+        assert remove_entry_if_ours(path, "01OURS") is False
+    assert not path.exists()
+
+
+def test_a_probe_of_a_socket_with_a_full_backlog_gives_up(coms_dir: Path) -> None:  # W11
+    path = str(coms_dir / "full.sock")
+    answers: list[bool] = []
+    probe = threading.Thread(target=lambda: answers.append(endpoint_accepts(path)), daemon=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as queued:
+        listening.bind(path)
+        listening.listen(0)  # one connection waits for an accept; the next finds no room
+        queued.connect(path)
+        probe.start()
+        probe.join(timeout=5)
+        assert answers == [False]  # timed out: stale, not a wait for ever
+    probe.join(timeout=5)  # a probe that waited is let go when the listener closes
 
 
 def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity) -> None:
