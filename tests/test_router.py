@@ -749,6 +749,8 @@ def test_a_poison_question_is_closed_with_an_error_and_the_rest_lives_on(
         QID, "question_failed", {"error": "RuntimeError: boom"})
     assert record.at == "2026-11-30T12:00:00.000Z"
     assert c.rig.depth() == 0 and c.rig.actor.closed == {}  # no state it closed in (C19)
+    policy = c.rig.actor.policy  # nothing of the question is kept once it is gone for good
+    assert c.child not in policy._each and c.child not in policy.backoff._state
     assert capsys.readouterr().err == (
         f"coms-hermes-bridge: error: question {QID} crashed 4 times within 10s; "
         "closed it with an error (RuntimeError: boom)\n")
