@@ -56,8 +56,10 @@ _BUSY_TIMEOUT_S = 5.0
 # tables and nullable columns at the end of a table, so an older file is brought up
 # to date in place by adding what it lacks (`_connect`), never moved aside.
 # A table's order is its rowid (SQLite gives a new row one past the largest; an upsert
-# keeps it, INSERT OR REPLACE moves the row to the end): `seq`, the order older
-# versions numbered by hand, is kept in the schema for their files and written as 0.
+# keeps it, INSERT OR REPLACE moves the row to the end). `seq`, the order older
+# versions number by (and trim the closed memory by), is written as one past the
+# largest rowid (a seek, not a scan), so a file taken back to an older version keeps
+# its order.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS open_questions (
@@ -326,7 +328,8 @@ class Store:
             conn.execute(
                 "INSERT INTO open_questions"
                 " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner, reminded)"
-                " VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)"
+                " VALUES (?, ?, ?, ?, ?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM open_questions),"
+                " ?, ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
                 "  deadline = excluded.deadline, state = excluded.state,"
@@ -390,7 +393,7 @@ class Store:
             if response is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
-                    " VALUES (?, ?, ?, ?, ?, 0)",
+                    " VALUES (?, ?, ?, ?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM outbox))",
                     (
                         qid,
                         owner,
@@ -421,7 +424,7 @@ class Store:
                 used = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
                 "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
-                " VALUES (?, ?, 0, ?)",
+                " VALUES (?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM closed_questions), ?)",
                 (qid, state, used),
             )
             self._closed_since_trim += 1
@@ -443,7 +446,7 @@ class Store:
             raise ValueError("a note kept in the store needs a note_id")
         conn.execute(
             "INSERT OR REPLACE INTO notes (id, qid, purpose, text, seq)"
-            " VALUES (?, ?, ?, ?, 0)",
+            " VALUES (?, ?, ?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM notes))",
             (note.note_id, note.qid, note.purpose, note.text),
         )
 
