@@ -932,13 +932,17 @@ def as_nobody(work: Callable[[], object]) -> str:
 @needs_root
 def test_a_pid_of_another_user_is_alive() -> None:  # W9: EPERM is not ESRCH
     me = os.getpid()
-    assert as_nobody(lambda: pid_alive(me)) == "True"
+    assert pid_alive(me) is True  # (here too: mutation testing runs a test for a mutant
+    assert as_nobody(lambda: pid_alive(me)) == "True"  # only if it saw the test call it)
 
 
 @needs_root
 def test_a_root_made_by_another_user_is_used_as_it_is(coms_dir: Path) -> None:  # W1: 0700 where possible
     coms_dir.chmod(0o777)
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    own = coms_dir / "own"  # ours, made here too (mutation testing runs a test for a
+    resolve_identity(own, "default", "user-remote", cwd="/", pid=1, now=now)  # mutant only
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700  # if it saw the test call the code)
     name = as_nobody(
         lambda: resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=now).name
     )
