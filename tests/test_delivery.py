@@ -393,6 +393,16 @@ def test_an_idle_delivery_stops_cleanly(
     assert capfd.readouterr().err == ""
 
 
+def test_a_crash_between_two_runs_hands_over_the_queue(hermes: FakeHermes) -> None:
+    # C18: a job that failed to start leaves the rest queued with nothing running; what a
+    # crash then hands to the successor is that queue, in order
+    rig = DeliveryRig(hermes.path)
+    queued = [SendText(QID, f"q{n}", "question") for n in range(2)]
+    rig.actor._jobs.extend(queued)  # (idle: no turn of its runs meanwhile)
+    assert rig.actor.taken() == tuple(queued)
+    rig.actor._jobs.clear()
+
+
 def test_an_unknown_message_fails_loudly_naming_delivery_and_the_message(
     hermes: FakeHermes,
 ) -> None:
