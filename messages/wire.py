@@ -229,7 +229,9 @@ def fit_line(value: Any, limit: int = LINE_LIMIT) -> str:
         for (path, leaf), encoded in zip(leaves, sizes, strict=True):
             if encoded > cap:
                 keep = min(len(leaf) * cap // encoded, len(leaf) - 2)
-                value = _replace(value, path, leaf[: max(keep, 0)] + ELLIPSIS)
+                cut = leaf[: max(keep, 0)] + ELLIPSIS
+                if len(dumps(cut).encode("utf-8")) < encoded:  # "ab" -> "…" would grow
+                    value = _replace(value, path, cut)
         text = dumps(value)
         size = len(text.encode("utf-8")) + 1
     return text + "\n"

@@ -516,3 +516,14 @@ def test_nan_and_infinity_are_not_json(text: str) -> None:
     # C9, W13: JavaScript's JSON.parse refuses them, so every reader here does too
     with pytest.raises(ValueError, match="not JSON"):
         loads(text)
+
+
+def test_a_cut_never_makes_a_line_longer() -> None:  # W13
+    # "ab" cut to "…" would be 3 bytes for 2: a line that cannot be made to fit is left as
+    # dumps writes it, never made longer
+    value = {"t": ["ab"] * 30}
+    assert fit_line(value, limit=50) == dumps(value) + "\n"
+    mixed = {"t": ["ab"] * 3, "u": "x" * 100}  # the long text is still cut; "ab" is kept
+    line = fit_line(mixed, limit=60)
+    assert len(line.encode("utf-8")) <= 60
+    assert loads(line)["t"] == ["ab"] * 3
