@@ -57,9 +57,9 @@ _BUSY_TIMEOUT_S = 5.0
 # to date in place by adding what it lacks (`_connect`), never moved aside.
 # A table's order is its rowid (SQLite gives a new row one past the largest; an upsert
 # keeps it, INSERT OR REPLACE moves the row to the end). `seq`, the order older
-# versions number by (and trim the closed memory by), is written as one past the
-# largest rowid (a seek, not a scan), so a file taken back to an older version keeps
-# its order.
+# versions number by (and trim the closed memory by), is still written, from a count
+# kept in memory, so a file taken back to an older version keeps its order.
+_SEQ_TABLES = ("open_questions", "closed_questions", "outbox", "notes")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS open_questions (
@@ -242,6 +242,10 @@ class Store:
         self._settle_lock = threading.Lock()
         self._settles: list[tuple[str, str]] = []
         self._settle_leader = False
+        # `seq` as older versions number it (they order and trim by it), kept going from
+        # the file's largest, so a file taken back to one of them keeps its order
+        self._seq = {table: int(conn.execute(f"SELECT IFNULL(MAX(seq), 0) FROM {table}")
+                                .fetchone()[0]) for table in _SEQ_TABLES}
 
     @classmethod
     def open(cls, path: Path) -> Store:
@@ -317,6 +321,11 @@ class Store:
                 kept.append(settle)
         return kept
 
+    def _next_seq(self, table: str) -> int:
+        """(under the lock; a rolled-back one leaves a gap)"""
+        self._seq[table] += 1
+        return self._seq[table]
+
     def put_open(self, spec: QuestionSpec, owner: str) -> None:
         """Record a question as open.
 
@@ -328,8 +337,7 @@ class Store:
             conn.execute(
                 "INSERT INTO open_questions"
                 " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner, reminded)"
-                " VALUES (?, ?, ?, ?, ?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM open_questions),"
-                " ?, ?)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
                 "  deadline = excluded.deadline, state = excluded.state,"
@@ -341,6 +349,7 @@ class Store:
                     float(spec.timeout_ms),
                     float(spec.deadline),
                     spec.state,
+                    self._next_seq("open_questions"),
                     owner,
                     int(spec.reminded),
                 ),
@@ -393,13 +402,14 @@ class Store:
             if response is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
-                    " VALUES (?, ?, ?, ?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM outbox))",
+                    " VALUES (?, ?, ?, ?, ?, ?)",
                     (
                         qid,
                         owner,
                         response.prompt.to_json(),
                         dumps(response.response),
                         response.error,
+                        self._next_seq("outbox"),
                     ),
                 )
             # X9: a reminder not yet sent is not sent once the question is closed
@@ -424,8 +434,8 @@ class Store:
                 used = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
                 "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
-                " VALUES (?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM closed_questions), ?)",
-                (qid, state, used),
+                " VALUES (?, ?, ?, ?)",
+                (qid, state, self._next_seq("closed_questions"), used),
             )
             self._closed_since_trim += 1
             if self._closed_since_trim >= CLOSED_TRIM_BATCH:
@@ -446,8 +456,8 @@ class Store:
             raise ValueError("a note kept in the store needs a note_id")
         conn.execute(
             "INSERT OR REPLACE INTO notes (id, qid, purpose, text, seq)"
-            " VALUES (?, ?, ?, ?, (SELECT IFNULL(MAX(rowid), 0) + 1 FROM notes))",
-            (note.note_id, note.qid, note.purpose, note.text),
+            " VALUES (?, ?, ?, ?, ?)",
+            (note.note_id, note.qid, note.purpose, note.text, self._next_seq("notes")),
         )
 
     def owe_note(self, note: SendText) -> None:
