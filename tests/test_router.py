@@ -699,6 +699,14 @@ class Crashing:
         slot.tell(Boom())
         self.restarted(before, slot)
 
+    def let_be(self, starts: int, err: str) -> None:
+        """Nothing was started again (`starts` in all), told or said (`err`: stderr)."""
+        assert len(self.starts) == starts
+        self.rig.peer.assert_nothing()
+        self.rig.watcher.assert_nothing()
+        self.seen.assert_nothing()
+        assert err == ""
+
     def restarted(self, before: Any, slot: Slot | None = None) -> None:
         slot = slot or self.slot
         wait_for(lambda: slot.ref not in (None, before), what="the question restarted")
@@ -920,11 +928,7 @@ def test_word_from_a_question_it_no_longer_runs_changes_nothing(
     assert c.rig.depth() == 1
     assert c.rig.ref.is_alive() and c.rig.actor.open[QIDS[1]].child == other
     assert c.rig.actor.closed == {QID: "answered"}
-    assert len(c.starts) == 2  # nothing started again
-    c.rig.peer.assert_nothing()
-    c.rig.watcher.assert_nothing()
-    c.seen.assert_nothing()
-    assert capsys.readouterr().err == ""
+    c.let_be(starts=2, err=capsys.readouterr().err)
 
 
 def test_a_put_off_restart_that_comes_after_its_question_closed_changes_nothing(
@@ -940,12 +944,8 @@ def test_a_put_off_restart_that_comes_after_its_question_closed_changes_nothing(
     logged = c.rig.logger.inbox.qsize()
     c.schedule.fire()  # its RestartChild, after the backoff
     assert c.rig.depth() == 0 and c.rig.actor.closed == {QID: "cancelled"}
-    assert len(c.starts) == 1  # nothing started again
     assert c.rig.logger.inbox.qsize() == logged
-    c.rig.peer.assert_nothing()
-    c.rig.watcher.assert_nothing()
-    c.seen.assert_nothing()
-    assert capsys.readouterr().err == ""
+    c.let_be(starts=1, err=capsys.readouterr().err)
 
 
 def test_a_put_off_restart_that_comes_after_the_router_stopped_starts_nothing(
@@ -957,10 +957,7 @@ def test_a_put_off_restart_that_comes_after_the_router_stopped_starts_nothing(
     c.rig.ref.stop(block=True, timeout=5)
     capsys.readouterr()
     c.schedule.fire()  # its RestartChild, to a Router that is gone
-    assert len(c.starts) == 1
-    c.rig.watcher.assert_nothing()
-    c.seen.assert_nothing()
-    assert capsys.readouterr().err == ""
+    c.let_be(starts=1, err=capsys.readouterr().err)
 
 
 def test_a_stopping_router_stops_its_questions(crashing: Crashing) -> None:
