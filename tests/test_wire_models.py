@@ -527,3 +527,21 @@ def test_a_cut_never_makes_a_line_longer() -> None:  # W13
     line = fit_line(mixed, limit=60)
     assert len(line.encode("utf-8")) <= 60
     assert loads(line)["t"] == ["ab"] * 3
+
+
+def test_a_one_character_text_is_never_cut_even_a_wide_one() -> None:  # W13
+    # "😀" is 6 bytes as JSON and "…" 5: shorter, but it would say nothing the character
+    # did not, so a line of one-character texts is written whole
+    value = ["😀"] * 10
+    assert fit_line(value, limit=50) == dumps(value) + "\n"
+
+
+def test_a_text_of_wide_characters_at_exactly_the_common_size_is_kept() -> None:  # W13
+    # the common size is 8 bytes, which "ééé" is as JSON: only what is over it is cut
+    # (cut, it would keep "é…", 7 bytes)
+    assert fit_line(["x" * 100, "ééé"], limit=52) == '["xxxxxxx…","ééé"]\n'
+
+
+def test_a_cut_of_the_same_size_as_its_text_is_not_made() -> None:  # W13
+    # "xé" is 3 bytes, as "…" is: the cut would save nothing and lose the text
+    assert fit_line(["x" * 10, "xé"], limit=10) == '["…","xé"]\n'
