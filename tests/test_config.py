@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.config import UsageError, parse_config
+from coms_hermes_bridge import __version__
+from coms_hermes_bridge.actors.config import HELP_EPILOG, UsageError, home_dir, parse_config
 
 ENV = {"HOME": "/home/op"}
 
@@ -99,3 +100,79 @@ def test_the_operators_limits() -> None:  # X9, X10
         with pytest.raises(UsageError) as caught:
             parse_config(argv, ENV)
         assert str(caught.value) == error
+
+
+def _exits_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What a flag that answers and exits (--help, --version) prints; it exits 0."""
+    with pytest.raises(SystemExit) as caught:
+        parse_config(argv, ENV)
+    assert caught.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_the_help_gives_every_flag_its_words(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _exits_with(["--help"], capsys)
+    assert out.startswith("usage: coms-hermes-bridge ")
+    flat = " ".join(out.split())  # argparse wraps to the terminal: compare the words
+    for words in (
+        "Join the coms pool as the remote human: ask via `hermes send`, answer from the "
+        "Hermes gateway's answer files.",
+        "--name NAME peer name (default: user-remote)",
+        "--project PROJECT coms project (default: default)",
+        "--to TARGET hermes target (default: telegram)",
+        "--hermes-profile PROFILE hermes profile to send with",
+        "--timeout MS per-question timeout in ms (C16)",
+        "--poll-ms MS rescan interval in ms (default: 1000)",
+        "--questions-dir DIR answer-file directory",
+        "--send-timeout MS hermes send limit in ms (default: 60000)",
+        "--max-open N open questions past which prompts are refused (10000)",
+        "--max-open-per-asker N open questions one asker may have; its next prompt is "
+        "refused (off)",
+        "--remind-before MS send the human one reminder this long before a question times "
+        "out (off)",
+        "--version show program's version number and exit",
+    ):
+        assert words in flat, words
+    assert "--claim-ms" not in out  # kept for old units, never offered
+    assert out.endswith(HELP_EPILOG)  # as written, line for line
+
+
+def test_the_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exits_with(["--version"], capsys) == f"coms-hermes-bridge {__version__}\n"
+
+
+def test_a_flag_is_never_taken_by_its_start() -> None:
+    # "--time" is no "--timeout": a typo in a unit file is an error, not a guess
+    with pytest.raises(UsageError) as caught:
+        parse_config(["--time", "5"], ENV)
+    assert str(caught.value) == "unrecognized arguments: --time 5"
+
+
+@pytest.mark.parametrize(("raw", "ms"), [("", 30_000), (" ", 30_000), ("500", 500),
+                                         ("60000", 60_000)])
+def test_the_heartbeat_interval(raw: str, ms: float) -> None:  # W6
+    env = {**ENV, "COMS_HERMES_BRIDGE_HEARTBEAT_MS": raw}
+    assert parse_config([], env).heartbeat_ms == ms
+    assert parse_config([], ENV).heartbeat_ms == 30_000
+
+
+@pytest.mark.parametrize("raw", ["0", "60001", "soon", "-5"])
+def test_a_heartbeat_interval_out_of_range(raw: str) -> None:  # W6: well under 90 s
+    with pytest.raises(UsageError) as caught:
+        parse_config([], {**ENV, "COMS_HERMES_BRIDGE_HEARTBEAT_MS": raw})
+    assert str(caught.value) == (
+        "COMS_HERMES_BRIDGE_HEARTBEAT_MS must be a positive number of ms up to 60000")
+
+
+def test_home_comes_from_the_environment_then_the_password_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W4
+    assert home_dir({"HOME": "/home/op"}) == Path("/home/op")
+    monkeypatch.setattr("os.path.expanduser", lambda path: "/from/passwd" if path == "~" else path)
+    assert home_dir({}) == Path("/from/passwd")
+    assert home_dir({"HOME": ""}) == Path("/from/passwd")
+    monkeypatch.setattr("os.path.expanduser", lambda path: path)  # no entry: `~` stays `~`
+    for env in ({}, {"HOME": ""}):
+        with pytest.raises(UsageError) as caught:
+            home_dir(env)
+        assert str(caught.value) == "HOME is not set"
