@@ -117,7 +117,7 @@ def _parser() -> Parser:
     p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
     p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
     # Kept so that a unit written for an older version still starts (X6 no longer waits).
-    p.add_argument("--claim-ms", metavar="MS", help=argparse.SUPPRESS)
+    p.add_argument("--claim-ms", help=argparse.SUPPRESS)
     p.add_argument(
         "--max-open", metavar="N", help="open questions past which prompts are refused (10000)"
     )

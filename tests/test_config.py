@@ -73,6 +73,8 @@ def test_every_flag() -> None:
         (["--timeout", "-5"], "--timeout must be a positive number"),
         (["--timeout", "nan"], "--timeout must be a positive number"),
         (["--poll-ms", "0"], "--poll-ms must be a positive number"),
+        (["--send-timeout", "0"], "--send-timeout must be a positive number"),
+        (["--claim-ms"], "argument --claim-ms: expected one argument"),
         (["--claim-ms", "soon"], "--claim-ms must be a positive number"),
         (["--max-open", "0"], "--max-open must be a positive whole number"),
         (["--max-open", "2.5"], "--max-open must be a positive whole number"),
@@ -86,6 +88,11 @@ def test_bad_values(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse_config(argv, ENV)
     assert str(caught.value) == message
+
+
+def test_one_is_the_smallest_count() -> None:  # X10
+    config = parse_config(["--max-open", "1", "--max-open-per-asker", "1"], ENV)
+    assert (config.max_open, config.max_open_per_asker) == (1, 1)
 
 
 def test_the_operators_limits() -> None:  # X9, X10
