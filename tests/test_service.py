@@ -142,6 +142,143 @@ def test_service_link_without_systemd_does_nothing() -> None:
     assert other.address == "\0x" and other.watchdog_s is None
 
 
+def _sync(notify: NotifySocket) -> list[str]:
+    """Every datagram the link sent so far: a marker sent after them comes after them."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as marker:
+        marker.sendto(b"MARK", str(notify.path))
+    seen: list[str] = []
+    while (text := notify.next()[1]) != "MARK":
+        seen.append(text)
+    return seen
+
+
+def test_ready_and_stopping_tell_the_service_manager(coms_dir: Path) -> None:  # sd_notify(3)
+    notify = NotifySocket(coms_dir / "n.sock")
+    link = ServiceLink.from_env({"NOTIFY_SOCKET": str(notify.path)}, pid=os.getpid())
+    try:
+        assert link.notify("X=1", "Y=2") is True
+        for count in (0, 1, 2):
+            link.ready(count)
+        link.stopping()
+        assert _sync(notify) == [
+            "X=1\nY=2",
+            "READY=1\nSTATUS=0 open questions",
+            "READY=1\nSTATUS=1 open question",
+            "READY=1\nSTATUS=2 open questions",
+            "STOPPING=1\nSTATUS=stopping",
+        ]
+    finally:
+        link.close()
+        notify.close()
+
+
+def test_an_abstract_notify_socket_is_reached_by_its_name() -> None:  # sd_notify(3): "@"
+    name = f"coms-hermes-bridge-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind("\0" + name)
+        manager.settimeout(5)
+        link = ServiceLink.from_env({"NOTIFY_SOCKET": "@" + name}, pid=os.getpid())
+        try:
+            link.ready(1)
+            assert manager.recv(4096) == b"READY=1\nSTATUS=1 open question"
+        finally:
+            link.close()
+
+
+def test_a_notify_socket_that_is_no_unix_address_is_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    link = ServiceLink.from_env({"NOTIFY_SOCKET": "vsock:2:3", "WATCHDOG_USEC": "100000"},
+                                pid=os.getpid())
+    assert (link.address, link.watchdog_s) == (None, None)  # no watchdog without a socket
+    assert capsys.readouterr().err == (
+        "coms-hermes-bridge: warning: ignoring NOTIFY_SOCKET='vsock:2:3': "
+        "not a unix socket address\n")
+    assert ServiceLink.from_env({"NOTIFY_SOCKET": ""}, pid=os.getpid()).address is None
+    assert capsys.readouterr().err == ""  # empty is unset: nothing to say
+
+
+@pytest.mark.parametrize(
+    ("env", "interval"),
+    [
+        ({"WATCHDOG_USEC": "4000000"}, 2.0),  # half of it
+        ({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "OURS"}, 2.0),
+        ({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": ""}, 2.0),
+        ({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}, None),  # another process's
+        ({"WATCHDOG_USEC": "1"}, 0.0000005),
+        ({"WATCHDOG_USEC": "0"}, None),
+        ({"WATCHDOG_USEC": "-4000000"}, None),
+        ({"WATCHDOG_USEC": "soon"}, None),
+        ({}, None),
+    ],
+)
+def test_the_watchdog_interval(env: dict[str, str], interval: float | None) -> None:
+    # sd_watchdog_enabled(3): WATCHDOG_USEC, for WATCHDOG_PID when it is set
+    pid = os.getpid()
+    env = {k: str(pid) if v == "OURS" else v for k, v in env.items()}
+    link = ServiceLink.from_env({"NOTIFY_SOCKET": "@x", **env}, pid=pid)
+    assert link.watchdog_s == interval
+
+
+def test_a_notify_that_cannot_go_is_said_and_the_next_one_goes(
+    coms_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = coms_dir / "n.sock"
+    link = ServiceLink.from_env({"NOTIFY_SOCKET": str(path)}, pid=os.getpid())
+    try:
+        assert link.notify("READY=1") is False
+        assert capsys.readouterr().err == (
+            "coms-hermes-bridge: warning: cannot notify the service manager: "
+            "[Errno 2] No such file or directory\n")
+        notify = NotifySocket(path)
+        try:
+            assert link.notify("READY=1") is True
+            assert _sync(notify) == ["READY=1"]
+        finally:
+            notify.close()
+    finally:
+        link.close()
+
+
+def test_the_watchdog_says_a_bad_spell_once_and_stops_with_the_daemon(
+    coms_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    notify = NotifySocket(coms_dir / "n.sock")
+    answers = queue.Queue[int | None]()
+    for answer in (None, None, 5):  # two ticks unanswered, then the tree answers
+        answers.put(answer)
+    probes: list[float] = []
+
+    def probe(timeout: float) -> int:
+        probes.append(timeout)
+        answer = answers.get()  # the fourth waits until the test answers it
+        if answer is None:
+            raise TimeoutError
+        return answer
+
+    link = ServiceLink.from_env(
+        {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "100000"}, pid=os.getpid())
+    try:
+        link.start_watchdog(probe)
+        link.start_watchdog(probe)  # one watchdog, however often it is started
+        assert sum(t.name == "sd-watchdog" for t in threading.enumerate()) == 1
+        _, text = notify.until("WATCHDOG=1", timeout=5.0)
+        assert text == "WATCHDOG=1\nSTATUS=5 open questions"
+        assert capsys.readouterr().err == (
+            "coms-hermes-bridge: warning: actor tree did not answer within 0.025s "
+            "(TimeoutError); withholding the watchdog ping\n"
+            "coms-hermes-bridge: info: actor tree answers again; watchdog pings resume\n")
+        wait_for(lambda: len(probes) == 4, what="the fourth probe")
+        link.stopping()  # while the tree is being asked: its answer earns no ping now
+        answers.put(7)
+        link.close()
+        assert not any(t.name == "sd-watchdog" for t in threading.enumerate())
+        assert _sync(notify) == ["STOPPING=1\nSTATUS=stopping"]
+    finally:
+        link.close()
+        notify.close()
+
+
 @pytest.mark.slow  # seconds of real time: in `just test-slow`
 def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
     # start, ready, stop, a delivery error, a rejected answer file, each one line
