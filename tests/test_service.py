@@ -3,6 +3,7 @@ journald, SIGUSR1 stack dumps."""
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.service import ServiceLink
+from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from tests.bridge_process import ROOT, Bridge
 from tests.fakes import wait_for
 
@@ -326,6 +327,21 @@ def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) 
         "coms-hermes-bridge: info: i",
         "coms-hermes-bridge: plain",
     ]
+
+
+def test_a_stack_dump_is_one_info_line_per_line_of_each_stack(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pykka_logger = logging.getLogger("pykka")
+    handlers = list(pykka_logger.handlers)
+    dump_thread_stacks(signal.SIGUSR1, None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "coms-hermes-bridge: info: SIGUSR1: stacks of every thread follow"
+    assert all(line.startswith("coms-hermes-bridge: info: ") for line in lines)
+    # pykka's dump gives the main thread's state, then its stack, a line for each frame
+    main = lines.index(next(line for line in lines if "Current state of MainThread" in line))
+    assert any("in test_a_stack_dump_is_one_info_line" in line for line in lines[main:])
+    assert pykka_logger.handlers == handlers  # attached for the dump only
 
 
 def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
