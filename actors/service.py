@@ -71,7 +71,7 @@ class ServiceLink:
     @classmethod
     def from_env(cls, env: Mapping[str, str], pid: int | None = None) -> ServiceLink:
         raw = env.get("NOTIFY_SOCKET", "")
-        address = _address(raw) if raw else None
+        address = _address(raw)
         if raw and address is None:
             report(f"ignoring NOTIFY_SOCKET={raw!r}: not a unix socket address", "warning")
         interval = _watchdog_interval(env, os.getpid() if pid is None else pid)

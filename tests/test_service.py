@@ -195,8 +195,9 @@ def test_a_notify_socket_that_is_no_unix_address_is_ignored(
     assert capsys.readouterr().err == (
         "coms-hermes-bridge: warning: ignoring NOTIFY_SOCKET='vsock:2:3': "
         "not a unix socket address\n")
-    assert ServiceLink.from_env({"NOTIFY_SOCKET": ""}, pid=os.getpid()).address is None
-    assert capsys.readouterr().err == ""  # empty is unset: nothing to say
+    for env in ({"NOTIFY_SOCKET": ""}, {}):  # empty is unset: nothing to say
+        assert ServiceLink.from_env(env, pid=os.getpid()).address is None
+        assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(
@@ -219,6 +220,55 @@ def test_the_watchdog_interval(env: dict[str, str], interval: float | None) -> N
     env = {k: str(pid) if v == "OURS" else v for k, v in env.items()}
     link = ServiceLink.from_env({"NOTIFY_SOCKET": "@x", **env}, pid=pid)
     assert link.watchdog_s == interval
+
+
+def test_the_watchdog_is_for_this_process_unless_told_which() -> None:
+    env = {"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "4000000"}
+    assert ServiceLink.from_env({**env, "WATCHDOG_PID": str(os.getpid())}).watchdog_s == 2.0
+    assert ServiceLink.from_env({**env, "WATCHDOG_PID": "1"}).watchdog_s is None
+    assert ServiceLink.from_env({**env, "WATCHDOG_PID": "1"}, pid=1).watchdog_s == 2.0
+
+
+def test_a_manager_that_reads_nothing_never_holds_the_daemon(
+    coms_dir: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # its queue fills, and a send gives up (said once) instead of waiting for room
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind(str(coms_dir / "n.sock"))
+        link = ServiceLink.from_env({"NOTIFY_SOCKET": str(coms_dir / "n.sock")},
+                                    pid=os.getpid())
+        try:
+            sent = 0
+            while link.notify("WATCHDOG=1"):
+                sent += 1
+                assert sent < 100_000, "the queue never filled"
+            assert capsys.readouterr().err == (
+                "coms-hermes-bridge: warning: cannot notify the service manager: timed out\n")
+        finally:
+            link.close()
+
+
+def test_a_probe_that_never_answers_never_holds_the_stop(coms_dir: Path) -> None:
+    stuck = threading.Event()
+    release = threading.Event()
+
+    def probe(timeout: float) -> int:
+        stuck.set()
+        release.wait()
+        return 0
+
+    link = ServiceLink.from_env({"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "100000"},
+                                pid=os.getpid())
+    try:
+        link.start_watchdog(probe)
+        watchdog = next(t for t in threading.enumerate() if t.name == "sd-watchdog")
+        assert watchdog.daemon  # nor the process's exit
+        wait_for(stuck.is_set, what="the probe")
+        link.close()  # returns although the probe is still asking
+        assert watchdog.is_alive()
+    finally:
+        release.set()
+        link.close()
 
 
 def test_a_notify_that_cannot_go_is_said_and_the_next_one_goes(
