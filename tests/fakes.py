@@ -614,3 +614,57 @@ def script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class NotifySocket:
+    """The service manager's end: a datagram socket that records what it is told, and when."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.seen: list[tuple[float, str]] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(path))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.messages.put((time.monotonic(), data.decode()))
+
+    def next(self, timeout: float = 10.0) -> tuple[float, str]:
+        try:
+            item = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no datagram within {timeout}s; saw {self.seen}") from None
+        self.seen.append(item)
+        return item
+
+    def until(self, field: str, timeout: float = 10.0) -> tuple[float, str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            at, text = self.next(max(0.01, deadline - time.monotonic()))
+            if field in text.split("\n"):
+                return at, text
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(timeout=2)
+
+    def sync(self) -> list[str]:
+        """Every datagram sent to it so far: a marker sent after them comes after them."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as marker:
+            marker.sendto(b"MARK", str(self.path))
+        seen: list[str] = []
+        while (text := self.next()[1]) != "MARK":
+            seen.append(text)
+        return seen
