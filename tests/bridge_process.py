@@ -4,6 +4,7 @@ on PATH, and an asker of our own speaking the coms wire over unix sockets."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from ulid import ULID
 
@@ -115,6 +117,17 @@ class Bridge:
             timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
+
+    def verb(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        """An operator's verb (status, answer, cancel, doctor) in this world, run in this
+        process: its exit status and what it printed. (The command's own process: `run`.)"""
+        from coms_hermes_bridge.cli import main
+
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.dict(os.environ, self.env(**env), clear=True), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
     def entry_path(self, name: str = "user-remote", project: str | None = None) -> Path:
         return self.coms / "projects" / (project or self.project) / "agents" / f"{name}.json"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.doctor import UNIT, check_service, hermes_home
-from tests.bridge_process import ROOT, Bridge
+from tests.bridge_process import Bridge
 
 
 @pytest.fixture
@@ -27,11 +26,7 @@ def doctor(bridge: Bridge, *args: str, **env: str) -> subprocess.CompletedProces
     # No user manager to ask (an empty runtime dir): the service line is "–" on any host.
     runtime = bridge.base / "run"
     runtime.mkdir(exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "coms_hermes_bridge", "doctor", *args],
-        cwd=str(ROOT), env=bridge.env(XDG_RUNTIME_DIR=str(runtime), **env),
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )
+    return bridge.verb("doctor", *args, XDG_RUNTIME_DIR=str(runtime), **env)
 
 
 def skill(bridge: Bridge, home: Path | None = None) -> Path:

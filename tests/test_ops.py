@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,7 +21,7 @@ from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
 from coms_hermes_bridge.ops import project_of, projects, running_bridge
-from tests.bridge_process import ROOT, Bridge, new_qid
+from tests.bridge_process import Bridge, new_qid
 from tests.fakes import wait_for
 
 OPTIONS_PROMPT = json.dumps({
@@ -40,19 +38,6 @@ def bridge() -> Iterator[Bridge]:
     b.close()
 
 
-def verb(bridge: Bridge, *args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-    """Run `python -m coms_hermes_bridge <verb> ...` in the bridge's world."""
-    return subprocess.run(
-        [sys.executable, "-m", "coms_hermes_bridge", *args],
-        cwd=str(ROOT),
-        env=bridge.env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     # status and status --json list both open questions, read-only while running
     bridge.start()
@@ -61,7 +46,7 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     bridge.wait_log("delivered", plain)
     bridge.wait_log("delivered", options)
 
-    table = verb(bridge, "status")
+    table = bridge.verb("status")
     assert table.returncode == 0, table.stderr
     assert table.stderr == ""
     lines = table.stdout.splitlines()
@@ -75,7 +60,7 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     assert re.fullmatch(r"\d+s", rows[0][3])  # age: seconds
     assert re.fullmatch(r"29m\d\ds", rows[0][4])  # time left of the default 30 minutes
 
-    done = verb(bridge, "status", "--json", "--project", "default")
+    done = bridge.verb("status", "--json", "--project", "default")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["project"] == "default"
@@ -93,7 +78,7 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     bridge.answer(plain, "yes")
     bridge.asker.response()
     bridge.wait_log("answered", plain)
-    report = json.loads(verb(bridge, "status", "--json", "--project", "default").stdout)
+    report = json.loads(bridge.verb("status", "--json", "--project", "default").stdout)
     assert [q["qid"] for q in report["open"]] == [options]
     assert report["closed"] == [
         {"qid": plain, "state": "answered", "closed_at": bridge.wait_log("answered", plain)["at"]}
@@ -102,10 +87,21 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
 
 
 def test_status_without_a_daemon_or_state(bridge: Bridge) -> None:
-    done = verb(bridge, "status")
+    done = bridge.verb("status")
     assert done.returncode == 0
     assert done.stdout == "bridge for project default: not running\nopen questions: 0\n"
     assert not bridge.bridge_dir.exists()  # read-only: nothing created
+
+
+def test_a_verb_is_the_commands_first_word(bridge: Bridge) -> None:
+    # the other tests run the verbs in this process; here the command itself runs them
+    done = bridge.run("status", "--project", "default")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, "bridge for project default: not running\nopen questions: 0\n", "")
+    done = bridge.run("answer", "nope", "yes")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", "coms-hermes-bridge: 'nope' is not a qid (26 characters, Crockford base32)\n")
+    assert not bridge.coms.exists()  # a verb never starts a daemon
 
 
 def test_answer_by_number_reaches_the_asker_as_the_option(bridge: Bridge) -> None:
@@ -113,7 +109,7 @@ def test_answer_by_number_reaches_the_asker_as_the_option(bridge: Bridge) -> Non
     bridge.start()
     qid = bridge.ask(OPTIONS_PROMPT)
     bridge.wait_log("delivered", qid)
-    done = verb(bridge, "answer", qid, "2", "--by", "telegram:alice")
+    done = bridge.verb("answer", qid, "2", "--by", "telegram:alice")
     assert done.returncode == 0, done.stderr
     path = bridge.questions / f"{qid}.answer.json"
     assert done.stdout == f"answered {qid}: selects 'Revise'; wrote {path}\n"
@@ -133,7 +129,7 @@ def test_answer_file_is_a_valid_gateway_file_written_while_no_daemon_runs(bridge
     qid = bridge.ask("Which branch?")
     bridge.wait_log("delivered", qid)
     assert bridge.signal() == 0
-    done = verb(bridge, "answer", qid, "the", "release", "branch")
+    done = bridge.verb("answer", qid, "the", "release", "branch")
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith("(no bridge is running; the next one to start reads it)\n")
     body = json.loads((bridge.questions / f"{qid}.answer.json").read_text())
@@ -152,27 +148,27 @@ def test_answer_refuses_unknown_closed_and_invalid_qids(bridge: Bridge) -> None:
     qid = bridge.ask("Go?")
     bridge.wait_log("delivered", qid)
     unknown = new_qid()
-    done = verb(bridge, "answer", unknown, "yes")
+    done = bridge.verb("answer", unknown, "yes")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (  # no --project: looked for in every project
         f"coms-hermes-bridge: no open question {unknown} in any project"
         f" (state files in {bridge.bridge_dir})\n"
     )
-    done = verb(bridge, "answer", unknown, "yes", "--project", "default")
+    done = bridge.verb("answer", unknown, "yes", "--project", "default")
     assert (done.returncode, done.stderr) == (1, (
         f"coms-hermes-bridge: no open question {unknown} in project default"
         f" (state file {bridge.state_path()})\n"))
     bridge.answer(qid, "yes")
     bridge.asker.response()
     bridge.wait_log("answered", qid)
-    done = verb(bridge, "answer", qid, "again")
+    done = bridge.verb("answer", qid, "again")
     assert (done.returncode, done.stderr) == (
         1, f"coms-hermes-bridge: question {qid} is already closed (answered) in project default\n"
     )
-    done = verb(bridge, "answer", "nope", "x")
+    done = bridge.verb("answer", "nope", "x")
     assert (done.returncode, done.stderr.count("\n")) == (1, 1)
     assert "'nope' is not a qid" in done.stderr
-    done = verb(bridge, "answer", qid)  # a usage error: one line, one prefix
+    done = bridge.verb("answer", qid)  # a usage error: one line, one prefix
     assert (done.returncode, done.stderr) == (
         1, "coms-hermes-bridge: the following arguments are required: text\n")
     wait_for(lambda: not list(bridge.questions.iterdir()), what="questions dir empty")
@@ -185,10 +181,10 @@ def test_answer_or_by_that_is_not_utf8_is_one_line(bridge: Bridge) -> None:
     qid = bridge.ask("Go?")
     bridge.wait_log("delivered", qid)
     bad = os.fsdecode(b"ok \xff")  # subprocess passes it back as the bytes b"ok \xff"
-    done = verb(bridge, "answer", qid, bad)
+    done = bridge.verb("answer", qid, bad)
     assert (done.returncode, done.stdout, done.stderr) == (
         1, "", "coms-hermes-bridge: the answer is not valid Unicode (not UTF-8?)\n")
-    done = verb(bridge, "answer", qid, "yes", "--by", bad)
+    done = bridge.verb("answer", qid, "yes", "--by", bad)
     assert (done.returncode, done.stdout, done.stderr) == (
         1, "", "coms-hermes-bridge: --by is not valid Unicode (not UTF-8?)\n")
     assert not list(bridge.questions.iterdir())
@@ -201,7 +197,7 @@ def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
     other = bridge.ask("Keep me open")
     bridge.wait_log("delivered", qid)
     bridge.wait_log("delivered", other)
-    done = verb(bridge, "cancel", qid)
+    done = bridge.verb("cancel", qid)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"cancelled {qid} through user-remote (pid {bridge.entry['pid']})\n"
     record = bridge.wait_log("cancelled", qid)
@@ -211,11 +207,11 @@ def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
         f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
     )
     bridge.asker.no_response()
-    (report,) = json.loads(verb(bridge, "status", "--json").stdout)["projects"]
+    (report,) = json.loads(bridge.verb("status", "--json").stdout)["projects"]
     assert [q["qid"] for q in report["open"]] == [other]
     assert report["closed"][0]["qid"] == qid and report["closed"][0]["state"] == "cancelled"
     # a second cancel: the question is closed now, one line, non-zero
-    again = verb(bridge, "cancel", qid)
+    again = bridge.verb("cancel", qid)
     assert (again.returncode, again.stderr) == (
         1, f"coms-hermes-bridge: question {qid} is already closed (cancelled) in project default\n"
     )
@@ -226,14 +222,14 @@ def test_cancel_needs_a_running_bridge(bridge: Bridge) -> None:
     qid = bridge.ask("Anyone?")
     bridge.wait_log("delivered", qid)
     assert bridge.signal() == 0
-    done = verb(bridge, "cancel", qid)
+    done = bridge.verb("cancel", qid)
     assert (done.returncode, done.stderr) == (
         1, "coms-hermes-bridge: no running bridge is registered for project default\n"
     )
 
 
 def test_bad_project_is_one_line(bridge: Bridge) -> None:
-    done = verb(bridge, "status", "--project", "../x")
+    done = bridge.verb("status", "--project", "../x")
     assert (done.returncode, done.stderr) == (1, 'coms-hermes-bridge: invalid project name: "../x"\n')
 
 
@@ -241,7 +237,7 @@ def test_status_json_on_empty_state_file(bridge: Bridge, tmp_path: Path) -> None
     # a state file that exists but holds no tables yet (created, never written)
     bridge.bridge_dir.mkdir(parents=True)
     bridge.state_path().write_bytes(b"")
-    done = verb(bridge, "status", "--json")
+    done = bridge.verb("status", "--json")
     assert done.returncode == 0, done.stderr
     (report,) = json.loads(done.stdout)["projects"]
     assert (report["project"], report["open"]) == ("default", [])
@@ -256,26 +252,26 @@ def test_the_verbs_find_the_project_without_being_told(bridge: Bridge) -> None:
         mine, theirs, third = bridge.ask(OPTIONS_PROMPT), second.ask("Ops?"), bridge.ask("Later?")
         for b, qid in ((bridge, mine), (second, theirs), (bridge, third)):
             b.wait_log("delivered", qid)
-        table = verb(bridge, "status")
+        table = bridge.verb("status")
         assert table.returncode == 0, table.stderr
         blocks = table.stdout.split("\n\n")
         assert [b.splitlines()[0].split(":")[0] for b in blocks] == [
             "bridge user-remote@demo", "bridge user-remote@ops"]
         assert "open questions: 2" in blocks[0] and mine in blocks[0] and third in blocks[0]
         assert "open questions: 1" in blocks[1] and theirs in blocks[1]
-        report = json.loads(verb(bridge, "status", "--json").stdout)
+        report = json.loads(bridge.verb("status", "--json").stdout)
         assert [(p["project"], [q["qid"] for q in p["open"]]) for p in report["projects"]] == [
             ("demo", [mine, third]), ("ops", [theirs])]
-        done = verb(bridge, "answer", mine, "2")
+        done = bridge.verb("answer", mine, "2")
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith(f"answered {mine}: selects 'Revise'; wrote ")
         env = bridge.asker.response()
         assert (env["msg_id"], env["response"]) == (mine, {"kind": "selection", "selections": ["Revise"]})
-        done = verb(bridge, "answer", theirs, "x")
+        done = bridge.verb("answer", theirs, "x")
         assert done.returncode == 0, done.stderr
         env = second.asker.response()
         assert (env["msg_id"], env["response"]) == (theirs, {"kind": "freeform", "text": "x"})
-        done = verb(bridge, "cancel", third)
+        done = bridge.verb("cancel", third)
         assert done.returncode == 0, done.stderr
         assert done.stdout == f"cancelled {third} through user-remote (pid {bridge.entry['pid']})\n"
         bridge.wait_log("cancelled", third)
@@ -292,17 +288,17 @@ def test_one_unreadable_state_file_hides_no_other_project(bridge: Bridge) -> Non
     bridge.wait_log("delivered", qid)
     (bridge.bridge_dir / "state-aaa.sqlite3").write_bytes(b"not a database " * 100)
     (bridge.bridge_dir / "state-..sqlite3").write_bytes(b"")
-    done = verb(bridge, "answer", qid, "yes")
+    done = bridge.verb("answer", qid, "yes")
     assert done.returncode == 0, done.stderr
     assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "yes"}
-    table = verb(bridge, "status")
+    table = bridge.verb("status")
     assert table.returncode == 1
     blocks = table.stdout.split("\n\n")
     assert blocks[0].startswith("bridge user-remote@demo: running")
     assert blocks[1].startswith("bridge for project aaa: cannot read its state: ")
     assert len(blocks) == 2
     missing = new_qid()
-    done = verb(bridge, "answer", missing, "x")
+    done = bridge.verb("answer", missing, "x")
     assert done.returncode == 1
     assert f"no open question {missing} in any project" in done.stderr
     assert "could not read: cannot read state database" in done.stderr and "state-aaa" in done.stderr
