@@ -168,7 +168,3 @@ def main(argv: list[str] | None = None) -> int:
         report(str(exc))
         return 1
     return run(config)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
