@@ -105,11 +105,14 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"mutmut_tree: no such module: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    # The folders to copy and mutate are the package's folders (mutmut would guess one).
-    # Set before the rest of mutmut is imported: importing it reads the configuration.
+    # The folders to copy and mutate: pyproject.toml's [tool.mutmut], which must name the
+    # package's folders (a test's daemon process inside mutmut's copy reads it there too).
     import mutmut.configuration
 
-    mutmut.configuration._guess_source_paths = lambda: list(PACKAGES.values())
+    if sorted(mutmut.configuration.config().source_paths) != sorted(map(Path, PACKAGES.values())):
+        print("mutmut_tree: [tool.mutmut] source_paths must be setup.cfg's package_dir "
+              f"folders: {', '.join(PACKAGES.values())}", file=sys.stderr)
+        return 2
     import mutmut.__main__ as mutmut_cli
     import mutmut.mutation.file_mutation as file_mutation
     from mutmut.utils import format_utils
