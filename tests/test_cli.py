@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
+from datetime import UTC, datetime
+
 import pytest
 
-from coms_hermes_bridge.cli import VERBS, main
+from coms_hermes_bridge import cli
+from coms_hermes_bridge.cli import VERBS, main, render
 
 PROJECT = (
     "--project PROJECT coms project (default: every project for status, the one that has "
@@ -52,3 +58,56 @@ def test_a_bad_command_line_is_one_line_and_exit_1(
 ) -> None:
     assert main(argv) == 1
     assert capsys.readouterr() == ("", f"coms-hermes-bridge: {error}\n")
+
+
+QIDS = ["01J8ZJ3V5R" + c * 16 for c in "ABCDE"]
+STATUS = {
+    "project": "demo",
+    "bridge": {"name": "user-remote", "pid": 42, "started_at": "2020-01-02T11:00:00.000Z"},
+    "open": [
+        {"qid": QIDS[0], "asker": "", "state": "new", "age_s": 5.5, "time_left_s": 1795.2,
+         "question": "Deploy?", "options": []},
+        {"qid": QIDS[1], "asker": "an-asker-of-22-chars..", "state": "delivered",
+         "age_s": 3725.0, "time_left_s": 90000.0, "question": "x" * 80, "options": []},
+        {"qid": QIDS[2], "asker": "sixteen-chars-ok", "state": "pending", "age_s": 0.0,
+         "time_left_s": 0.0, "question": "y" * 72, "options": []},
+    ],
+    "closed": [{"qid": QIDS[3], "state": "answered", "closed_at": "2020-01-02T11:58:30.000Z"},
+               {"qid": QIDS[4], "state": "timeout", "closed_at": None}],
+}
+NOW = datetime(2020, 1, 2, 12, 0, 0, tzinfo=UTC)
+
+
+def test_the_status_table() -> None:
+    # one column each, a text too wide for its column cut to it with "…" (one that fits
+    # kept whole), an unknown asker or closing time as "-"
+    assert render(STATUS, NOW).split("\n") == [
+        "bridge user-remote@demo: running (pid 42, up since 2020-01-02T11:00:00.000Z)",
+        "open questions: 3",
+        "  QID                         ASKER             STATE          AGE     LEFT  QUESTION",
+        "  01J8ZJ3V5RAAAAAAAAAAAAAAAA  -                 new             5s   29m55s  Deploy?",
+        "  01J8ZJ3V5RBBBBBBBBBBBBBBBB  an-asker-of-22-…  delivered    1h02m    1d01h  "
+        + "x" * 71 + "…",
+        "  01J8ZJ3V5RCCCCCCCCCCCCCCCC  sixteen-chars-ok  pending         0s       0s  " + "y" * 72,
+        "recently closed: 2",
+        "  01J8ZJ3V5RDDDDDDDDDDDDDDDD  answered   1m30s ago",
+        "  01J8ZJ3V5REEEEEEEEEEEEEEEE  timeout    -",
+    ]
+    idle = {**STATUS, "bridge": None, "open": [], "closed": []}
+    assert render(idle, NOW) == "bridge for project demo: not running\nopen questions: 0"
+
+
+def test_the_status_table_counts_from_now_by_default() -> None:
+    closed = render({**STATUS, "open": []}).split("\n")[-2]  # closed years ago
+    assert re.fullmatch(r"  01J8ZJ3V5RD{16}  answered   \d+d\d\dh ago", closed), closed
+
+
+def test_who_answers_by_default_is_the_login_else_the_uid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(getpass, "getuser", lambda: "alice")
+    assert cli._login() == "alice"
+
+    def no_login() -> str:
+        raise KeyError("no passwd entry")  # getpass: no LOGNAME, USER nor passwd entry
+
+    monkeypatch.setattr(getpass, "getuser", no_login)
+    assert cli._login() == str(os.getuid())
