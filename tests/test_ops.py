@@ -412,3 +412,50 @@ def test_status_json_is_byte_exact(
   ]
 }}
 """
+
+
+def _closed_questions(path: Path, count: int) -> list[str]:
+    """A state file at `path` holding one open question and `count` closed ones."""
+    store = Store.open(path)
+    qids = [new_qid() for _ in range(count + 1)]
+    for qid in qids:
+        prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0,
+                                prompt="Go?", sender_name="builder")
+        store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, time.time() + 60),
+                       owner="q")
+    for qid in qids[1:]:
+        store.close(qid, "answered", owner="q")
+    store.shutdown()
+    return qids
+
+
+def test_status_of_one_project_its_closed_limit_and_its_questions_dir(bridge: Bridge) -> None:
+    qids = _closed_questions(bridge.bridge_dir / "state-default.sqlite3", 3)
+    table = bridge.verb("status", "--project", "default")
+    assert table.returncode == 0 and table.stdout.startswith(
+        "bridge for project default: not running\nopen questions: 1\n  QID")
+    assert "recently closed: 3\n" in table.stdout
+    assert "recently closed: 1\n" in bridge.verb("status", "--project", "default",
+                                                 "--closed", "1").stdout
+    assert "recently closed" not in bridge.verb("status", "--project", "default",
+                                                "--closed", "0").stdout
+    report = json.loads(bridge.verb("status", "--json", "--closed", "2").stdout)
+    assert [p["project"] for p in report["projects"]] == ["default"]
+    assert [row["qid"] for row in report["projects"][0]["closed"]] == qids[:0:-1][:2]
+    # a daemon run with --questions-dir keeps its state beside that directory
+    elsewhere = bridge.base / "q"
+    moved = _closed_questions(elsewhere / "state-default.sqlite3", 0)
+    done = bridge.verb("status", "--json", "--project", "default",
+                       "--questions-dir", str(elsewhere / "questions"))
+    assert [row["qid"] for row in json.loads(done.stdout)["open"]] == moved
+
+
+def test_status_names_a_project_whose_state_cannot_be_read(bridge: Bridge) -> None:
+    _closed_questions(bridge.bridge_dir / "state-default.sqlite3", 0)
+    (bridge.bridge_dir / "state-aaa.sqlite3").write_bytes(b"not a database " * 100)
+    done = bridge.verb("status", "--json")
+    assert done.returncode == 1
+    projects = json.loads(done.stdout)["projects"]
+    assert projects[0]["project"] == "default"
+    assert list(projects[1]) == ["project", "error"] and projects[1]["project"] == "aaa"
+    assert projects[1]["error"].startswith("cannot read state database ")
