@@ -459,3 +459,24 @@ def test_status_names_a_project_whose_state_cannot_be_read(bridge: Bridge) -> No
     assert projects[0]["project"] == "default"
     assert list(projects[1]) == ["project", "error"] and projects[1]["project"] == "aaa"
     assert projects[1]["error"].startswith("cannot read state database ")
+
+
+def test_status_json_of_every_project_and_answer_by_qid_alone_with_a_questions_dir(
+    bridge: Bridge,
+) -> None:
+    bridge.bridge_dir.mkdir(parents=True)
+    (bridge.bridge_dir / "state-aaa.sqlite3").write_bytes(b"not a database " * 100)
+    done = bridge.verb("status")  # nothing readable: the damaged project alone is said
+    assert done.returncode == 1
+    assert done.stdout.startswith("bridge for project aaa: cannot read its state: ")
+    assert "\n\n" not in done.stdout
+    elsewhere = bridge.base / "q"
+    (qid,) = _closed_questions(elsewhere / "state-default.sqlite3", 0)
+    done = bridge.verb("status", "--json", "--questions-dir", str(elsewhere / "questions"))
+    assert done.stdout.startswith('{\n  "projects": [\n    {\n      "project": "default",\n')
+    # the project found from the qid; the answer goes to the daemon's own directory
+    done = bridge.verb("answer", qid, "héllo", "--questions-dir", str(elsewhere / "questions"))
+    assert done.returncode == 0, done.stderr
+    path = elsewhere / "questions" / f"{qid}.answer.json"
+    assert done.stdout == (f'answered {qid}: freeform "héllo"; wrote {path} '
+                           "(no bridge is running; the next one to start reads it)\n")
