@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
+import io
 import os
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +114,17 @@ def test_who_answers_by_default_is_the_login_else_the_uid(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(getpass, "getuser", no_login)
     assert cli._login() == str(os.getuid())
+
+
+def test_a_reader_that_goes_away_is_no_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `status | head`: the pipe closes under the table, and that is not an error
+    class Gone(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PI_COMS_DIR", str(tmp_path / "coms"))
+    with contextlib.redirect_stdout(Gone()):
+        assert main(["status", "--project", "default"]) == 0
