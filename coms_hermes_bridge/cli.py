@@ -38,8 +38,9 @@ VERBS = {  # each verb's --help
 
 
 def _parser() -> Parser:
-    p = Parser(prog="coms-hermes-bridge", allow_abbrev=False)
-    verbs = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    # (parsed only when the first word is a verb: the verb's own parser is a Parser too)
+    p = Parser(prog="coms-hermes-bridge")
+    verbs = p.add_subparsers(dest="verb")
     parsers = [verbs.add_parser(verb, description=text, allow_abbrev=False)
                for verb, text in VERBS.items()]
     for v in parsers:
