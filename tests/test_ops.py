@@ -430,11 +430,11 @@ def _closed_questions(path: Path, count: int) -> list[str]:
 
 
 def test_status_of_one_project_its_closed_limit_and_its_questions_dir(bridge: Bridge) -> None:
-    qids = _closed_questions(bridge.bridge_dir / "state-default.sqlite3", 3)
+    qids = _closed_questions(bridge.bridge_dir / "state-default.sqlite3", 11)
     table = bridge.verb("status", "--project", "default")
     assert table.returncode == 0 and table.stdout.startswith(
         "bridge for project default: not running\nopen questions: 1\n  QID")
-    assert "recently closed: 3\n" in table.stdout
+    assert "recently closed: 10\n" in table.stdout  # the ten newest unless told
     assert "recently closed: 1\n" in bridge.verb("status", "--project", "default",
                                                  "--closed", "1").stdout
     assert "recently closed" not in bridge.verb("status", "--project", "default",
@@ -474,6 +474,7 @@ def test_status_json_of_every_project_and_answer_by_qid_alone_with_a_questions_d
     (qid,) = _closed_questions(elsewhere / "state-default.sqlite3", 0)
     done = bridge.verb("status", "--json", "--questions-dir", str(elsewhere / "questions"))
     assert done.stdout.startswith('{\n  "projects": [\n    {\n      "project": "default",\n')
+    assert [row["qid"] for row in json.loads(done.stdout)["projects"][0]["open"]] == [qid]
     # the project found from the qid; the answer goes to the daemon's own directory
     done = bridge.verb("answer", qid, "héllo", "--questions-dir", str(elsewhere / "questions"))
     assert done.returncode == 0, done.stderr
