@@ -375,7 +375,8 @@ def judge_reply(reply: bytes) -> Outcome:
     return f"unexpected reply: {text[:200]}", True
 
 
-def _failure(exc: BaseException) -> str:
+def failure(exc: BaseException) -> str:
+    """What went wrong, in words: a timeout's own text is empty, so its name stands in."""
     return str(exc) or type(exc).__name__
 
 
@@ -463,9 +464,9 @@ async def _attempt(endpoint: str, line: bytes, timeout: float) -> Outcome:
     except TimeoutError:
         return "timed out", False
     except OSError as exc:
-        return _failure(exc), exc.errno in _GONE
+        return failure(exc), exc.errno in _GONE
     except Exception as exc:  # a path no socket can have, say: final, it stays so
-        return _failure(exc), True
+        return failure(exc), True
 
 
 @functools.cache

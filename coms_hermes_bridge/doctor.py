@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .actors.config import BridgeConfig, home_dir
-from .actors.peer import exchange
+from .actors.peer import exchange, failure
 from .actors.store import read_snapshot
 from .messages.wire import PingEnvelope
 from .ops import running_bridge
@@ -83,7 +83,7 @@ def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check
     if done.returncode != 0:
         yield Check("hermes", False, f"{found} --version failed: {_said(done)}")
         return
-    version = (done.stdout.strip().splitlines() or ["(no version printed)"])[0][:100]
+    version = (done.stdout.strip().splitlines() or ["no version printed"])[0][:100]
     yield Check("hermes", True, f"{found} ({version})")
     profile = config.hermes_profile
     if profile:
@@ -94,7 +94,7 @@ def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check
     yield _telegram_library(Path(found), env)
 
 
-def _interpreter(program: Path) -> str | None:
+def _interpreter(program: Path, env: Mapping[str, str]) -> str | None:
     try:
         with open(program, "rb") as f:
             first = f.readline(512)
@@ -105,8 +105,7 @@ def _interpreter(program: Path) -> str | None:
     words = first[2:].decode("utf-8", "replace").split()
     if words and os.path.basename(words[0]) == "env":  # `#!/usr/bin/env [-S] python3`
         words = [w for w in words[1:] if not w.startswith("-")]
-        found = shutil.which(words[0]) if words else None
-        return found
+        return shutil.which(words[0], path=env.get("PATH")) if words else None
     if not words or os.path.basename(words[0]) in ("sh", "bash"):
         return None  # pip's shell launcher for long paths: the Python is not named here
     return words[0]
@@ -114,7 +113,7 @@ def _interpreter(program: Path) -> str | None:
 
 def _telegram_library(program: Path, env: Mapping[str, str]) -> Check:
     lazy = env.get(LAZY_ENV, "").strip() not in ("1", "true", "yes")
-    python = _interpreter(program)
+    python = _interpreter(program, env)
     name = "python-telegram-bot"
     if python is None:
         return Check(name, None, f"cannot tell which Python runs {program}")
@@ -189,7 +188,7 @@ def check_bridge(config: BridgeConfig) -> Check:
         reply = exchange(entry.endpoint, PingEnvelope(msg_id="doctor").to_line(), PING_TIMEOUT_S)
     except OSError as exc:
         return Check(name, False, f"{entry.name} (pid {entry.pid}) does not answer at "
-                     f"{entry.endpoint}: {exc or type(exc).__name__}")
+                     f"{entry.endpoint}: {failure(exc)}")
     if b'"type":"pong"' not in reply.partition(b"\n")[0]:
         return Check(name, False, f"{entry.name} at {entry.endpoint} answered a ping with "
                      f"{reply[:200]!r}")

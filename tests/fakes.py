@@ -35,6 +35,7 @@ from coms_hermes_bridge.messages.commands import (
     QuestionSpec,
     QueueDepthQuery,
 )
+from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 
 T = TypeVar("T")
@@ -116,6 +117,21 @@ def prompt_envelope(
         "sender_cwd": "/work",
         **fields,
     })
+
+
+def state_file(path: Path, closed: int) -> list[str]:
+    """A state file at `path` as the daemon leaves it, holding one open question and
+    `closed` closed ones (answered); their qids, the open one first."""
+    store = Store.open(path)
+    qids = [str(ULID()) for _ in range(closed + 1)]
+    for qid in qids:
+        prompt = prompt_envelope(qid, text="Go?")
+        store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, time.time() + 60),
+                       owner="q")
+    for qid in qids[1:]:
+        store.close(qid, "answered", owner="q")
+    store.shutdown()
+    return qids
 
 
 def handled(ref: pykka.ActorRef[Any]) -> None:

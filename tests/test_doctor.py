@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.config import parse_config
-from coms_hermes_bridge.doctor import UNIT, check_service, hermes_home
+from coms_hermes_bridge import doctor as doctor_module
+from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.peer import MODEL
+from coms_hermes_bridge.actors.registry import agents_dir, write_entry
+from coms_hermes_bridge.doctor import (
+    TEST_TEXT,
+    UNIT,
+    Check,
+    _telegram_library,
+    check_bridge,
+    check_files,
+    check_hermes,
+    check_send,
+    check_service,
+    check_skill,
+    check_target,
+    hermes_home,
+    run_checks,
+)
+from coms_hermes_bridge.messages.contract import iso
+from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.bridge_process import Bridge
+from tests.fakes import Asker, state_file
+from tests.hermes_fake import FakeHermes
 
 
 @pytest.fixture
@@ -153,9 +177,7 @@ def test_with_home_unset_the_service_unit_is_looked_for_in_the_users_home(
     monkeypatch.delenv("HOME")
     monkeypatch.chdir(tmp_path)
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text("#!/bin/sh\necho inactive\nexit 3\n")
-    (bin_dir / "systemctl").chmod(0o755)
+    program(bin_dir / "systemctl", "#!/bin/sh\necho inactive\nexit 3\n")
     env = {"PATH": str(bin_dir)}
     config = parse_config(["--project", "demo"], env)
     assert config.questions_dir == home / ".pi" / "coms" / "hermes-bridge" / "questions"
@@ -164,3 +186,385 @@ def test_with_home_unset_the_service_unit_is_looked_for_in_the_users_home(
         f"✖ service: {unit_name} is inactive; `systemctl --user enable --now {unit_name}`, "
         f"then `journalctl --user -u {unit_name}`")
     assert hermes_home(env, None) == home / ".hermes"
+
+
+# -- each check on its own: every line it can print, word for word -----------------------
+
+
+def program(path: Path, text: str) -> Path:
+    """An executable file at `path` (its directory made), for a check to find and run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def lines(checks: Iterable[Check]) -> list[str]:
+    return [check.line() for check in checks]
+
+
+@dataclass
+class World:
+    """A HOME, a PATH of one directory and the settings a bare `doctor` parses there."""
+
+    home: Path
+    bin: Path
+    env: dict[str, str]
+    config: BridgeConfig
+
+    def with_(self, *flags: str, **env: str) -> BridgeConfig:
+        return parse_config(list(flags), {**self.env, **env})
+
+    def hermes(self, text: str) -> Path:
+        return program(self.bin / "hermes", text)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    home, bin_dir = tmp_path / "h", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    env = {"HOME": str(home), "PATH": str(bin_dir), "PI_COMS_DIR": str(tmp_path / "c")}
+    return World(home, bin_dir, env, parse_config(["--project", "demo"], env))
+
+
+# A stand-in for the Python that runs hermes: `-c` with the check's exact code prints
+# the library's version (or fails, with NO_TELEGRAM set); run as an interpreter of a
+# hermes script, it prints hermes's version.
+FAKE_PYTHON = """#!/bin/sh
+if [ "$1" = "-c" ]; then
+  [ "$2" = "import telegram; print(telegram.__version__)" ] || exit 9
+  [ -z "$NO_TELEGRAM" ] || { echo "No module named 'telegram'" >&2; exit 1; }
+  echo "  21.5  "
+  exit 0
+fi
+echo "hermes 0.9"
+"""
+
+
+def test_a_checks_line_is_its_mark_name_and_detail() -> None:
+    assert Check("x", True, "held").line() == "✔ x: held"
+    assert Check("x", False, "broken").line() == "✖ x: broken"
+    assert Check("x", None, "not here").line() == "– x: not here"
+
+
+def test_the_hermes_check_reads_its_first_version_line(world: World) -> None:
+    hermes = world.hermes("#!/bin/sh\necho \"hermes $WHICH\"\necho second line\n")
+    assert lines(check_hermes(world.config, {**world.env, "WHICH": "1.2"})) == [
+        f"✔ hermes: {hermes} (hermes 1.2)",  # the check's environment reaches the program
+        f"– python-telegram-bot: cannot tell which Python runs {hermes}"]
+    world.hermes(f"#!/bin/sh\necho {'v' * 150}\n")
+    assert next(check_hermes(world.config, world.env)).detail == f"{hermes} ({'v' * 100})"
+    world.hermes("#!/bin/sh\nprintf '\\377ver'\n")  # not UTF-8: read, not a crash
+    assert next(check_hermes(world.config, world.env)).detail == f"{hermes} (\ufffdver)"
+    world.hermes("#!/bin/sh\nexit 0\n")
+    assert next(check_hermes(world.config, world.env)).detail == f"{hermes} (no version printed)"
+
+
+def test_a_hermes_that_fails_says_what_it_said_last(world: World) -> None:
+    def said(text: str) -> list[str]:
+        world.hermes(text)
+        return lines(check_hermes(world.config, world.env))  # one line: nothing after it
+
+    hermes = world.bin / "hermes"
+    failed = f"✖ hermes: {hermes} --version failed:"
+    assert said("#!/bin/sh\necho out\nprintf 'one\\ntwo\\n' >&2\nexit 3\n") == [f"{failed} two"]
+    assert said("#!/bin/sh\nprintf 'a\\nb\\n'\necho '  ' >&2\nexit 4\n") == [f"{failed} b"]
+    assert said("#!/bin/sh\nexit 5\n") == [f"{failed} exit 5"]
+    assert said(f"#!/bin/sh\necho {'e' * 400} >&2\nexit 1\n") == [f"{failed} {'e' * 300}"]
+    assert said("#!/nonexistent/interpreter\n") == [
+        f"✖ hermes: {hermes} --version: [Errno 2] No such file or directory: '{hermes}'"]
+
+
+def test_a_hermes_that_hangs_is_given_up_on(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor_module, "CHECK_TIMEOUT_S", 0.2)
+    hermes = world.hermes("#!/bin/sh\nexec /bin/sleep 30\n")
+    assert lines(check_hermes(world.config, world.env)) == [
+        f"✖ hermes: {hermes} --version: did not finish in 0.2s"]
+
+
+def test_no_hermes_stops_the_hermes_checks(world: World) -> None:
+    assert lines(check_hermes(world.with_("--hermes-profile", "ops"), world.env)) == [
+        "✖ hermes: 'hermes' is not on PATH; install hermes-agent (pip install hermes-agent) "
+        "or put hermes on the daemon's PATH"]
+    program(world.bin / "hermes-dev", "#!/bin/sh\necho 1\n")
+    config = dataclasses.replace(world.config, hermes="hermes-dev")  # the program the daemon runs
+    assert next(check_hermes(config, world.env)).ok is True
+
+
+def test_the_hermes_profile_must_exist(world: World) -> None:
+    world.hermes(FAKE_PYTHON)
+    profiles = world.home / ".hermes" / "profiles"
+    (profiles / "ops").mkdir(parents=True)
+    assert lines(check_hermes(world.with_("--hermes-profile", "ops"), world.env))[1] == (
+        f"✔ hermes profile: ops at {profiles / 'ops'}")
+    assert lines(check_hermes(world.with_("--hermes-profile", "nope"), world.env))[1] == (
+        f"✖ hermes profile: no profile 'nope' at {profiles / 'nope'}; create it with "
+        "`hermes profile create nope` or drop --hermes-profile")
+    assert [check.name for check in check_hermes(world.config, world.env)] == [
+        "hermes", "python-telegram-bot"]  # no profile named: nothing to check
+
+
+def test_the_telegram_library_is_looked_for_in_the_python_that_runs_hermes(world: World) -> None:
+    python = program(world.bin / "py", FAKE_PYTHON)
+    hermes = world.hermes(f"#!{python}\n")
+    assert lines(check_hermes(world.config, world.env)) == [
+        f"✔ hermes: {hermes} (hermes 0.9)",
+        f"✔ python-telegram-bot: 21.5 for {python}"]
+    lazy = (f"✔ python-telegram-bot: not installed for {python}; hermes installs it at its "
+            "first send (lazy installs allowed; that needs network, and "
+            "HERMES_DISABLE_LAZY_INSTALLS=1 forbids it)")
+    forbidden = (f"✖ python-telegram-bot: not installed for {python}, and "
+                 "HERMES_DISABLE_LAZY_INSTALLS=1 forbids hermes to install it: "
+                 f"`{python} -m pip install 'python-telegram-bot[webhooks]'`")
+    for value, expected in (("", lazy), ("0", lazy), ("no", lazy), ("1", forbidden),
+                            (" 1 ", forbidden), ("true", forbidden), ("yes", forbidden)):
+        env = {**world.env, "NO_TELEGRAM": "1", "HERMES_DISABLE_LAZY_INSTALLS": value}
+        assert lines(check_hermes(world.config, env))[-1] == expected, value
+    no_setting = {**world.env, "NO_TELEGRAM": "1"}
+    assert lines(check_hermes(world.config, no_setting))[-1] == lazy
+
+
+@pytest.mark.parametrize("first_line", [
+    "#!{python}", "#! {python} -u", "#!/usr/bin/env {name}", "#!/usr/bin/env -S {name} -u"])
+def test_the_python_is_read_from_hermess_first_line(world: World, first_line: str) -> None:
+    python = program(world.bin / "py", FAKE_PYTHON)  # found on the daemon's PATH for `env`
+    world.hermes(first_line.format(python=python, name="py") + "\n")
+    assert lines(check_hermes(world.config, world.env))[-1] == (
+        f"✔ python-telegram-bot: 21.5 for {python}")
+
+
+@pytest.mark.parametrize("first_line", [
+    "#!/bin/sh", "#!/usr/bin/bash -e", "#!/usr/bin/env", "#!/usr/bin/env no-such-python",
+    "echo no first line"])
+def test_a_python_that_cannot_be_told_is_not_a_broken_link(world: World, first_line: str) -> None:
+    hermes = program(world.bin / "hermes", first_line + "\n")
+    assert _telegram_library(hermes, world.env).line() == (
+        f"– python-telegram-bot: cannot tell which Python runs {hermes}")
+    assert _telegram_library(world.bin, world.env).line() == (  # not a file it can read
+        f"– python-telegram-bot: cannot tell which Python runs {world.bin}")
+
+
+def test_a_python_that_cannot_be_run_is_said(world: World) -> None:
+    missing = "/nonexistent/" + "p" * 600  # the first line is read up to 512 bytes
+    hermes = program(world.bin / "hermes", f"#!{missing}\n")
+    cut = missing[:510]
+    assert _telegram_library(hermes, world.env).line() == (
+        f"– python-telegram-bot: cannot run {cut}: [Errno 2] No such file or directory: "
+        f"'{cut}'")
+
+
+@pytest.mark.parametrize("target", [
+    "telegram", "telegram:42", "telegram:0", "telegram:-1001234567890",
+    "telegram:-1001234567890:7", "telegram:@abcde", "telegram:@A_z09", "telegram:@abcde:12",
+    "telegram:@" + "a" * 32])
+def test_a_target_hermes_can_send_to_holds(world: World, target: str) -> None:
+    assert check_target(world.with_("--to", target)).line() == f"✔ --to: {target}"
+
+
+@pytest.mark.parametrize("target", [
+    "telegram:", "telegram:x", "telegram:--42", "telegram:-", "telegram:42:", "telegram:42:-7",
+    "telegram:42:7:1", "telegram:42 ", "telegram:@abcd", "telegram:@" + "a" * 33,
+    "telegram:@abc-de", "Telegram:42", "slack:42", "xtelegram"])
+def test_a_target_hermes_cannot_send_to_is_broken(world: World, target: str) -> None:
+    assert check_target(world.with_("--to", target)).line() == (
+        f"✖ --to: {target!r} is not telegram, telegram:<chat_id> or "
+        "telegram:<chat_id>:<thread_id> (group ids are negative)")
+
+
+def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
+    skills = world.home / ".hermes" / "skills"
+    missing = (f"✖ hub-liaison: the Hermes gateway has no hub-liaison skill, so no answer "
+               f"will ever come back; install it as {skills / 'hub-liaison' / 'SKILL.md'}")
+    assert check_skill(world.config, world.env).line() == missing
+    (skills / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # not a file
+    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # two levels down
+    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").rmdir()
+    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").write_text("x")
+    (skills / "coms" / "other").mkdir(parents=True)
+    (skills / "coms" / "other" / "SKILL.md").write_text("x")  # another skill
+    assert check_skill(world.config, world.env).line() == missing
+    in_category = skills / "coms" / "hub-liaison" / "SKILL.md"
+    in_category.parent.mkdir()
+    in_category.write_text("x")
+    assert check_skill(world.config, world.env).line() == f"✔ hub-liaison: skill at {in_category}"
+    (skills / "hub-liaison" / "SKILL.md").rmdir()
+    (skills / "hub-liaison" / "SKILL.md").write_text("x")  # the top one comes first
+    assert check_skill(world.config, world.env).line() == (
+        f"✔ hub-liaison: skill at {skills / 'hub-liaison' / 'SKILL.md'}")
+    profile_skills = world.home / ".hermes" / "profiles" / "ops" / "skills"
+    assert check_skill(world.with_("--hermes-profile", "ops"), world.env).line() == (
+        f"✖ hub-liaison: the Hermes gateway has no hub-liaison skill, so no answer will ever "
+        f"come back; install it as {profile_skills / 'hub-liaison' / 'SKILL.md'}")
+
+
+def test_the_questions_directory_must_be_ours_and_closed(world: World) -> None:
+    directory = world.config.questions_dir
+
+    def line() -> str:
+        return lines(check_files(world.config))[0]
+
+    assert line() == (f"– questions directory: {directory} is not there yet; the bridge "
+                      "makes it (0700) when it starts")
+    directory.parent.mkdir(parents=True)
+    directory.write_text("")
+    assert line() == f"✖ questions directory: {directory} is not a directory"
+    inside = dataclasses.replace(world.config, questions_dir=directory / "q")
+    assert lines(check_files(inside))[0] == (
+        f"✖ questions directory: {directory / 'q'}: [Errno 20] Not a directory: "
+        f"'{directory / 'q'}'")
+    directory.unlink()
+    elsewhere = world.home / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    directory.symlink_to(elsewhere)  # lstat: the link itself is looked at
+    assert line() == f"✖ questions directory: {directory} is not a directory"
+    directory.unlink()
+    directory.mkdir()
+    for mode in (0o701, 0o710, 0o750, 0o707, 0o1750):
+        directory.chmod(mode)
+        assert line() == (f"✖ questions directory: {directory} is mode {mode:04o}; "
+                          f"`chmod 700 {directory}` (the bridge tightens it at start)")
+    directory.chmod(0o2700)  # what the mode bits outside the group's and others' do not matter
+    assert line() == f"✔ questions directory: {directory} (ours, 0700)"
+    directory.chmod(0o700)
+    assert line() == f"✔ questions directory: {directory} (ours, 0700)"
+    if os.getuid() == 0:  # only root can give it away
+        os.chown(directory, 12345, -1)
+        assert line() == (f"✖ questions directory: {directory} belongs to uid 12345, not to us "
+                          "(0): another user could forge answers")
+
+
+def test_the_state_file_is_read_not_made(world: World) -> None:
+    state = world.config.state_path
+
+    def line() -> str:
+        return lines(check_files(world.config))[1]
+
+    assert line() == f"– state: no {state} yet (made at the first start)"
+    assert not state.exists()
+    state.parent.mkdir(parents=True)
+    state.write_bytes(b"not a database" * 100)
+    assert line() == (f"✖ state: cannot read state database {state}: "
+                      "file is not a database")
+    state.unlink()
+    state_file(state, closed=3)
+    assert line() == f"✔ state: {state}, 1 open question(s)"
+
+
+def serve_ping(world: World, reply: bytes | None) -> tuple[Asker, BridgeConfig]:
+    """A live peer registered as the project's bridge, answering a ping with `reply`."""
+    peer = Asker.beside(world.bin, reply=lambda line: reply)
+    entry = RegistryEntry(session_id="s", name="user-remote", model=MODEL, pid=os.getpid(),
+                          endpoint=peer.endpoint, heartbeat_at=iso(datetime.now(UTC)))
+    agents = agents_dir(world.config.coms_dir, "demo")
+    agents.mkdir(parents=True, exist_ok=True)
+    write_entry(agents / "user-remote.json", entry)
+    return peer, world.config
+
+
+def test_the_bridge_check_pings_the_live_bridge(world: World) -> None:
+    peer, config = serve_ping(world, b'{"type":"pong","msg_id":"doctor"}\n')
+    try:
+        assert check_bridge(config).line() == (
+            f"✔ bridge demo: user-remote (pid {os.getpid()}) answers at {peer.endpoint}")
+        assert peer.lines == [b'{"type":"ping","msg_id":"doctor"}\n']  # W17
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("reply", [
+    b'{"type":"ack","msg_id":"doctor"}\n', b'nope\n{"type":"pong"}\n', b"x" * 300 + b"\n"])
+def test_a_bridge_that_answers_a_ping_with_no_pong_is_broken(world: World, reply: bytes) -> None:
+    peer, config = serve_ping(world, reply)
+    try:
+        assert check_bridge(config).line() == (
+            f"✖ bridge demo: user-remote at {peer.endpoint} answered a ping with {reply[:200]!r}")
+    finally:
+        peer.close()
+
+
+def test_a_bridge_that_does_not_answer_is_broken(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(doctor_module, "PING_TIMEOUT_S", 0.2)
+    peer, config = serve_ping(world, None)  # reads the ping, says nothing
+    try:
+        assert check_bridge(config).line() == (
+            f"✖ bridge demo: user-remote (pid {os.getpid()}) does not answer at "
+            f"{peer.endpoint}: TimeoutError")
+    finally:
+        peer.close()
+    os.unlink(peer.endpoint)
+    assert check_bridge(config).line() == (
+        f"✖ bridge demo: user-remote (pid {os.getpid()}) does not answer at {peer.endpoint}: "
+        "[Errno 2] No such file or directory")
+
+
+SYSTEMCTL = """#!/bin/sh
+echo "$@" > "${0%/*}/systemctl.argv"
+printf '%s' "$STATE"
+[ -z "$SAY" ] || echo "$SAY" >&2
+exit "${CODE:-0}"
+"""
+
+
+def test_the_service_check_asks_the_user_manager(world: World) -> None:
+    unit = "coms-hermes-bridge@demo.service"
+    config = world.with_("--project", "demo", "--to", "telegram:42")
+    assert check_service(config, world.env).line() == "– service: no systemd here (no systemctl)"
+    program(world.bin / "systemctl", SYSTEMCTL)
+
+    def line(state: str, code: int = 0, say: str = "", **env: str) -> str:
+        run = {**world.env, "STATE": state, "CODE": str(code), "SAY": say, **env}
+        return check_service(config, run).line()
+
+    assert line("active\n") == f"✔ service: {unit} is active"
+    assert (world.bin / "systemctl.argv").read_text() == f"--user is-active {unit}\n"
+    assert line("", 1, "Failed to connect to Bus: No medium found") == (
+        "– service: no systemd user manager to ask (Failed to connect to Bus: No medium found)")
+    assert line("unknown", 1, "Failed to connect to bus") == (
+        "– service: no systemd user manager to ask (Failed to connect to bus)")
+    not_installed = ("✖ service: coms-hermes-bridge@.service is not installed; "
+                     "`just install-service demo --to telegram:42`")
+    assert line("active", 3) == not_installed  # said active, exit code not 0
+    assert line("activating") == not_installed
+    assert line("inactive", 3, "bus") == not_installed  # a state: the bus answered
+    config_home = world.home / "config"
+    program(config_home / "systemd" / "user" / UNIT, "[Service]\n")
+    then = f"`systemctl --user enable --now {unit}`, then `journalctl --user -u {unit}`"
+    assert line("failed", 3, XDG_CONFIG_HOME=str(config_home)) == (
+        f"✖ service: {unit} is failed; {then}")
+    assert line("", 3, XDG_CONFIG_HOME=str(config_home)) == (
+        f"✖ service: {unit} is not active; {then}")
+
+
+def test_a_systemctl_that_hangs_is_not_a_broken_link(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(doctor_module, "CHECK_TIMEOUT_S", 0.2)
+    program(world.bin / "systemctl", "#!/bin/sh\nexec /bin/sleep 30\n")
+    assert check_service(world.config, world.env).line() == (
+        "– service: systemctl --user did not answer: did not finish in 0.2s")
+
+
+def test_the_test_message_goes_through_the_profile(world: World) -> None:
+    assert check_send(world.config, world.env).line() == (  # not on PATH: the name, as is
+        "✖ test message: hermes send: [Errno 2] No such file or directory: 'hermes'")
+    hermes = FakeHermes(world.bin)
+    config = world.with_("--hermes-profile", "ops", "--to", "telegram:42")
+    assert check_send(config, world.env).line() == (
+        "✔ test message: sent to telegram:42; look for it in Telegram")
+    assert hermes.argvs() == [["--profile", "ops", "send", "--to", "telegram:42", TEST_TEXT]]
+    assert TEST_TEXT == "coms-hermes-bridge doctor: a test message; nothing to answer."
+    hermes.configure(exit=2)
+    assert check_send(config, world.env).line() == "✖ test message: hermes send failed (2): exit 2"
+
+
+def test_the_checks_run_in_the_chains_order(world: World) -> None:
+    world.hermes(FAKE_PYTHON)
+    config = world.with_("--project", "demo", "--hermes-profile", "ops")
+    names = ["hermes", "hermes profile", "python-telegram-bot", "--to", "hub-liaison",
+             "questions directory", "state", "bridge demo", "service"]
+    assert [check.name for check in run_checks(config, world.env)] == names
+    assert [check.name for check in run_checks(config, world.env, send_test=True)] == [
+        *names, "test message"]

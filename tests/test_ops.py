@@ -22,7 +22,7 @@ from coms_hermes_bridge.messages.contract import iso, parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
 from coms_hermes_bridge.ops import project_of, projects, running_bridge
 from tests.bridge_process import Bridge, new_qid
-from tests.fakes import wait_for
+from tests.fakes import state_file, wait_for
 
 OPTIONS_PROMPT = json.dumps({
     "question": "Ship the release?\nIt has three fixes.",
@@ -38,7 +38,7 @@ def bridge() -> Iterator[Bridge]:
     b.close()
 
 
-def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
+def test_status_lists_open_andstate_file(bridge: Bridge) -> None:
     # status and status --json list both open questions, read-only while running
     bridge.start()
     plain = bridge.ask("Deploy now?")
@@ -414,23 +414,8 @@ def test_status_json_is_byte_exact(
 """
 
 
-def _closed_questions(path: Path, count: int) -> list[str]:
-    """A state file at `path` holding one open question and `count` closed ones."""
-    store = Store.open(path)
-    qids = [new_qid() for _ in range(count + 1)]
-    for qid in qids:
-        prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0,
-                                prompt="Go?", sender_name="builder")
-        store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, time.time() + 60),
-                       owner="q")
-    for qid in qids[1:]:
-        store.close(qid, "answered", owner="q")
-    store.shutdown()
-    return qids
-
-
 def test_status_of_one_project_its_closed_limit_and_its_questions_dir(bridge: Bridge) -> None:
-    qids = _closed_questions(bridge.bridge_dir / "state-default.sqlite3", 11)
+    qids = state_file(bridge.bridge_dir / "state-default.sqlite3", 11)
     table = bridge.verb("status", "--project", "default")
     assert table.returncode == 0 and table.stdout.startswith(
         "bridge for project default: not running\nopen questions: 1\n  QID")
@@ -444,14 +429,14 @@ def test_status_of_one_project_its_closed_limit_and_its_questions_dir(bridge: Br
     assert [row["qid"] for row in report["projects"][0]["closed"]] == qids[:0:-1][:2]
     # a daemon run with --questions-dir keeps its state beside that directory
     elsewhere = bridge.base / "q"
-    moved = _closed_questions(elsewhere / "state-default.sqlite3", 0)
+    moved = state_file(elsewhere / "state-default.sqlite3", 0)
     done = bridge.verb("status", "--json", "--project", "default",
                        "--questions-dir", str(elsewhere / "questions"))
     assert [row["qid"] for row in json.loads(done.stdout)["open"]] == moved
 
 
 def test_status_names_a_project_whose_state_cannot_be_read(bridge: Bridge) -> None:
-    _closed_questions(bridge.bridge_dir / "state-default.sqlite3", 0)
+    state_file(bridge.bridge_dir / "state-default.sqlite3", 0)
     (bridge.bridge_dir / "state-aaa.sqlite3").write_bytes(b"not a database " * 100)
     done = bridge.verb("status", "--json")
     assert done.returncode == 1
@@ -471,7 +456,7 @@ def test_status_json_of_every_project_and_answer_by_qid_alone_with_a_questions_d
     assert done.stdout.startswith("bridge for project aaa: cannot read its state: ")
     assert "\n\n" not in done.stdout
     elsewhere = bridge.base / "q"
-    (qid,) = _closed_questions(elsewhere / "state-default.sqlite3", 0)
+    (qid,) = state_file(elsewhere / "state-default.sqlite3", 0)
     done = bridge.verb("status", "--json", "--questions-dir", str(elsewhere / "questions"))
     assert done.stdout.startswith('{\n  "projects": [\n    {\n      "project": "default",\n')
     assert [row["qid"] for row in json.loads(done.stdout)["projects"][0]["open"]] == [qid]

@@ -229,8 +229,8 @@ def test_judge_reply(reply: bytes, outcome: tuple[str | None, bool]) -> None:  #
 
 
 def test_a_failure_without_words_is_named_by_its_kind() -> None:
-    assert peer._failure(TimeoutError()) == "TimeoutError"
-    assert peer._failure(OSError(2, "No such file")) == "[Errno 2] No such file"
+    assert peer.failure(TimeoutError()) == "TimeoutError"
+    assert peer.failure(OSError(2, "No such file")) == "[Errno 2] No such file"
 
 
 # -- retries ---------------------------------------------------------------------------
