@@ -105,7 +105,7 @@ def _closing_times(log_path: Path, qids: set[str]) -> dict[str, str]:
     return found
 
 
-def status(config: BridgeConfig, closed_limit: int = 10) -> dict[str, Any]:
+def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
     """The `status --json` object, read-only: open questions oldest first, then the most
     recently closed ones; the table is rendered from it."""
     snapshot = _snapshot(config, closed_limit)

@@ -25,7 +25,9 @@ import pykka
 from ulid import ULID
 
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.questions import QuestionRouter
+from coms_hermes_bridge.actors.registry import agents_dir, write_entry
 from coms_hermes_bridge.actors.runtime import Edge, Slot, Supervised, shared_edge, utc_now
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Wiring
@@ -35,8 +37,8 @@ from coms_hermes_bridge.messages.commands import (
     QuestionSpec,
     QueueDepthQuery,
 )
-from coms_hermes_bridge.messages.contract import parse_prompt
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.contract import iso, parse_prompt
+from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
 
 T = TypeVar("T")
 A = TypeVar("A", bound=pykka.Actor)
@@ -119,19 +121,29 @@ def prompt_envelope(
     })
 
 
-def state_file(path: Path, closed: int) -> list[str]:
+def state_file(path: Path, closed: int, asker: str = "builder") -> list[str]:
     """A state file at `path` as the daemon leaves it, holding one open question and
-    `closed` closed ones (answered); their qids, the open one first."""
+    `closed` closed ones (answered), all from `asker`; their qids, the open one first."""
     store = Store.open(path)
     qids = [str(ULID()) for _ in range(closed + 1)]
     for qid in qids:
-        prompt = prompt_envelope(qid, text="Go?")
+        prompt = prompt_envelope(qid, text="Go?", sender_name=asker)
         store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, time.time() + 60),
                        owner="q")
     for qid in qids[1:]:
         store.close(qid, "answered", owner="q")
     store.shutdown()
     return qids
+
+
+def register_bridge(config: BridgeConfig, endpoint: str, name: str = "user-remote") -> None:
+    """A live bridge (this process's pid, a fresh heartbeat) at `endpoint` in the coms
+    registry of `config`'s project, as the operator's verbs look for one."""
+    directory = agents_dir(config.coms_dir, config.project)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_entry(directory / f"{name}.json", RegistryEntry(
+        session_id="s", name=name, model=MODEL, pid=os.getpid(), endpoint=endpoint,
+        heartbeat_at=iso(utc_now())))
 
 
 def handled(ref: pykka.ActorRef[Any]) -> None:

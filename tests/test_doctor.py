@@ -8,15 +8,12 @@ import pwd
 import subprocess
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from coms_hermes_bridge import doctor as doctor_module
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
-from coms_hermes_bridge.actors.peer import MODEL
-from coms_hermes_bridge.actors.registry import agents_dir, write_entry
 from coms_hermes_bridge.doctor import (
     TEST_TEXT,
     UNIT,
@@ -32,10 +29,8 @@ from coms_hermes_bridge.doctor import (
     hermes_home,
     run_checks,
 )
-from coms_hermes_bridge.messages.contract import iso
-from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.bridge_process import Bridge
-from tests.fakes import Asker, state_file
+from tests.fakes import Asker, register_bridge, state_file
 from tests.hermes_fake import FakeHermes
 
 
@@ -454,11 +449,7 @@ def test_the_state_file_is_read_not_made(world: World) -> None:
 def serve_ping(world: World, reply: bytes | None) -> tuple[Asker, BridgeConfig]:
     """A live peer registered as the project's bridge, answering a ping with `reply`."""
     peer = Asker.beside(world.bin, reply=lambda line: reply)
-    entry = RegistryEntry(session_id="s", name="user-remote", model=MODEL, pid=os.getpid(),
-                          endpoint=peer.endpoint, heartbeat_at=iso(datetime.now(UTC)))
-    agents = agents_dir(world.config.coms_dir, "demo")
-    agents.mkdir(parents=True, exist_ok=True)
-    write_entry(agents / "user-remote.json", entry)
+    register_bridge(world.config, peer.endpoint)
     return peer, world.config
 
 

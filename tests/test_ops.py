@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from ulid import ULID
 
-from coms_hermes_bridge.actors.config import parse_config
+from coms_hermes_bridge import ops
+from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
 from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, write_entry
 from coms_hermes_bridge.actors.store import Store
@@ -20,9 +23,18 @@ from coms_hermes_bridge.cli import main
 from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
-from coms_hermes_bridge.ops import project_of, projects, running_bridge
+from coms_hermes_bridge.ops import (
+    LOG_TAIL_BYTES,
+    OpsError,
+    answer,
+    cancel,
+    project_of,
+    projects,
+    running_bridge,
+    status,
+)
 from tests.bridge_process import Bridge, new_qid
-from tests.fakes import state_file, wait_for
+from tests.fakes import Asker, register_bridge, state_file, wait_for
 
 OPTIONS_PROMPT = json.dumps({
     "question": "Ship the release?\nIt has three fixes.",
@@ -466,3 +478,180 @@ def test_status_json_of_every_project_and_answer_by_qid_alone_with_a_questions_d
     path = elsewhere / "questions" / f"{qid}.answer.json"
     assert done.stdout == (f'answered {qid}: freeform "héllo"; wrote {path} '
                            "(no bridge is running; the next one to start reads it)\n")
+
+
+# -- the verbs' own rules, word for word, without a daemon --------------------------------
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> BridgeConfig:
+    env = {"HOME": str(tmp_path / "h"), "PI_COMS_DIR": str(tmp_path / "c")}
+    return parse_config(["--project", "demo"], env)
+
+
+def refusal(action: Callable[[], object]) -> str:
+    with pytest.raises(OpsError) as refused:
+        action()
+    return str(refused.value)
+
+
+def test_answer_refuses_in_one_line_each(config: BridgeConfig) -> None:  # C7, X12
+    open_qid, closed_qid = state_file(config.state_path, closed=1)
+    unknown = new_qid()
+    assert refusal(lambda: answer(config, closed_qid, "Yes", "me")) == (
+        f"question {closed_qid} is already closed (answered)")
+    assert refusal(lambda: answer(config, unknown, "Yes", "me")) == (
+        f"no open question {unknown} in project demo (state file {config.state_path})")
+    assert refusal(lambda: answer(config, open_qid, " \n", "me")) == "the answer is empty"
+    assert refusal(lambda: answer(config, open_qid, "y" * 16_001, "me")) == (
+        "the answer is longer than 16000 characters")
+    assert refusal(lambda: answer(config, open_qid, "Yes", " ")) == "--by must not be empty"
+    assert refusal(lambda: answer(config, open_qid, "Yes\udc80", "me")) == (
+        "the answer is not valid Unicode (not UTF-8?)")
+    assert refusal(lambda: answer(config, open_qid, "Yes", "m\udc80")) == (
+        "--by is not valid Unicode (not UTF-8?)")
+    assert not config.questions_dir.exists()  # nothing written by a refusal
+
+
+def test_answer_writes_at_the_longest_and_never_over_a_waiting_file(config: BridgeConfig) -> None:
+    (qid,) = state_file(config.state_path, closed=0)
+    config.questions_dir.mkdir(parents=True, mode=0o755)
+    config.questions_dir.chmod(0o755)
+    written = answer(config, qid, "y" * 16_000, "me")
+    assert written.path == config.questions_dir / f"{qid}.answer.json"
+    assert json.loads(written.path.read_bytes())["answer"] == "y" * 16_000
+    assert config.questions_dir.stat().st_mode & 0o777 == 0o755  # the daemon's to tighten
+    assert refusal(lambda: answer(config, qid, "No", "me")) == (
+        f"an answer file for {qid} is already waiting: {written.path}")
+
+
+def test_answer_says_why_it_cannot_write(config: BridgeConfig) -> None:
+    (qid,) = state_file(config.state_path, closed=0)
+    blocked = dataclasses.replace(config, questions_dir=config.state_path / "questions")
+    assert refusal(lambda: answer(blocked, qid, "Yes", "me")) == (
+        f"cannot write the answer file in {blocked.questions_dir}: "
+        f"[Errno 20] Not a directory: '{blocked.questions_dir}'")
+
+
+def test_cancel_refuses_in_one_line_each(config: BridgeConfig) -> None:  # C12, X2
+    open_qid, closed_qid = state_file(config.state_path, closed=1)
+    assert refusal(lambda: cancel(config, closed_qid)) == (
+        f"question {closed_qid} is already closed (answered)")
+    assert refusal(lambda: cancel(config, open_qid)) == (
+        "no running bridge is registered for project demo")
+    nameless = dataclasses.replace(config, state_path=config.state_path.with_name("other.db"))
+    (anonymous,) = state_file(nameless.state_path, closed=0, asker="")
+    assert refusal(lambda: cancel(nameless, anonymous)) == (
+        f"question {anonymous} names no asker, so it cannot be cancelled as its asker")
+
+
+@pytest.mark.parametrize(("reply", "why"), [
+    (b'{"type":"nack","error":"not yours"}\n', "nack: not yours"), (None, "timed out")])
+def test_a_cancel_the_bridge_does_not_take_is_said(
+    config: BridgeConfig, monkeypatch: pytest.MonkeyPatch, reply: bytes | None, why: str,
+) -> None:
+    monkeypatch.setattr(ops, "CANCEL_TIMEOUT_S", 0.2)
+    (qid,) = state_file(config.state_path, closed=0)
+    config.coms_dir.mkdir(parents=True)
+    bridge = Asker.beside(config.coms_dir, reply=lambda line: reply)
+    register_bridge(config, bridge.endpoint)
+    try:
+        assert refusal(lambda: cancel(config, qid)) == (
+            f"the bridge at {bridge.endpoint} did not take the cancel: {why}")
+    finally:
+        bridge.close()
+
+
+def test_a_cancel_is_sent_in_the_askers_name_and_waits_for_the_close(
+    config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # C12, X2
+    monkeypatch.setattr(ops, "CANCEL_TIMEOUT_S", 0.2)
+    (qid,) = state_file(config.state_path, closed=0)
+    config.coms_dir.mkdir(parents=True)
+    bridge = Asker.beside(config.coms_dir)  # acks, and leaves the question open
+    register_bridge(config, bridge.endpoint)
+    try:
+        assert refusal(lambda: cancel(config, qid)) == (
+            f"the bridge acked the cancel, but {qid} is still open")
+        sent = json.loads(bridge.lines[0])
+        assert {key: sent[key] for key in ("type", "from", "to", "ref_msg_id")} == {
+            "type": "cancel", "from": "builder", "to": "user-remote", "ref_msg_id": qid}
+        assert str(ULID.from_str(sent["msg_id"])) == sent["msg_id"]  # a fresh ULID (W3)
+        store = Store.open(config.state_path)
+
+        def closing(line: bytes) -> bytes:
+            store.close(qid, "cancelled", owner="q")
+            return b'{"type":"ack"}\n'
+
+        bridge.reply = closing
+        assert cancel(config, qid).endpoint == bridge.endpoint
+        store.shutdown()
+    finally:
+        bridge.close()
+
+
+def test_status_reads_ages_states_and_closing_times(
+    config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)
+    open_qid, *closed = state_file(config.state_path, closed=2)
+    store = Store.open(config.state_path)
+    early, late = new_qid(), new_qid()  # one starts 5 s from now, one ended 2 s ago
+    for qid, deadline in ((early, now + 65), (late, now - 2)):
+        prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0, prompt="Hm?")
+        store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, deadline),
+                       owner="q")
+    store.shutdown()
+    tail = [
+        b"\xff not UTF-8",
+        b"not JSON",
+        b"[1]",
+        json.dumps({"at": "T1", "qid": closed[0], "event": "answered"}).encode(),
+        json.dumps({"at": "T2", "event": "answered"}).encode(),  # no qid
+        json.dumps({"at": "T3", "qid": closed[0], "event": "late_answer"}).encode(),
+        json.dumps({"qid": closed[1], "event": "answered"}).encode(),  # no time
+        json.dumps({"at": "T4", "qid": closed[1], "event": "cancelled"}).encode(),
+        json.dumps({"at": 5, "qid": closed[1], "event": "timeout"}).encode(),
+    ]
+    config.log_path.parent.mkdir(parents=True, exist_ok=True)
+    config.log_path.write_bytes(b"\n".join(tail) + b"\n")
+    report = status(config, closed_limit=10)
+    assert [(q["qid"], q["state"], q["age_s"], q["time_left_s"]) for q in report["open"]] == [
+        (open_qid, "new", 0.0, 60.0), (early, "new", 0.0, 65.0), (late, "new", 62.0, 0.0)]
+    assert report["closed"] == [
+        {"qid": closed[1], "state": "answered", "closed_at": "T4"},
+        {"qid": closed[0], "state": "answered", "closed_at": "T1"}]
+
+
+def test_status_reads_closing_times_from_the_logs_tail_only(config: BridgeConfig) -> None:
+    _, old, recent = state_file(config.state_path, closed=2)
+    first = json.dumps({"at": "T1", "qid": old, "event": "answered"}).encode() + b"\n"
+    last = json.dumps({"at": "T2", "qid": recent, "event": "answered"}).encode() + b"\n"
+    filler = b"x" * (LOG_TAIL_BYTES - len(last) - 1) + b"\n"  # the tail begins with `last`
+    config.log_path.parent.mkdir(parents=True, exist_ok=True)
+    config.log_path.write_bytes(first + last + filler)
+    times = {c["qid"]: c["closed_at"] for c in status(config, 10)["closed"]}
+    assert times == {old: None, recent: "T2"}  # `first` is older than the tail
+
+
+def test_a_qid_is_looked_for_in_every_projects_state_file(config: BridgeConfig) -> None:
+    (demo_qid,) = state_file(config.state_path, closed=0)
+    state_file(config.shared_state_path, closed=0)  # left from before the upgrade, read
+    assert project_of(config, demo_qid) == "demo"  # only when no project's file is there
+    other = config.state_path.with_name("state-other.sqlite3")
+    (gone,) = state_file(other, closed=0)
+    store = Store.open(other)
+    store.close(gone, None, owner="q", undelivered_at=time.time())  # X11
+    store.shutdown()
+    assert refusal(lambda: project_of(config, gone)) == (  # not "closed (undelivered)"
+        f"no open question {gone} in any project (state files in {config.state_path.parent})")
+    for name in ("state-bad1.sqlite3", "state-bad2.sqlite3"):
+        config.state_path.with_name(name).write_bytes(b"garbage" * 100)
+    unknown = new_qid()
+    said = refusal(lambda: project_of(config, unknown))
+    bad1, bad2 = (config.state_path.with_name(f"state-bad{n}.sqlite3") for n in (1, 2))
+    assert said == (
+        f"no open question {unknown} in any project (state files in {config.state_path.parent})"
+        f"; could not read: cannot read state database {bad1}: file is not a database"
+        f"; cannot read state database {bad2}: file is not a database")
