@@ -1,0 +1,225 @@
+"""The daemon's own steps (`actors/daemon.py`) in the test's process: start, ready, stop on
+a signal, and every way it refuses to start or stops short, line by line on stderr.
+
+`run` installs signal handlers, so it runs on this (the main) thread while a helper thread
+plays the outside world: it waits for READY=1 on a service manager's socket, then signals
+this process. The real tree, sockets and files; a fake hermes. The handlers are put back
+after each test. (The same daemon as a process: test_service.py, test_e2e.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pykka
+import pytest
+
+from coms_hermes_bridge.actors import daemon
+from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.registry import agents_dir
+from coms_hermes_bridge.actors.service import dump_thread_stacks
+from coms_hermes_bridge.actors.store import Store
+from tests.fakes import NotifySocket, state_file
+from tests.hermes_fake import FakeHermes
+
+PREFIX = "coms-hermes-bridge: "
+
+
+@pytest.fixture
+def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short directory (socket paths stay under 108 bytes); the signal handlers and the
+    service manager's variables as they were."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        monkeypatch.delenv(name, raising=False)
+    path = Path(tempfile.mkdtemp(prefix="chd", dir="/tmp"))
+    yield path
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    pykka.ActorRegistry.stop_all()
+
+
+def config_in(base: Path, *flags: str) -> BridgeConfig:
+    hermes = FakeHermes(base / "bin")
+    env = {"HOME": str(base / "h"), "PI_COMS_DIR": str(base / "c")}
+    return dataclasses.replace(parse_config(["--project", "demo", *flags], env),
+                               hermes=str(hermes.path))
+
+
+class World(threading.Thread):
+    """The outside world while `run` holds this thread: once the daemon says READY=1,
+    `then(notify_socket)` runs and this process gets `sig`."""
+
+    def __init__(self, base: Path, monkeypatch: pytest.MonkeyPatch,
+                 then: Callable[[NotifySocket], None] = lambda notify: None,
+                 sig: signal.Signals = signal.SIGTERM) -> None:
+        super().__init__(daemon=True)
+        self.notify = NotifySocket(base / "notify.sock")
+        monkeypatch.setenv("NOTIFY_SOCKET", str(self.notify.path))
+        self.then, self.sig = then, sig
+        self.ready = ""
+        self.after: list[str] = []  # what the daemon told the service manager after READY
+        self.failed: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.ready = self.notify.until("READY=1")[1]
+            self.then(self.notify)
+        except BaseException as exc:  # said by the test, after the daemon stopped
+            self.failed = exc
+        finally:
+            os.kill(os.getpid(), self.sig)
+
+    def run_daemon(self, config: BridgeConfig) -> int:
+        self.start()
+        try:
+            return daemon.run(config)
+        finally:
+            self.join(10)
+            self.after = self.notify.sync()
+            self.notify.close()
+            if self.failed is not None:
+                raise self.failed
+
+
+def said(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    err = capsys.readouterr().err.splitlines()
+    assert all(line.startswith(PREFIX) for line in err), err
+    return [line.removeprefix(PREFIX) for line in err]
+
+
+def test_it_starts_says_ready_and_stops_on_sigterm(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # W7, W8, C21
+    config = dataclasses.replace(config_in(base), notices=("--poll-ms is kept but unused",))
+    state_file(config.state_path, closed=2)
+    seen: dict[str, object] = {}
+
+    def look(notify: NotifySocket) -> None:
+        entries = list(agents_dir(config.coms_dir, "demo").glob("*.json"))
+        seen["entries"] = [entry.name for entry in entries]
+        seen["usr1"] = signal.getsignal(signal.SIGUSR1)
+
+    world = World(base, monkeypatch, look)
+    assert world.run_daemon(config) == 0
+    assert world.ready.split("\n") == ["READY=1", "STATUS=1 open question"]
+    assert world.after == ["STOPPING=1\nSTATUS=stopping"]
+    assert seen == {"entries": ["user-remote.json"], "usr1": dump_thread_stacks}
+    endpoint = next((config.coms_dir / "sockets").iterdir(), None)
+    assert endpoint is None  # W8: the socket went with the entry
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+    lines = said(capsys)
+    assert lines[0] == "warning: --poll-ms is kept but unused"
+    assert sorted(lines[1:3]) == [  # the tree restores while the main thread says it started
+        "info: restored 1 open and 2 closed question(s)",
+        "info: user-remote@demo starting (hermes target telegram)"]
+    assert lines[3].startswith(f"info: ready: user-remote@demo at {config.coms_dir}/sockets/")
+    assert lines[3].endswith(".sock, 1 open question(s)")
+    assert lines[4:] == ["info: stopping on SIGTERM (exit 0)"]
+
+
+def test_sigint_stops_it_as_sigterm_does(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    world = World(base, monkeypatch, sig=signal.SIGINT)
+    assert world.run_daemon(config_in(base)) == 0
+    assert world.ready.split("\n") == ["READY=1", "STATUS=0 open questions"]
+    assert said(capsys)[-1] == "info: stopping on SIGINT (exit 0)"
+
+
+def test_the_shared_state_of_an_older_version_is_adopted(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = config_in(base)
+    state_file(config.shared_state_path, closed=0)
+    world = World(base, monkeypatch)
+    assert world.run_daemon(config) == 0
+    assert world.ready.split("\n") == ["READY=1", "STATUS=1 open question"]
+    assert said(capsys)[0] == (f"info: adopted the shared state file {config.shared_state_path} "
+                               f"as project demo's: {config.state_path}")
+
+
+def test_a_name_the_pool_cannot_route_is_refused_before_anything_is_made(
+    base: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # W2
+    config = dataclasses.replace(config_in(base), name="a/b")
+    assert daemon.run(config) == 1
+    assert said(capsys) == ['invalid name: "a/b"']
+    assert not config.coms_dir.exists()
+
+
+def test_a_coms_directory_that_cannot_be_made_is_said(
+    base: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    (base / "file").write_text("")
+    config = dataclasses.replace(config_in(base), coms_dir=base / "file" / "coms")
+    assert daemon.run(config) == 1
+    assert said(capsys) == [
+        f"error: cannot prepare the coms directory {config.coms_dir}: Not a directory"]
+
+
+def test_a_state_database_that_cannot_be_opened_is_said(
+    base: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    (base / "file").write_text("")
+    state = base / "file" / "state-demo.sqlite3"
+    config = dataclasses.replace(config_in(base), state_path=state)
+    assert daemon.run(config) == 1
+    assert said(capsys) == [
+        f"error: cannot open the state database {state}: cannot create the directory of "
+        f"state database {state}: {base / 'file'} is not a directory"]
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []  # never published
+
+
+def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
+    base: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a socket path over 108 bytes: the Peer cannot listen, and crashes at each restart
+    coms = base / ("d" * 80)
+    config = dataclasses.replace(config_in(base), coms_dir=coms)
+    assert daemon.run(config) == 1
+    lines = said(capsys)
+    assert lines[0] == "info: user-remote@demo starting (hermes target telegram)"
+    assert lines[-2:] == [
+        "error: peer crashed 6 times within 10s; last error: OSError: AF_UNIX path too long",
+        "error: stopping giving up (exit 1)"]
+    assert list(agents_dir(coms, "demo").iterdir()) == []
+
+
+def test_a_slow_stop_and_a_failed_last_step_are_said_and_the_exit_code_kept(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(daemon, "SHUTDOWN_BUDGET_S", 0)  # the root cannot stop in no time
+
+    def fails(store: Store) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(Store, "shutdown", fails)
+    config = config_in(base)
+    world = World(base, monkeypatch)
+    try:
+        assert world.run_daemon(config) == 0
+    finally:
+        monkeypatch.undo()
+    lines = said(capsys)
+    assert lines[-3:] == [
+        "info: stopping on SIGTERM (exit 0)",
+        "warning: shutdown took too long; exiting anyway",
+        "warning: while stopping, could not close the state database: OSError('disk gone')"]
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []  # the Peer still went
+
+
+def test_a_bad_command_line_is_one_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["coms-hermes-bridge", "--nope"])
+    assert daemon.main() == 1
+    assert said(capsys) == ["unrecognized arguments: --nope"]
+    assert daemon.main(["--project"]) == 1
+    assert said(capsys) == ["argument --project: expected one argument"]
