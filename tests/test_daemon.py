@@ -9,6 +9,7 @@ after each test. (The same daemon as a process: test_service.py, test_e2e.py.)""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -223,3 +224,29 @@ def test_a_bad_command_line_is_one_line_and_exit_1(
     assert said(capsys) == ["unrecognized arguments: --nope"]
     assert daemon.main(["--project"]) == 1
     assert said(capsys) == ["argument --project: expected one argument"]
+
+
+@pytest.fixture
+def pykka_level() -> Iterator[None]:
+    """pykka's logger as a fresh process has it (no level of its own), and as it was after."""
+    logger = logging.getLogger("pykka")
+    level = logger.level
+    logger.setLevel(logging.NOTSET)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_an_actors_traceback_is_shown_only_on_request(
+    base: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    pykka_level: None, debug: str,
+) -> None:  # docs/operations.md: COMS_HERMES_BRIDGE_DEBUG=1 adds tracebacks of crashed actors
+    monkeypatch.setenv("HOME", str(base / "h"))
+    monkeypatch.setenv("PI_COMS_DIR", str(base / ("d" * 80)))  # the Peer crashes at each start
+    monkeypatch.setenv("COMS_HERMES_BRIDGE_DEBUG", debug)
+    assert daemon.main(["--project", "demo"]) == 1
+    crashes = [record for record in caplog.records
+               if record.name == "pykka" and record.exc_info is not None]
+    assert len(crashes) == (6 if debug else 0)  # the first start and five restarts
+    assert all(str(record.exc_info[1]) == "AF_UNIX path too long"
+               for record in crashes if record.exc_info)
