@@ -119,7 +119,7 @@ def run(config: BridgeConfig) -> int:
     while not stop.wait(0.2 if ready else 0.02):
         if not ready and published(identity):
             try:
-                count = tree.queue_depth(2.0)
+                count = tree.queue_depth()
             except TimeoutError:
                 continue  # published but not answering: not ready yet
             ready = True
