@@ -151,6 +151,7 @@ def test_hermes_home_is_read_as_hermes_reads_it(tmp_path: Path) -> None:
     home = {"HOME": str(tmp_path)}
     assert hermes_home(home, None) == tmp_path / ".hermes"
     assert hermes_home(home, "ops") == tmp_path / ".hermes" / "profiles" / "ops"
+    assert hermes_home(home, "default") == tmp_path / ".hermes"  # hermes's name for no profile
     elsewhere = {**home, "HERMES_HOME": "/srv/hermes"}
     assert hermes_home(elsewhere, None) == Path("/srv/hermes")
     assert hermes_home(elsewhere, "ops") == Path("/srv/hermes/profiles/ops")
@@ -256,6 +257,21 @@ def test_the_hermes_check_reads_its_first_version_line(world: World) -> None:
     assert next(check_hermes(world.config, world.env)).detail == f"{hermes} (no version printed)"
 
 
+def test_a_checked_program_reads_nothing_from_the_terminal(world: World) -> None:
+    hermes = world.hermes("#!/bin/sh\nread typed\necho \"hermes$typed\"\n")
+    read_end, write_end = os.pipe()
+    os.write(write_end, b" typed by the operator\n")
+    os.close(write_end)
+    saved = os.dup(0)
+    os.dup2(read_end, 0)  # what a terminal would have for it
+    try:
+        assert next(check_hermes(world.config, world.env)).detail == f"{hermes} (hermes)"
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
+
+
 def test_a_hermes_that_fails_says_what_it_said_last(world: World) -> None:
     def said(text: str) -> list[str]:
         world.hermes(text)
@@ -347,6 +363,10 @@ def test_a_python_that_cannot_be_run_is_said(world: World) -> None:
     assert _telegram_library(hermes, world.env).line() == (
         f"– python-telegram-bot: cannot run {cut}: [Errno 2] No such file or directory: "
         f"'{cut}'")
+    hermes.write_bytes(b"#!/opt/py\xff/python3\n")  # not UTF-8: read, not a crash
+    assert _telegram_library(hermes, world.env).line() == (
+        "– python-telegram-bot: cannot run /opt/py\ufffd/python3: [Errno 2] No such file or "
+        "directory: '/opt/py\ufffd/python3'")
 
 
 @pytest.mark.parametrize("target", [

@@ -635,6 +635,13 @@ def test_status_reads_closing_times_from_the_logs_tail_only(config: BridgeConfig
     assert times == {old: None, recent: "T2"}  # `first` is older than the tail
 
 
+def test_status_reads_the_shared_state_file_only_until_it_is_adopted(config: BridgeConfig) -> None:
+    (old,) = state_file(config.shared_state_path, closed=0)  # left from before the upgrade
+    assert [q["qid"] for q in status(config, 10)["open"]] == [old]
+    (adopted,) = state_file(config.state_path, closed=0)
+    assert [q["qid"] for q in status(config, 10)["open"]] == [adopted]
+
+
 def test_a_qid_is_looked_for_in_every_projects_state_file(config: BridgeConfig) -> None:
     (demo_qid,) = state_file(config.state_path, closed=0)
     state_file(config.shared_state_path, closed=0)  # left from before the upgrade, read
