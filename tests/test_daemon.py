@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -64,24 +65,37 @@ class World(threading.Thread):
         self.notify = NotifySocket(base / "notify.sock")
         monkeypatch.setenv("NOTIFY_SOCKET", str(self.notify.path))
         self.then, self.sig = then, sig
+        self.before = signal.getsignal(sig)  # the handler `run` replaces with its own
         self.ready = ""
         self.after: list[str] = []  # what the daemon told the service manager after READY
         self.failed: BaseException | None = None
+        self.ended = threading.Event()  # `run` returned or raised
 
     def run(self) -> None:
+        deadline = time.monotonic() + 10
         try:
-            self.ready = self.notify.until("READY=1")[1]
-            self.then(self.notify)
+            while not self.ready and not self.ended.is_set():  # a run that failed early
+                try:
+                    self.ready = self.notify.until("READY=1", timeout=0.1)[1]
+                except AssertionError:
+                    if time.monotonic() > deadline:
+                        raise
+            if self.ready:
+                self.then(self.notify)
         except BaseException as exc:  # said by the test, after the daemon stopped
             self.failed = exc
         finally:
-            os.kill(os.getpid(), self.sig)
+            # only to `run`'s own handler: one that never got as far as installing it
+            # must not have this process killed by the signal
+            if signal.getsignal(self.sig) is not self.before:
+                os.kill(os.getpid(), self.sig)
 
     def run_daemon(self, config: BridgeConfig) -> int:
         self.start()
         try:
             return daemon.run(config)
         finally:
+            self.ended.set()
             self.join(10)
             self.after = self.notify.sync()
             self.notify.close()
