@@ -115,21 +115,19 @@ def run(config: BridgeConfig) -> int:
         return 1
     tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
-    ready = False
-    while not stop.wait(0.2 if ready else 0.02):
-        if not ready and published(identity):
-            try:
-                count = tree.queue_depth()
-            except TimeoutError:
-                continue  # published but not answering: not ready yet
-            ready = True
-            report(
-                f"ready: {identity.name}@{config.project} at {identity.endpoint},"
-                f" {count} open question(s)",
-                "info",
-            )
-            link.ready(count)
-            link.start_watchdog(tree.queue_depth)  # pings only while the tree answers
+    while not stop.wait(0.02):  # ready: published (W7), and the Router answers
+        if not published(identity):
+            continue
+        try:
+            count = tree.queue_depth()
+        except TimeoutError:
+            continue
+        report(f"ready: {identity.name}@{config.project} at {identity.endpoint},"
+               f" {count} open question(s)", "info")
+        link.ready(count)
+        link.start_watchdog(tree.queue_depth)  # pings only while the tree answers
+        stop.wait()  # a signal's handler and a fatal verdict both set it
+        break
     link.stopping()
     report(f"stopping {why[0]} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
     try:

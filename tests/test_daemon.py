@@ -23,11 +23,13 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors import daemon
+from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
-from coms_hermes_bridge.actors.registry import agents_dir
-from coms_hermes_bridge.actors.service import dump_thread_stacks
+from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir
+from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from coms_hermes_bridge.actors.store import Store
-from tests.fakes import NotifySocket, state_file
+from coms_hermes_bridge.messages.wire import RegistryEntry
+from tests.fakes import NotifySocket, state_file, wait_for
 from tests.hermes_fake import FakeHermes
 
 PREFIX = "coms-hermes-bridge: "
@@ -207,27 +209,84 @@ def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
     assert list(agents_dir(coms, "demo").iterdir()) == []
 
 
-def test_a_slow_stop_and_a_failed_last_step_are_said_and_the_exit_code_kept(
+def test_a_slow_stop_is_said_and_the_peer_still_goes(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # W8
+    monkeypatch.setattr(daemon, "SHUTDOWN_BUDGET_S", 0)  # the root cannot stop in no time
+    config = config_in(base)
+    assert World(base, monkeypatch).run_daemon(config) == 0
+    assert said(capsys)[-2:] == ["info: stopping on SIGTERM (exit 0)",
+                                 "warning: shutdown took too long; exiting anyway"]
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+
+
+def test_each_last_step_that_fails_is_said_and_the_exit_code_kept(
     base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(daemon, "SHUTDOWN_BUDGET_S", 0)  # the root cannot stop in no time
+    def failing(why: str) -> Callable[..., None]:
+        def fail(*args: object, **kwargs: object) -> None:
+            raise OSError(why)
+        return fail
 
-    def fails(store: Store) -> None:
-        raise OSError("disk gone")
-
-    monkeypatch.setattr(Store, "shutdown", fails)
-    config = config_in(base)
-    world = World(base, monkeypatch)
+    monkeypatch.setattr(pykka.ActorRegistry, "stop_all", failing("stuck"))
+    monkeypatch.setattr(daemon, "unpublish_if_left", failing("read-only"))
+    monkeypatch.setattr(Store, "shutdown", failing("disk gone"))
+    monkeypatch.setattr(ServiceLink, "close", failing("socket gone"))
     try:
-        assert world.run_daemon(config) == 0
+        assert World(base, monkeypatch).run_daemon(config_in(base)) == 0
     finally:
         monkeypatch.undo()
-    lines = said(capsys)
-    assert lines[-3:] == [
+    assert said(capsys)[-5:] == [
         "info: stopping on SIGTERM (exit 0)",
-        "warning: shutdown took too long; exiting anyway",
-        "warning: while stopping, could not close the state database: OSError('disk gone')"]
-    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []  # the Peer still went
+        "warning: while stopping, could not stop the actors: OSError('stuck')",
+        "warning: while stopping, could not remove the registry entry: OSError('read-only')",
+        "warning: while stopping, could not close the state database: OSError('disk gone')",
+        "warning: while stopping, could not close the service link: OSError('socket gone')"]
+
+
+def test_the_entry_and_socket_go_even_when_the_peer_could_not_remove_them(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # W8: the daemon's own last step, after the Peer's release failed
+    monkeypatch.setattr(peer_module, "remove_entry_if_ours", lambda *args: _raise("read-only"))
+    config = config_in(base)
+    assert World(base, monkeypatch).run_daemon(config) == 0
+    assert "peer release: OSError('read-only')" in said(capsys)
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+    assert list((config.coms_dir / "sockets").iterdir()) == []
+
+
+def _raise(why: str) -> bool:
+    raise OSError(why)
+
+
+def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
+    base: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W7, C21
+    checks: list[bool] = []
+    look = daemon.published
+
+    def published(identity: PeerIdentity) -> bool:
+        checks.append(look(identity))
+        return checks[-1]
+
+    monkeypatch.setattr(daemon, "published", published)
+    write = peer_module.write_entry
+    first = threading.Event()
+
+    def late_write(path: Path, entry: RegistryEntry) -> None:
+        if not first.is_set():  # the first write waits until the daemon looked without it
+            wait_for(lambda: len(checks) >= 2, what="two looks for the entry")
+            first.set()
+        write(path, entry)
+
+    monkeypatch.setattr(peer_module, "write_entry", late_write)
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # a ping every 0.1 s while the tree answers
+    pings: list[str] = []
+    world = World(base, monkeypatch, lambda notify: pings.append(notify.until("WATCHDOG=1")[1]))
+    assert world.run_daemon(config_in(base)) == 0
+    assert checks[:2] == [False, False] and checks[-1] is True
+    assert world.ready.split("\n") == ["READY=1", "STATUS=0 open questions"]
+    assert pings == ["WATCHDOG=1\nSTATUS=0 open questions"]
 
 
 def test_a_bad_command_line_is_one_line_and_exit_1(

@@ -1061,3 +1061,9 @@ def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity)
     identity.endpoint.write_text("not a socket")
     assert unpublish_if_left(identity)
     assert not identity.entry_path.exists() and identity.endpoint.read_text() == "not a socket"
+
+    # our entry with no endpoint at all: the entry goes, and nothing is said
+    write_entry(identity.entry_path, entry)
+    identity.endpoint.unlink()
+    assert unpublish_if_left(identity)
+    assert not identity.entry_path.exists()
