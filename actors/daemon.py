@@ -131,7 +131,7 @@ def run(config: BridgeConfig) -> int:
     link.stopping()
     report(f"stopping {why[0]} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
     try:
-        tree.root.stop(block=True, timeout=SHUTDOWN_BUDGET_S)
+        tree.root.stop(timeout=SHUTDOWN_BUDGET_S)
     except pykka.Timeout:
         report("shutdown took too long; exiting anyway", "warning")
     except pykka.ActorDeadError:
@@ -140,7 +140,7 @@ def run(config: BridgeConfig) -> int:
     # take its registry entry and socket with it (W8); the rest just stops.
     for peer in pykka.ActorRegistry.get_by_class(PeerActor):
         try:
-            peer.stop(block=True, timeout=0.3)
+            peer.stop(timeout=0.3)
         except (pykka.Timeout, pykka.ActorDeadError):
             pass
     # Each last step on its own: whatever failed before, stopping finishes and

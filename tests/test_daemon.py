@@ -25,9 +25,11 @@ import pytest
 from coms_hermes_bridge.actors import daemon
 from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervisor import RootSupervisor, Tree
 from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.fakes import NotifySocket, state_file, wait_for
 from tests.hermes_fake import FakeHermes
@@ -62,12 +64,12 @@ class World(threading.Thread):
 
     def __init__(self, base: Path, monkeypatch: pytest.MonkeyPatch,
                  then: Callable[[NotifySocket], None] = lambda notify: None,
-                 sig: signal.Signals = signal.SIGTERM) -> None:
+                 sig: signal.Signals | None = signal.SIGTERM) -> None:
         super().__init__(daemon=True)
         self.notify = NotifySocket(base / "notify.sock")
         monkeypatch.setenv("NOTIFY_SOCKET", str(self.notify.path))
         self.then, self.sig = then, sig
-        self.before = signal.getsignal(sig)  # the handler `run` replaces with its own
+        self.before = signal.getsignal(sig or signal.SIGTERM)  # what `run` replaces
         self.ready = ""
         self.after: list[str] = []  # what the daemon told the service manager after READY
         self.failed: BaseException | None = None
@@ -89,7 +91,7 @@ class World(threading.Thread):
         finally:
             # only to `run`'s own handler: one that never got as far as installing it
             # must not have this process killed by the signal
-            if signal.getsignal(self.sig) is not self.before:
+            if self.sig is not None and signal.getsignal(self.sig) is not self.before:
                 os.kill(os.getpid(), self.sig)
 
     def run_daemon(self, config: BridgeConfig) -> int:
@@ -255,6 +257,63 @@ def test_the_entry_and_socket_go_even_when_the_peer_could_not_remove_them(
     assert list((config.coms_dir / "sockets").iterdir()) == []
 
 
+@pytest.fixture
+def wedged_peer(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The Peer's release waits until the test is done (at most 30 s); the event returned
+    is set once it went on."""
+    stuck, went_on = threading.Event(), threading.Event()
+    release = PeerActor.release
+
+    def wedged(peer: PeerActor) -> None:
+        stuck.wait(30)
+        went_on.set()
+        release(peer)
+
+    monkeypatch.setattr(PeerActor, "release", wedged)
+    yield went_on
+    stuck.set()
+
+
+def test_a_peer_that_will_not_stop_does_not_hold_the_exit(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    wedged_peer: threading.Event,
+) -> None:  # W8: the entry and socket go all the same
+    config = config_in(base)
+    assert World(base, monkeypatch).run_daemon(config) == 0
+    assert not wedged_peer.is_set()  # the exit did not wait for it
+    assert said(capsys)[-2:] == ["info: stopping on SIGTERM (exit 0)",
+                                 "warning: shutdown took too long; exiting anyway"]
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+    assert list((config.coms_dir / "sockets").iterdir()) == []
+
+
+@pytest.mark.parametrize("wedged", [False, True])
+def test_when_the_root_supervisor_dies_the_peer_is_still_stopped(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest, wedged: bool,
+) -> None:  # W8: its children outlive it, and the Peer at least must go
+    went_on = request.getfixturevalue("wedged_peer") if wedged else None
+
+    def kill_the_root(notify: NotifySocket) -> None:
+        (root,) = pykka.ActorRegistry.get_by_class(RootSupervisor)
+        root.tell("a message it does not know")
+
+    config = config_in(base)
+    world = World(base, monkeypatch, kill_the_root, sig=None)
+    assert world.run_daemon(config) == 1
+    lines = said(capsys)
+    assert lines[-2:] == [
+        "error: supervisor failed: UnknownMessage(\"supervisor does not take str: "
+        "'a message it does not know'\")",
+        "error: stopping giving up (exit 1)"]
+    if went_on is not None:
+        assert not went_on.is_set()  # its stop was given up on, not waited for
+    else:  # the Peer's own release ran: it said nothing
+        assert not any("while stopping" in line for line in lines)
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+    assert list((config.coms_dir / "sockets").iterdir()) == []
+
+
 def _raise(why: str) -> bool:
     raise OSError(why)
 
@@ -270,6 +329,17 @@ def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
         return checks[-1]
 
     monkeypatch.setattr(daemon, "published", published)
+    depth = Tree.queue_depth
+    answered: list[int] = []
+
+    def slow_first(tree: Tree, timeout: float = 2.0) -> int:
+        if not answered:  # the Router's first answer comes too late: not ready yet
+            answered.append(-1)
+            raise TimeoutError
+        answered.append(depth(tree, timeout))
+        return answered[-1]
+
+    monkeypatch.setattr(Tree, "queue_depth", slow_first)
     write = peer_module.write_entry
     first = threading.Event()
 
@@ -285,6 +355,7 @@ def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
     world = World(base, monkeypatch, lambda notify: pings.append(notify.until("WATCHDOG=1")[1]))
     assert world.run_daemon(config_in(base)) == 0
     assert checks[:2] == [False, False] and checks[-1] is True
+    assert answered[:2] == [-1, 0]  # looked again after the first went unanswered
     assert world.ready.split("\n") == ["READY=1", "STATUS=0 open questions"]
     assert pings == ["WATCHDOG=1\nSTATUS=0 open questions"]
 
