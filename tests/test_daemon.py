@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from coms_hermes_bridge.actors.store import Store
-from coms_hermes_bridge.actors.supervisor import RootSupervisor, Tree
+from coms_hermes_bridge.actors.supervisor import DEPTH_TIMEOUT_S, RootSupervisor, Tree
 from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.fakes import NotifySocket, state_file, wait_for
 from tests.hermes_fake import FakeHermes
@@ -38,17 +37,20 @@ PREFIX = "coms-hermes-bridge: "
 
 
 @pytest.fixture
-def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A short directory (socket paths stay under 108 bytes); the signal handlers and the
-    service manager's variables as they were."""
+def base(coms_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short directory (socket paths stay under 108 bytes); the signal handlers, pykka's
+    logger and the service manager's variables as they were. (conftest stops what actors
+    are left, within a bound.)"""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         monkeypatch.delenv(name, raising=False)
-    path = Path(tempfile.mkdtemp(prefix="chd", dir="/tmp"))
-    yield path
+    logger = logging.getLogger("pykka")
+    level = logger.level
+    logger.setLevel(logging.NOTSET)  # as a fresh process has it; `main` quiets it
+    yield coms_dir
+    logger.setLevel(level)
     for sig, handler in saved.items():
         signal.signal(sig, handler)
-    pykka.ActorRegistry.stop_all()
 
 
 def config_in(base: Path, *flags: str) -> BridgeConfig:
@@ -107,10 +109,18 @@ class World(threading.Thread):
                 raise self.failed
 
 
-def said(capsys: pytest.CaptureFixture[str]) -> list[str]:
+def stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """What the daemon said on stderr since the last look, without the program's prefix."""
     err = capsys.readouterr().err.splitlines()
     assert all(line.startswith(PREFIX) for line in err), err
     return [line.removeprefix(PREFIX) for line in err]
+
+
+def failing(why: str) -> Callable[..., None]:
+    """A stand-in for a step that fails with OSError(why), whatever it is given."""
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(why)
+    return fail
 
 
 def test_it_starts_says_ready_and_stops_on_sigterm(
@@ -133,7 +143,7 @@ def test_it_starts_says_ready_and_stops_on_sigterm(
     endpoint = next((config.coms_dir / "sockets").iterdir(), None)
     assert endpoint is None  # W8: the socket went with the entry
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
-    lines = said(capsys)
+    lines = stderr_lines(capsys)
     assert lines[0] == "warning: --poll-ms is kept but unused"
     assert sorted(lines[1:3]) == [  # the tree restores while the main thread says it started
         "info: restored 1 open and 2 closed question(s)",
@@ -149,7 +159,7 @@ def test_sigint_stops_it_as_sigterm_does(
     world = World(base, monkeypatch, sig=signal.SIGINT)
     assert world.run_daemon(config_in(base)) == 0
     assert world.ready.split("\n") == ["READY=1", "STATUS=0 open questions"]
-    assert said(capsys)[-1] == "info: stopping on SIGINT (exit 0)"
+    assert stderr_lines(capsys)[-1] == "info: stopping on SIGINT (exit 0)"
 
 
 def test_the_shared_state_of_an_older_version_is_adopted(
@@ -160,7 +170,7 @@ def test_the_shared_state_of_an_older_version_is_adopted(
     world = World(base, monkeypatch)
     assert world.run_daemon(config) == 0
     assert world.ready.split("\n") == ["READY=1", "STATUS=1 open question"]
-    assert said(capsys)[0] == (f"info: adopted the shared state file {config.shared_state_path} "
+    assert stderr_lines(capsys)[0] == (f"info: adopted the shared state file {config.shared_state_path} "
                                f"as project demo's: {config.state_path}")
 
 
@@ -169,7 +179,7 @@ def test_a_name_the_pool_cannot_route_is_refused_before_anything_is_made(
 ) -> None:  # W2
     config = dataclasses.replace(config_in(base), name="a/b")
     assert daemon.run(config) == 1
-    assert said(capsys) == ['invalid name: "a/b"']
+    assert stderr_lines(capsys) == ['invalid name: "a/b"']
     assert not config.coms_dir.exists()
 
 
@@ -179,7 +189,7 @@ def test_a_coms_directory_that_cannot_be_made_is_said(
     (base / "file").write_text("")
     config = dataclasses.replace(config_in(base), coms_dir=base / "file" / "coms")
     assert daemon.run(config) == 1
-    assert said(capsys) == [
+    assert stderr_lines(capsys) == [
         f"error: cannot prepare the coms directory {config.coms_dir}: Not a directory"]
 
 
@@ -190,7 +200,7 @@ def test_a_state_database_that_cannot_be_opened_is_said(
     state = base / "file" / "state-demo.sqlite3"
     config = dataclasses.replace(config_in(base), state_path=state)
     assert daemon.run(config) == 1
-    assert said(capsys) == [
+    assert stderr_lines(capsys) == [
         f"error: cannot open the state database {state}: cannot create the directory of "
         f"state database {state}: {base / 'file'} is not a directory"]
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []  # never published
@@ -203,7 +213,7 @@ def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
     coms = base / ("d" * 80)
     config = dataclasses.replace(config_in(base), coms_dir=coms)
     assert daemon.run(config) == 1
-    lines = said(capsys)
+    lines = stderr_lines(capsys)
     assert lines[0] == "info: user-remote@demo starting (hermes target telegram)"
     assert lines[-2:] == [
         "error: peer crashed 6 times within 10s; last error: OSError: AF_UNIX path too long",
@@ -217,7 +227,7 @@ def test_a_slow_stop_is_said_and_the_peer_still_goes(
     monkeypatch.setattr(daemon, "SHUTDOWN_BUDGET_S", 0)  # the root cannot stop in no time
     config = config_in(base)
     assert World(base, monkeypatch).run_daemon(config) == 0
-    assert said(capsys)[-2:] == ["info: stopping on SIGTERM (exit 0)",
+    assert stderr_lines(capsys)[-2:] == ["info: stopping on SIGTERM (exit 0)",
                                  "warning: shutdown took too long; exiting anyway"]
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
 
@@ -225,11 +235,6 @@ def test_a_slow_stop_is_said_and_the_peer_still_goes(
 def test_each_last_step_that_fails_is_said_and_the_exit_code_kept(
     base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    def failing(why: str) -> Callable[..., None]:
-        def fail(*args: object, **kwargs: object) -> None:
-            raise OSError(why)
-        return fail
-
     monkeypatch.setattr(pykka.ActorRegistry, "stop_all", failing("stuck"))
     monkeypatch.setattr(daemon, "unpublish_if_left", failing("read-only"))
     monkeypatch.setattr(Store, "shutdown", failing("disk gone"))
@@ -238,7 +243,7 @@ def test_each_last_step_that_fails_is_said_and_the_exit_code_kept(
         assert World(base, monkeypatch).run_daemon(config_in(base)) == 0
     finally:
         monkeypatch.undo()
-    assert said(capsys)[-5:] == [
+    assert stderr_lines(capsys)[-5:] == [
         "info: stopping on SIGTERM (exit 0)",
         "warning: while stopping, could not stop the actors: OSError('stuck')",
         "warning: while stopping, could not remove the registry entry: OSError('read-only')",
@@ -249,10 +254,10 @@ def test_each_last_step_that_fails_is_said_and_the_exit_code_kept(
 def test_the_entry_and_socket_go_even_when_the_peer_could_not_remove_them(
     base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # W8: the daemon's own last step, after the Peer's release failed
-    monkeypatch.setattr(peer_module, "remove_entry_if_ours", lambda *args: _raise("read-only"))
+    monkeypatch.setattr(peer_module, "remove_entry_if_ours", failing("read-only"))
     config = config_in(base)
     assert World(base, monkeypatch).run_daemon(config) == 0
-    assert "peer release: OSError('read-only')" in said(capsys)
+    assert "peer release: OSError('read-only')" in stderr_lines(capsys)
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
     assert list((config.coms_dir / "sockets").iterdir()) == []
 
@@ -281,7 +286,7 @@ def test_a_peer_that_will_not_stop_does_not_hold_the_exit(
     config = config_in(base)
     assert World(base, monkeypatch).run_daemon(config) == 0
     assert not wedged_peer.is_set()  # the exit did not wait for it
-    assert said(capsys)[-2:] == ["info: stopping on SIGTERM (exit 0)",
+    assert stderr_lines(capsys)[-2:] == ["info: stopping on SIGTERM (exit 0)",
                                  "warning: shutdown took too long; exiting anyway"]
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
     assert list((config.coms_dir / "sockets").iterdir()) == []
@@ -293,6 +298,10 @@ def test_when_the_root_supervisor_dies_the_peer_is_still_stopped(
     request: pytest.FixtureRequest, wedged: bool,
 ) -> None:  # W8: its children outlive it, and the Peer at least must go
     went_on = request.getfixturevalue("wedged_peer") if wedged else None
+    unpublish = daemon.unpublish_if_left
+    left: list[bool] = []  # what the daemon's own last step still found to remove
+    monkeypatch.setattr(daemon, "unpublish_if_left",
+                        lambda identity: left.append(unpublish(identity)) or left[-1])
 
     def kill_the_root(notify: NotifySocket) -> None:
         (root,) = pykka.ActorRegistry.get_by_class(RootSupervisor)
@@ -301,21 +310,21 @@ def test_when_the_root_supervisor_dies_the_peer_is_still_stopped(
     config = config_in(base)
     world = World(base, monkeypatch, kill_the_root, sig=None)
     assert world.run_daemon(config) == 1
-    lines = said(capsys)
+    lines = stderr_lines(capsys)
     assert lines[-2:] == [
         "error: supervisor failed: UnknownMessage(\"supervisor does not take str: "
         "'a message it does not know'\")",
         "error: stopping giving up (exit 1)"]
     if went_on is not None:
         assert not went_on.is_set()  # its stop was given up on, not waited for
-    else:  # the Peer's own release ran: it said nothing
+        assert left == [True]  # so the daemon removed the entry itself
+    else:  # the daemon stopped the Peer, whose own release removed the entry
+        assert left == [False]
         assert not any("while stopping" in line for line in lines)
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
     assert list((config.coms_dir / "sockets").iterdir()) == []
 
 
-def _raise(why: str) -> bool:
-    raise OSError(why)
 
 
 def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
@@ -332,7 +341,7 @@ def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
     depth = Tree.queue_depth
     answered: list[int] = []
 
-    def slow_first(tree: Tree, timeout: float = 2.0) -> int:
+    def slow_first(tree: Tree, timeout: float = DEPTH_TIMEOUT_S) -> int:
         if not answered:  # the Router's first answer comes too late: not ready yet
             answered.append(-1)
             raise TimeoutError
@@ -352,8 +361,16 @@ def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
     monkeypatch.setattr(peer_module, "write_entry", late_write)
     monkeypatch.setenv("WATCHDOG_USEC", "200000")  # a ping every 0.1 s while the tree answers
     pings: list[str] = []
-    world = World(base, monkeypatch, lambda notify: pings.append(notify.until("WATCHDOG=1")[1]))
-    assert world.run_daemon(config_in(base)) == 0
+    config = config_in(base)
+    entries: list[str] = []
+
+    def at_ready(notify: NotifySocket) -> None:
+        entries.extend(p.name for p in agents_dir(config.coms_dir, "demo").glob("*.json"))
+        pings.append(notify.until("WATCHDOG=1")[1])
+
+    world = World(base, monkeypatch, at_ready)
+    assert world.run_daemon(config) == 0
+    assert entries == ["user-remote.json"]  # W7: published before READY
     assert checks[:2] == [False, False] and checks[-1] is True
     assert answered[:2] == [-1, 0]  # looked again after the first went unanswered
     assert world.ready.split("\n") == ["READY=1", "STATUS=0 open questions"]
@@ -361,29 +378,18 @@ def test_ready_waits_for_the_entry_and_the_watchdog_probes_the_tree(
 
 
 def test_a_bad_command_line_is_one_line_and_exit_1(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["coms-hermes-bridge", "--nope"])
     assert daemon.main() == 1
-    assert said(capsys) == ["unrecognized arguments: --nope"]
+    assert stderr_lines(capsys) == ["unrecognized arguments: --nope"]
     assert daemon.main(["--project"]) == 1
-    assert said(capsys) == ["argument --project: expected one argument"]
-
-
-@pytest.fixture
-def pykka_level() -> Iterator[None]:
-    """pykka's logger as a fresh process has it (no level of its own), and as it was after."""
-    logger = logging.getLogger("pykka")
-    level = logger.level
-    logger.setLevel(logging.NOTSET)
-    yield
-    logger.setLevel(level)
+    assert stderr_lines(capsys) == ["argument --project: expected one argument"]
 
 
 @pytest.mark.parametrize("debug", ["", "1"])
 def test_an_actors_traceback_is_shown_only_on_request(
-    base: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    pykka_level: None, debug: str,
+    base: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, debug: str,
 ) -> None:  # docs/operations.md: COMS_HERMES_BRIDGE_DEBUG=1 adds tracebacks of crashed actors
     monkeypatch.setenv("HOME", str(base / "h"))
     monkeypatch.setenv("PI_COMS_DIR", str(base / ("d" * 80)))  # the Peer crashes at each start

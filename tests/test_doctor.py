@@ -216,11 +216,11 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    home, bin_dir = tmp_path / "h", tmp_path / "bin"
+def world(coms_dir: Path) -> World:  # short: a bridge's socket goes in it
+    home, bin_dir = coms_dir / "h", coms_dir / "bin"
     home.mkdir()
     bin_dir.mkdir()
-    env = {"HOME": str(home), "PATH": str(bin_dir), "PI_COMS_DIR": str(tmp_path / "c")}
+    env = {"HOME": str(home), "PATH": str(bin_dir), "PI_COMS_DIR": str(coms_dir / "c")}
     return World(home, bin_dir, env, parse_config(["--project", "demo"], env))
 
 

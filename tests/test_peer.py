@@ -1032,7 +1032,9 @@ def test_a_probe_of_a_socket_with_a_full_backlog_gives_up(coms_dir: Path) -> Non
     probe.join(timeout=5)  # a probe that waited is let go when the listener closes
 
 
-def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity) -> None:
+def test_the_daemon_unpublishes_what_a_stopped_peer_left(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str],
+) -> None:
     # W8 at exit even when the Peer's stop came too late to run its release
     rig = start(identity).ready()
     entry = read_entry(identity.entry_path)
@@ -1065,5 +1067,7 @@ def test_the_daemon_unpublishes_what_a_stopped_peer_left(identity: PeerIdentity)
     # our entry with no endpoint at all: the entry goes, and nothing is said
     write_entry(identity.entry_path, entry)
     identity.endpoint.unlink()
+    capfd.readouterr()
     assert unpublish_if_left(identity)
     assert not identity.entry_path.exists()
+    assert capfd.readouterr().err == ""
