@@ -218,9 +218,10 @@ def check_service(config: BridgeConfig, env: Mapping[str, str]) -> Check:
 
 
 def check_send(config: BridgeConfig, env: Mapping[str, str]) -> Check:
+    found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes  # for errors
     profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
-    try:  # found on the PATH of `env`, as the daemon's own sends are
-        done = _run([config.hermes, *profile, "send", "--to", config.target, TEST_TEXT], env)
+    try:
+        done = _run([found, *profile, "send", "--to", config.target, TEST_TEXT], env)
     except OSError as exc:
         return Check("test message", False, f"hermes send: {exc}")
     if done.returncode != 0:

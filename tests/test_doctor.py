@@ -569,6 +569,9 @@ def test_the_test_message_goes_through_the_profile(world: World) -> None:
     assert TEST_TEXT == "coms-hermes-bridge doctor: a test message; nothing to answer."
     hermes.configure(exit=2)
     assert check_send(config, world.env).line() == "✖ test message: hermes send failed (2): exit 2"
+    broken = world.hermes("#!/nonexistent/python3\n")  # found, but cannot start: named in full
+    assert check_send(config, world.env).line() == (
+        f"✖ test message: hermes send: [Errno 2] No such file or directory: '{broken}'")
 
 
 def test_the_checks_run_in_the_chains_order(world: World) -> None:
