@@ -126,7 +126,10 @@ def run(config: BridgeConfig) -> int:
                f" {count} open question(s)", "info")
         link.ready(count)
         link.start_watchdog(tree.queue_depth)  # pings only while the tree answers
-        stop.wait()  # a signal's handler and a fatal verdict both set it
+        # a signal's handler and a fatal verdict both set it. A handler runs on this thread,
+        # between bytecodes: a signal the kernel gave another thread is seen at a timeout
+        while not stop.wait(0.2):
+            pass
         break
     link.stopping()
     report(f"stopping {why[0]} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
