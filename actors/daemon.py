@@ -70,17 +70,22 @@ def unpublish_if_left(identity: PeerIdentity) -> bool:
 
 def run(config: BridgeConfig) -> int:
     """Run the daemon until a signal or a fatal failure; return the exit code."""
-    stop = threading.Event()
+    fatal = threading.Event()  # set from the supervisor's thread
     exit_code = [0]
-    why = ["giving up"]
+    # A handler runs on this thread between any two bytecodes, even inside Event.wait
+    # while it holds the event's lock, so it must take no lock (Event.set would wait
+    # for ever on it): it only records the signal, which the waits below look at.
+    signalled: list[str] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        why[0] = f"on {signal.Signals(signum).name}"
-        stop.set()
+        signalled.append(signal.Signals(signum).name)
 
     def on_fatal(reason: str) -> None:
         exit_code[0] = 1
-        stop.set()
+        fatal.set()
+
+    def running(interval: float) -> bool:
+        return not signalled and not fatal.wait(interval)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -115,7 +120,7 @@ def run(config: BridgeConfig) -> int:
         return 1
     tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
-    while not stop.wait(0.02):  # ready: published (W7), and the Router answers
+    while running(0.02):  # ready: published (W7), and the Router answers
         if not published(identity):
             continue
         try:
@@ -126,13 +131,12 @@ def run(config: BridgeConfig) -> int:
                f" {count} open question(s)", "info")
         link.ready(count)
         link.start_watchdog(tree.queue_depth)  # pings only while the tree answers
-        # a signal's handler and a fatal verdict both set it. A handler runs on this thread,
-        # between bytecodes: a signal the kernel gave another thread is seen at a timeout
-        while not stop.wait(0.2):
+        while running(0.2):  # a signal is seen at the next timeout at the latest
             pass
         break
     link.stopping()
-    report(f"stopping {why[0]} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
+    why = f"on {signalled[0]}" if signalled else "giving up"
+    report(f"stopping {why} (exit {exit_code[0]})", "info" if exit_code[0] == 0 else "error")
     try:
         tree.root.stop(timeout=SHUTDOWN_BUDGET_S)
     except pykka.Timeout:

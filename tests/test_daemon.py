@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pykka
 import pytest
@@ -400,3 +401,22 @@ def test_an_actors_traceback_is_shown_only_on_request(
     assert len(crashes) == (6 if debug else 0)  # the first start and five restarts
     assert all(str(record.exc_info[1]) == "AF_UNIX path too long"
                for record in crashes if record.exc_info)
+
+
+def test_a_signal_handler_sets_no_event_on_the_main_thread(
+    base: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A handler runs between any two bytecodes of the main thread, even inside
+    # Event.wait while that thread holds the event's lock: an Event.set there would wait
+    # for ever on it, and the daemon would never stop. So no set() on the main thread.
+    on_main: list[str] = []
+
+    class Watched(threading.Event):
+        def set(self) -> None:
+            if threading.current_thread() is threading.main_thread():
+                on_main.append("set")
+            super().set()
+
+    monkeypatch.setattr(daemon, "threading", SimpleNamespace(Event=Watched))
+    assert World(base, monkeypatch).run_daemon(config_in(base)) == 0
+    assert on_main == []
