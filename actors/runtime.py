@@ -59,7 +59,9 @@ T = TypeVar("T")
 Level = Literal["error", "warning", "info"]
 MAX_REPORT = 4000  # characters of one stderr line; hermes' stderr can be long
 _PRIORITY = {"error": 3, "warning": 4, "info": 6}  # syslog's, for journald's `<N>` prefix
-_REPORT_LOCK = threading.Lock()
+# Reentrant: the SIGUSR1 dump reports from a signal handler, which can run on a thread
+# already inside report() (a handler runs between any two bytecodes of the main thread).
+_REPORT_LOCK = threading.RLock()
 
 
 def _stderr_is_journal() -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from coms_hermes_bridge.actors import runtime
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from tests.fakes import NotifySocket, wait_for
 
@@ -279,3 +280,17 @@ def test_a_stack_dump_is_one_info_line_per_line_of_each_stack(
     main = lines.index(next(line for line in lines if "Current state of MainThread" in line))
     assert any("in test_a_stack_dump_is_one_info_line" in line for line in lines[main:])
     assert pykka_logger.handlers == handlers  # attached for the dump only
+
+
+def test_a_stack_dump_can_land_while_this_thread_writes_a_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The SIGUSR1 handler runs on the main thread between any two bytecodes, so also
+    # inside report() while that thread holds the lock that keeps lines whole: the
+    # handler's own report() must take that lock again, not wait for ever on it.
+    with runtime._REPORT_LOCK:  # as if the signal came in the middle of a line
+        assert runtime._REPORT_LOCK.acquire(timeout=1)  # reentrant: the dump goes on
+        runtime._REPORT_LOCK.release()
+        dump_thread_stacks(signal.SIGUSR1, None)
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "coms-hermes-bridge: info: SIGUSR1: stacks of every thread follow")
