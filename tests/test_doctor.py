@@ -413,7 +413,9 @@ def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
         f"come back; install it as {profile_skills / 'hub-liaison' / 'SKILL.md'}")
 
 
-def test_the_questions_directory_must_be_ours_and_closed(world: World) -> None:
+def test_the_questions_directory_must_be_ours_and_closed(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     directory = world.config.questions_dir
 
     def line() -> str:
@@ -443,10 +445,10 @@ def test_the_questions_directory_must_be_ours_and_closed(world: World) -> None:
     assert line() == f"✔ questions directory: {directory} (ours, 0700)"
     directory.chmod(0o700)
     assert line() == f"✔ questions directory: {directory} (ours, 0700)"
-    if os.getuid() == 0:  # only root can give it away
-        os.chown(directory, 12345, -1)
-        assert line() == (f"✖ questions directory: {directory} belongs to uid 12345, not to us "
-                          "(0): another user could forge answers")
+    owner = directory.stat().st_uid
+    monkeypatch.setattr(os, "getuid", lambda: owner + 1)  # as another user sees it
+    assert line() == (f"✖ questions directory: {directory} belongs to uid {owner}, not to us "
+                      f"({owner + 1}): another user could forge answers")
 
 
 def test_the_state_file_is_read_not_made(world: World) -> None:
