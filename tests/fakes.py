@@ -44,6 +44,14 @@ T = TypeVar("T")
 A = TypeVar("A", bound=pykka.Actor)
 
 
+def take(inbox: queue.Queue[T], timeout: float, missing: str) -> T:
+    """The next item within `timeout` seconds, or AssertionError(`missing`)."""
+    try:
+        return inbox.get(timeout=max(timeout, 0))
+    except queue.Empty:
+        raise AssertionError(missing) from None
+
+
 class FakeRef:
     """Records every `tell` in a queue, as a stand-in for a collaborator's address."""
 
@@ -72,10 +80,7 @@ class FakeRef:
 
     def next(self, timeout: float = 5.0) -> Any:
         """The next message, whatever it is."""
-        try:
-            message = self.inbox.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.name}: nothing told within {timeout}s") from None
+        message = take(self.inbox, timeout, f"{self.name}: nothing told within {timeout}s")
         self.seen.append(message)
         return message
 
@@ -347,19 +352,14 @@ class Asker:
             return len(self.arrivals)
 
     def response(self, timeout: float = 10.0) -> dict[str, Any]:
-        try:
-            return self.responses.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no response within {timeout}s") from None
+        return take(self.responses, timeout, f"no response within {timeout}s")
 
     def response_for(self, msg_id: str, timeout: float = 10.0) -> dict[str, Any]:
         """The response to `msg_id`, passing over (and dropping) any other on the way."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                env = self.responses.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                raise AssertionError(f"no response to {msg_id} within {timeout}s") from None
+            env = take(self.responses, deadline - time.monotonic(),
+                       f"no response to {msg_id} within {timeout}s")
             if env.get("msg_id") == msg_id:
                 return env
 
@@ -669,10 +669,7 @@ class NotifySocket:
             self.messages.put((time.monotonic(), data.decode()))
 
     def next(self, timeout: float = 10.0) -> tuple[float, str]:
-        try:
-            item = self.messages.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no datagram within {timeout}s; saw {self.seen}") from None
+        item = take(self.messages, timeout, f"no datagram within {timeout}s; saw {self.seen}")
         self.seen.append(item)
         return item
 
