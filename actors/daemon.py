@@ -78,7 +78,8 @@ def run(config: BridgeConfig) -> int:
     signalled: list[str] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        signalled.append(signal.Signals(signum).name)
+        if not signalled:  # the first names the stop; a flood of them holds nothing more
+            signalled.append(signal.Signals(signum).name)
 
     def on_fatal(reason: str) -> None:
         exit_code[0] = 1
