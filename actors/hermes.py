@@ -58,6 +58,7 @@ from .runtime import (
     shared_edge,
     tell_quietly,
 )
+from .store import StoreClosedError
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
@@ -107,6 +108,11 @@ class DeliveryActor(PooledChild):
             job = self._jobs.popleft()
             if self._withdrawn(job):
                 continue
+            try:
+                self.w.store.flush()  # what the text tells the human is committed first
+            except StoreClosedError:  # it is not: the daemon ends, and the rows stand
+                self._jobs.appendleft(job)
+                return
             run = shared_edge().spawn(
                 run_process(self.argv(job.text), self.w.config.send_timeout_ms / 1000))
             self._running = job, run
@@ -538,6 +544,10 @@ class WatcherActor(PooledChild):
         file is renamed aside (atomic), looked at, and put back without clobbering
         anything if it is not the one.
         """
+        try:
+            self.w.store.flush()  # the verdict that used the file is committed first
+        except StoreClosedError:  # it is not: the file stays, to be judged after a restart
+            return False
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick

@@ -30,7 +30,7 @@ from ..messages.commands import (
     SendResponse,
     UnknownMessage,
 )
-from ..messages.contract import iso, log_record
+from ..messages.contract import NOT_ADMITTED, iso, log_record
 from ..messages.wire import (
     Ack,
     AgentCard,
@@ -63,6 +63,7 @@ from .runtime import (
     shared_edge,
     tell_quietly,
 )
+from .store import StoreClosedError
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
@@ -145,7 +146,7 @@ class Listener:
 
     def __init__(self, server: socket.socket, router: Address,
                  pong_card: Callable[[int | None], AgentCard], admit: Admit, depth: Depth, *,
-                 edge: Edge | None = None,
+                 edge: Edge | None = None, durable: Callable[[], None] = lambda: None,
                  max_connections: int = MAX_CONNECTIONS,
                  line_deadline_s: float = LINE_DEADLINE_S) -> None:
         server.setblocking(False)  # accept() in a batch must never wait
@@ -154,6 +155,7 @@ class Listener:
         self._pong_card = pong_card
         self._admit = admit
         self._depth = depth
+        self._durable = durable  # the store's flush: an ack only for a committed question
         self.edge = edge or shared_edge()
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
@@ -325,6 +327,11 @@ class Listener:
                 report(f"question {prompt.msg_id} is queued but was not stored within "
                        f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
                 error = None
+            if error is None:
+                try:
+                    self._durable()
+                except StoreClosedError:  # its group was not committed: said by the store
+                    error = NOT_ADMITTED
             if error is not None:
                 return Nack(msg_id=prompt.msg_id, error=error), None
             return Ack(msg_id=prompt.msg_id), None
@@ -527,7 +534,8 @@ class PeerActor(PooledChild):
         self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.w.router, self._card, self.admit, self.depth)
+        self._listener = Listener(server, self.w.router, self._card, self.admit, self.depth,
+                                  durable=self.w.store.flush)
         self._listener.start()
         self._publish(self._last_depth)
         self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
@@ -635,6 +643,10 @@ class PeerActor(PooledChild):
                        owner: str | None) -> None:
         """W15, through the pool: an asker's socket must never stall our mailbox."""
         qid = prompt.msg_id
+        try:
+            self.w.store.flush()  # the close that owes it is committed before it leaves
+        except StoreClosedError:
+            return  # not committed: the question is open in the rows the restart reads
         try:
             line = ResponseEnvelope(
                 msg_id=qid, sender_session=self.identity.session_id,

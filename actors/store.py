@@ -9,6 +9,7 @@ crash mid-write without a hand-written journal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -31,7 +32,7 @@ from ..messages.commands import (
 from ..messages.contract import js_number
 from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .runtime import later, report
+from .runtime import Edge, later, report
 
 T = TypeVar("T")
 
@@ -109,7 +110,8 @@ _NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note"
 
 
 class StoreClosedError(RuntimeError):
-    """The store was shut down; a write now could not be made durable, so it is refused."""
+    """The store was shut down, or a grouped commit failed; a write now could not be made
+    durable, so it is refused."""
 
 
 def _table_shapes(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
@@ -237,6 +239,11 @@ class Store:
         self.path = path
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
+        # Group commit (see `group_commits`): off until the daemon's tree turns it on.
+        self._edge: Edge | None = None
+        self._on_failure: Callable[[str], None] = lambda reason: None
+        self._flush_due = False
+        self._failed: str | None = None
         self._closed_since_trim = 0
         # Settled responses not yet deleted from the outbox (group commit, see `settle`).
         self._settle_lock = threading.Lock()
@@ -268,14 +275,64 @@ class Store:
                 )
         return cls(path, _connect(path))
 
+    def group_commits(self, edge: Edge, on_failure: Callable[[str], None]) -> None:
+        """From now on a write made on `edge`'s loop is not committed by its method: it
+        joins the loop's open transaction, which `flush` commits before any effect that
+        may rely on it, or a callback queued behind the write does once the loop gets to
+        it. A burst of answers then costs one commit, not one each, and nothing outside
+        the process learns of a write before it is durable. A grouped commit that fails
+        has been believed by every actor that wrote to it, so the store refuses every
+        write and flush after it and `on_failure` ends the daemon, which comes back from
+        the rows last committed (the way a crash does)."""
+        self._edge, self._on_failure = edge, on_failure
+
+    def flush(self) -> None:
+        """Commit the loop's open transaction, if any: before an ack, a response, an
+        answer file's removal, a hermes run or a log line. StoreClosedError once a grouped
+        commit failed, so the effect does not happen; a shut-down store has nothing left."""
+        with self._lock:
+            if self._failed is not None:
+                raise StoreClosedError(self._failed)
+            self._flush_due = False
+            conn = self._conn
+            if conn is not None and conn.in_transaction:
+                self._commit(conn)
+
+    def _flush_later(self) -> None:
+        """The commit queued behind the loop's first write since the last flush."""
+        with contextlib.suppress(StoreClosedError):  # said and handled when it failed
+            self.flush()
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        """(under the lock)"""
+        try:
+            conn.commit()
+        except sqlite3.Error as exc:
+            self._fail(conn, exc)
+            raise
+
+    def _fail(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
+        """(under the lock) The transaction is gone: only grouped writes make that fatal."""
+        with contextlib.suppress(sqlite3.Error):
+            conn.rollback()
+        if self._edge is not None and self._failed is None:
+            self._failed = (f"state database {self.path}: could not commit a group of "
+                            f"writes ({exc!r}); refusing every write until a restart")
+            report(self._failed, "error")
+            self._on_failure(self._failed)
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and one write transaction; commit on success, roll back on error."""
+        """Hold the lock and one write, undone alone if it fails; committed before the
+        method returns, or joining the loop's group (see `group_commits`)."""
         with self._lock:
             conn = self._conn
-            if conn is None:
-                raise StoreClosedError(f"state database {self.path} is shut down")
-            conn.execute("BEGIN IMMEDIATE")
+            if conn is None or self._failed is not None:
+                raise StoreClosedError(self._failed or f"state database {self.path} is shut down")
+            grouped = self._edge is not None and self._edge.on_loop()
+            if not conn.in_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            conn.execute("SAVEPOINT write")
             with self._settle_lock:  # whoever writes next settles what is waiting
                 settles, self._settles = self._settles, []
                 self._settle_leader = False
@@ -283,12 +340,23 @@ class Store:
                 if settles:
                     settles = self._apply_settles(conn, settles)
                 yield conn
-                conn.commit()
+                conn.execute("RELEASE write")
             except BaseException:
-                conn.rollback()
                 with self._settle_lock:  # not settled after all: the next write tries again
                     self._settles[:0] = settles
+                try:
+                    conn.execute("ROLLBACK TO write")
+                    conn.execute("RELEASE write")
+                except sqlite3.Error as exc:  # SQLite undid the whole transaction itself
+                    self._fail(conn, exc)
+                if not grouped and not self._flush_due and conn.in_transaction:
+                    conn.rollback()  # nothing of the loop's waits in it: leave no lock held
                 raise
+            if not grouped:
+                self._commit(conn)
+            elif not self._flush_due:
+                self._flush_due = True
+                self._edge.call(self._flush_later)  # type: ignore[union-attr]
 
     def _apply_settles(
         self, conn: sqlite3.Connection, settles: list[tuple[str, str]]
@@ -633,6 +701,8 @@ class Store:
         Settles still waiting for a write are committed first.
         """
         self._settle_later()  # stopping must finish, whatever failed: they stay owed
+        with contextlib.suppress(StoreClosedError, sqlite3.Error):  # said when it failed
+            self.flush()
         with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None:

@@ -25,7 +25,16 @@ from .hermes import DeliveryActor, WatcherActor
 from .logger import LoggerActor
 from .peer import PeerActor
 from .questions import QuestionRouter
-from .runtime import GiveUp, RestartPolicy, Schedule, Slot, is_resource_shortage, later, report
+from .runtime import (
+    GiveUp,
+    RestartPolicy,
+    Schedule,
+    Slot,
+    is_resource_shortage,
+    later,
+    report,
+    shared_edge,
+)
 from .runtime import utc_now as _utc_now
 from .store import Store
 
@@ -160,6 +169,7 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
                clock: Callable[[], float] = time.time,
                monotonic: Callable[[], float] = time.monotonic) -> Tree:
     """Build the child specs and start the root; returns at once (children start in it)."""
+    store.group_commits(shared_edge(), on_fatal)
     slots = {name: Slot(name) for name in CHILDREN}
     wiring = Wiring(config, store, now=now, clock=clock, run_tag=identity.session_id[-8:],
                     **slots)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import pykka
 from ulid import ULID
@@ -451,12 +451,29 @@ def bridge_config(home: Path = NO_HOME, **overrides: Any) -> BridgeConfig:
     return dataclasses.replace(config, **overrides)
 
 
+class Commits:
+    """The store as an actor with an outside effect uses it: `flush` before the effect
+    (the grouped writes committed first). Each flush runs `check` (say, to see the effect
+    has not happened yet), counted in `flushes`; `fails` makes it refuse, as a store
+    whose grouped commit failed does."""
+
+    def __init__(self, check: Callable[[], object] = lambda: None,
+                 fails: Exception | None = None) -> None:
+        self.check, self.fails = check, fails
+        self.flushes: list[object] = []
+
+    def flush(self) -> None:
+        self.flushes.append(self.check())
+        if self.fails is not None:
+            raise self.fails
+
+
 class WiredRig(ActorRig[A]):
     """One of the daemon's actors under test, started as the tree starts it: with a
     Wiring whose every address is a FakeRef named for its role (the supervisor too),
-    unless `addresses` gives a real one; `store` (a real Store, or None where the
-    actor never touches it), `config` (settings: `bridge_config()` by default), and
-    the clocks. `options` are the actor's own keyword arguments."""
+    unless `addresses` gives a real one; `store` (a real Store or a stand-in; by default
+    a `Commits`), `config` (settings: `bridge_config()` by default), and the clocks.
+    `options` are the actor's own keyword arguments."""
 
     def __init__(self, actor_class: type[A], *, store: Any = None,
                  config: BridgeConfig | None = None, now: Callable[[], Any] = utc_now,
@@ -465,8 +482,8 @@ class WiredRig(ActorRig[A]):
         self.fakes = {role: FakeRef(role) for role in ROLES}
         wired: dict[str, Any] = {role: self.fakes[role] for role in ROLES[1:]}
         wired.update(addresses or {})
-        self.wiring = Wiring(config or bridge_config(), store, now=now, clock=clock, run_tag="t",
-                             **wired)
+        self.wiring = Wiring(config or bridge_config(), store or cast(Store, Commits()),
+                             now=now, clock=clock, run_tag="t", **wired)
         self.ref = self.start(actor_class, options)
 
     def start(self, actor_class: type[A], options: dict[str, Any]) -> pykka.ActorRef[A]:

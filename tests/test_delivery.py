@@ -26,18 +26,19 @@ from coms_hermes_bridge.messages.commands import (
     TextPurpose,
 )
 from coms_hermes_bridge.messages.contract import cancel_note
-from tests.fakes import FakeRef, WiredRig, bridge_config, wait_for
+from tests.fakes import Commits, FakeRef, WiredRig, bridge_config, wait_for
 from tests.hermes_fake import FakeHermes
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-class Notes:
+class Notes(Commits):
     """The store as delivery uses it: whether a note is still owed, and marking it sent."""
 
     def __init__(self, owed: Callable[[str], bool] = lambda note_id: True,
-                 sent: Callable[[str], None] = lambda note_id: None) -> None:
+                 sent: Callable[[str], None] = lambda note_id: None, **commits: Any) -> None:
+        super().__init__(**commits)
         self.owed, self.sent = owed, sent
 
     def note_owed(self, note_id: str) -> bool:

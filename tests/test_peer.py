@@ -58,6 +58,7 @@ from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
 from tests.fakes import (
     Asker,
+    Commits,
     WiredRig,
     bridge_config,
     edge_caught_up,
@@ -78,17 +79,18 @@ def identity(coms_dir: Path) -> PeerIdentity:
     )
 
 
-class Settles:
+class Settles(Commits):
     """The store as the Peer uses it: each `settle` (the response is no longer owed)
     recorded as (qid, owner), or refused with `fails`."""
 
-    def __init__(self, fails: Exception | None = None) -> None:
+    def __init__(self, fails: Exception | None = None, **commits: Any) -> None:
+        super().__init__(**commits)
         self.settled: list[tuple[str, str | None]] = []
-        self.fails = fails
+        self.settle_fails = fails
 
     def settle(self, qid: str, owner: str | None = None) -> None:
-        if self.fails is not None:
-            raise self.fails
+        if self.settle_fails is not None:
+            raise self.settle_fails
         self.settled.append((qid, owner))
 
 

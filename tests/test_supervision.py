@@ -49,6 +49,7 @@ from tests.fakes import (
     ActorRig,
     Boom,
     Child,
+    Commits,
     FakeClock,
     FakeRef,
     FakeSchedule,
@@ -444,7 +445,7 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     others: dict[str, Any] = {role: FakeRef(role) for role in ROLES[1:]}
     config = bridge_config(hermes=str(hermes.path), target="telegram", hermes_profile=None,
                            send_timeout_ms=60_000)
-    wiring = Wiring(config, cast(Store, None), **{**others, "delivery": slot})
+    wiring = Wiring(config, cast(Store, Commits()), **{**others, "delivery": slot})
 
     def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
         return DeliveryActor.start(wiring, supervisor=sup)
