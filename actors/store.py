@@ -228,11 +228,13 @@ def adopt_shared_state(shared: Path, own: Path) -> bool:
 class Store:
     """Open questions and recently closed qids, in one SQLite file (WAL, mode 0600).
 
-    Every write is committed before its method returns, except a settle's (up to
-    SETTLE_DELAY_S later). With `synchronous=NORMAL` a commit reaches the WAL through
-    the OS before returning, so it survives a crash or kill of the process; only a power
-    loss or kernel crash may lose the last few commits, the price of not fsyncing every
-    state change. One connection for every thread, behind one lock: each method is atomic.
+    Every write is committed before anything outside the process can learn of it: at
+    once, or, on the edge's loop once `group_commits` is on, with the writes around it
+    before the next effect (a settle's up to SETTLE_DELAY_S later). With
+    `synchronous=NORMAL` a commit reaches the WAL through the OS before returning, so it
+    survives a crash or kill of the process; only a power loss or kernel crash may lose
+    the last few commits, the price of not fsyncing every state change. One connection
+    for every thread, behind one lock: each method is atomic.
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
@@ -309,6 +311,8 @@ class Store:
             conn.commit()
         except sqlite3.Error as exc:
             self._fail(conn, exc)
+            if self._failed is not None:
+                raise StoreClosedError(self._failed) from exc
             raise
 
     def _fail(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:

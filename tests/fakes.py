@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -449,6 +450,29 @@ def bridge_config(home: Path = NO_HOME, **overrides: Any) -> BridgeConfig:
     """The settings the daemon parses from no flags (HOME at `home`), with `overrides`."""
     config = parse_config([], {"HOME": str(home)})
     return dataclasses.replace(config, **overrides)
+
+
+class FailingConnection:
+    """A store's SQLite connection whose `commit`, or the undoing of a savepoint, fails as
+    SQLite's do when the disk does (white-box: put in the store's `_conn`)."""
+
+    def __init__(self, conn: sqlite3.Connection, *, commit: bool = True,
+                 savepoint: bool = True) -> None:
+        self._conn, self._commit_ok, self._savepoint_ok = conn, commit, savepoint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def commit(self) -> None:
+        if not self._commit_ok:
+            raise sqlite3.OperationalError("disk I/O error")
+        self._conn.commit()
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "ROLLBACK TO write" and not self._savepoint_ok:
+            self._conn.rollback()  # SQLite undid the whole transaction itself
+            raise sqlite3.OperationalError("no such savepoint: write")
+        return self._conn.execute(sql, *args)
 
 
 class Commits:

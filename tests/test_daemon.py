@@ -30,11 +30,14 @@ from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import DEPTH_TIMEOUT_S, RootSupervisor, Tree
+from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import RegistryEntry
-from tests.fakes import NotifySocket, state_file, wait_for
+from tests.bridge_process import request
+from tests.fakes import FailingConnection, NotifySocket, prompt_envelope, state_file, wait_for
 from tests.hermes_fake import FakeHermes
 
 PREFIX = "coms-hermes-bridge: "
+QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
 
 @pytest.fixture
@@ -220,6 +223,40 @@ def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
         "error: peer crashed 6 times within 10s; last error: OSError: AF_UNIX path too long",
         "error: stopping giving up (exit 1)"]
     assert list(agents_dir(coms, "demo").iterdir()) == []
+
+
+def test_a_grouped_commit_that_fails_nacks_the_question_and_stops_the_daemon_with_exit_1(
+    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = config_in(base)
+    opened: list[Store] = []
+    real_open = Store.open
+
+    def open_and_keep(path: Path) -> Store:
+        opened.append(real_open(path))
+        return opened[-1]
+
+    monkeypatch.setattr(Store, "open", open_and_keep)
+    replies: list[object] = []
+
+    def ask(notify: NotifySocket) -> None:
+        store = opened[0]
+        store._conn = FailingConnection(store._conn, commit=False)  # type: ignore[arg-type]
+        endpoint = next((config.coms_dir / "sockets").iterdir())
+        replies.append(request(endpoint, prompt_envelope(QID).model_dump(mode="json")))
+
+    world = World(base, monkeypatch, ask, sig=None)
+    assert world.run_daemon(config) == 1
+    assert replies == [{"type": "nack", "msg_id": QID, "error": NOT_ADMITTED}]
+    reason = (f"state database {config.state_path}: could not commit a group of writes "
+              "(OperationalError('disk I/O error')); refusing every write until a restart")
+    lines = stderr_lines(capsys)  # (writers refused meanwhile may say they crashed)
+    assert lines.index(f"error: {reason}") < lines.index("error: stopping giving up (exit 1)")
+    restarted = real_open(config.state_path)  # what the next start reads: nothing of it
+    try:
+        assert restarted.load() == ([], [])
+    finally:
+        restarted.shutdown()
 
 
 def test_a_slow_stop_is_said_and_the_peer_still_goes(

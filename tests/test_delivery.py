@@ -18,6 +18,7 @@ import pytest
 from coms_hermes_bridge.actors import hermes as hermes_module
 from coms_hermes_bridge.actors.hermes import DeliveryActor
 from coms_hermes_bridge.actors.runtime import OUTPUT_TAIL, run_process
+from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
     ChildFailed,
     HermesRan,
@@ -90,6 +91,23 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def test_hermes_runs_only_after_the_store_committed_what_its_text_tells(
+        hermes: FakeHermes) -> None:
+    notes = Notes(check=lambda: len(hermes.argvs()))  # at each flush, how many runs so far
+    rig = DeliveryRig(hermes.path, notes=notes)
+    rig.send("one")
+    assert rig.told() == (QID, None)
+    rig.send("two")
+    assert rig.told() == (QID, None)
+    assert notes.flushes == [0, 1]
+    notes.fails = StoreClosedError("the group's commit failed")  # the daemon is ending
+    rig.send("three")
+    rig.sync()
+    assert notes.flushes == [0, 1, 2]
+    assert [argv[-1] for argv in hermes.argvs()] == ["one", "two"]
+    rig.question.assert_nothing()
 
 
 def test_runs_hermes_with_the_exact_argv_and_reports_delivered(hermes: FakeHermes) -> None:  # W20

@@ -30,14 +30,16 @@ from coms_hermes_bridge.actors.peer import (
 )
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
 from coms_hermes_bridge.actors.runtime import Edge
+from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
     Address,
     HeartbeatDue,
     NewQuestion,
     QueueDepthQuery,
 )
+from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
-from tests.fakes import FakeRef, WiredRig, edge_caught_up, prompt_envelope, said, wait_for
+from tests.fakes import Commits, FakeRef, WiredRig, edge_caught_up, prompt_envelope, said, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 PING = b'{"type":"ping","msg_id":"p"}\n'
@@ -406,6 +408,22 @@ def test_a_new_question_reaches_the_router_and_is_acked_once_stored(
     handed.reply(None)  # the Router stored it
     sender.join(10)
     assert json.loads(replies[0]) == {"type": "ack", "msg_id": QID}
+
+
+def test_a_stored_question_is_acked_only_after_the_store_committed_it(
+    serve: Callable[..., Served],
+) -> None:  # W14: an ack means the question survives a crash
+    replies: list[bytes] = []
+    commits = Commits(check=lambda: list(replies))
+    served = serve(admit=lambda prompt, reply: reply(None), durable=commits.flush)  # stored
+    replies.append(talk(served.path, prompt_envelope(QID).to_line()))
+    assert commits.flushes == [[]]
+    assert json.loads(replies[0]) == {"type": "ack", "msg_id": QID}
+    commits.fails = StoreClosedError("the group's commit failed")  # said by the store
+    other = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
+    reply = json.loads(talk(served.path, prompt_envelope(other).to_line()))
+    assert reply == {"type": "nack", "msg_id": other, "error": NOT_ADMITTED}
+    assert commits.flushes == [[], replies]
 
 
 def test_a_question_not_stored_in_time_is_acked_anyway_and_said(

@@ -7,8 +7,11 @@ damaged file must never keep the daemon from starting.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -53,7 +56,7 @@ from coms_hermes_bridge.messages.wire import (
     QuestionOption,
     State,
 )
-from tests.fakes import wait_for
+from tests.fakes import FailingConnection, edge_caught_up, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
@@ -1599,3 +1602,166 @@ def test_a_file_without_wal_is_said_and_still_kept(
         f"coms-hermes-bridge: state database {path}: WAL mode unavailable "
         "(journal mode ('delete',))\n"
     )
+
+
+# -- group commit on the edge's loop ---------------------------------------------------
+
+
+def _on_loop(fn: Callable[[], Any]) -> Any:
+    """`fn` in one callback of the shared edge's loop, where the daemon's actors write."""
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # an assertion too, raised in the test's thread
+            done.set_exception(exc)
+
+    runtime.shared_edge().call(run)
+    return done.result(5)
+
+
+def _committed(path: Path) -> list[str]:
+    """The open qids another connection sees: what a restart would read."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return [row[0] for row in conn.execute("SELECT qid FROM open_questions ORDER BY qid")]
+
+
+BAD_NOTE = SendText(QID, "note \ud800", "late_note", note_id="late:1")  # cannot be bound
+
+
+@pytest.fixture
+def failures(store: Store) -> list[str]:
+    """The store grouping its writes on the shared edge, and what it reports failing."""
+    failed: list[str] = []
+    store.group_commits(runtime.shared_edge(), failed.append)
+    return failed
+
+
+def test_a_write_on_the_loop_is_committed_by_the_flush_before_an_effect(
+        store: Store, path: Path, failures: list[str]) -> None:
+    def turn() -> tuple[list[str], list[str]]:
+        store.put_open(spec(), owner="o")
+        store.put_open(spec(QID2), owner="o")
+        before = _committed(path)
+        store.flush()
+        return before, _committed(path)
+
+    assert _on_loop(turn) == ([], sorted([QID, QID2]))
+    assert failures == []
+
+
+def test_a_write_on_the_loop_with_no_effect_after_it_is_committed_in_the_next_pass(
+        store: Store, path: Path, failures: list[str]) -> None:
+    assert _on_loop(lambda: (store.put_open(spec(), owner="o"), _committed(path))[1]) == []
+    edge_caught_up()
+    assert _committed(path) == [QID]
+    _on_loop(lambda: store.put_open(spec(QID2), owner="o"))  # and again after a flush
+    edge_caught_up()
+    assert _committed(path) == sorted([QID, QID2])
+
+
+def test_a_write_off_the_loop_is_committed_before_it_returns(
+        store: Store, path: Path, failures: list[str]) -> None:
+    store.put_open(spec(), owner="o")
+    assert _committed(path) == [QID]
+
+
+def test_a_write_that_fails_in_a_group_undoes_only_itself(
+        store: Store, path: Path, failures: list[str]) -> None:
+    def turn() -> None:
+        store.put_open(spec(), owner="o")
+        with pytest.raises(UnicodeEncodeError):
+            store.owe_note(BAD_NOTE)
+        store.owe_note(SendText(QID, "note", "late_note", note_id="late:2"))
+        store.flush()
+
+    _on_loop(turn)
+    assert _committed(path) == [QID]
+    assert [n.note_id for n in store.owed_notes()] == ["late:2"]
+    assert failures == []
+
+
+def test_a_write_that_fails_off_the_loop_leaves_the_loops_group_alone(
+        store: Store, path: Path, failures: list[str]) -> None:
+    written, go_on = threading.Event(), threading.Event()
+
+    def turn() -> None:  # holds the loop, so its commit cannot run meanwhile
+        store.put_open(spec(), owner="o")
+        written.set()
+        assert go_on.wait(5)
+
+    runtime.shared_edge().call(turn)
+    assert written.wait(5)
+    with pytest.raises(UnicodeEncodeError):
+        store.owe_note(BAD_NOTE)
+    go_on.set()
+    edge_caught_up()
+    assert _committed(path) == [QID]
+
+
+def test_a_write_that_fails_off_the_loop_holds_no_lock_after_it(
+        store: Store, path: Path, failures: list[str]) -> None:
+    with pytest.raises(UnicodeEncodeError):
+        store.owe_note(BAD_NOTE)
+    with contextlib.closing(sqlite3.connect(path, timeout=0)) as other:
+        other.execute("BEGIN IMMEDIATE")  # would be "database is locked"
+        other.rollback()
+
+
+def test_a_grouped_commit_that_fails_refuses_every_write_after_it_and_says_so_once(
+        store: Store, path: Path, failures: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store._conn = FailingConnection(store._conn, commit=False)  # type: ignore[arg-type]
+    reason = (f"state database {path}: could not commit a group of writes "
+              "(OperationalError('disk I/O error')); refusing every write until a restart")
+
+    def turn() -> None:
+        store.put_open(spec(), owner="o")
+        with pytest.raises(StoreClosedError, match=re.escape(reason)):
+            store.flush()
+
+    _on_loop(turn)
+    edge_caught_up()  # the queued commit finds the store failed: nothing more said
+    assert failures == [reason]
+    assert capsys.readouterr().err == f"coms-hermes-bridge: error: {reason}\n"
+    assert _committed(path) == []  # rolled back: a restart reads what was last committed
+    with pytest.raises(StoreClosedError, match=re.escape(reason)):
+        store.put_open(spec(QID2), owner="o")
+    with pytest.raises(StoreClosedError, match=re.escape(reason)):
+        _on_loop(lambda: store.put_open(spec(QID2), owner="o"))
+    with pytest.raises(StoreClosedError, match=re.escape(reason)):
+        store.flush()
+    store.shutdown()
+    assert failures == [reason]
+
+
+def test_a_group_that_sqlite_undid_when_a_write_failed_fails_the_store(
+        store: Store, path: Path, failures: list[str]) -> None:
+    store._conn = FailingConnection(store._conn, savepoint=False)  # type: ignore[arg-type]
+
+    def turn() -> None:
+        store.put_open(spec(), owner="o")
+        with pytest.raises(UnicodeEncodeError):  # the write's own error, to its caller
+            store.owe_note(BAD_NOTE)
+
+    _on_loop(turn)
+    assert [f.split(" (")[0] for f in failures] == [
+        f"state database {path}: could not commit a group of writes"]
+    assert "no such savepoint" in failures[0]
+    assert _committed(path) == []
+    with pytest.raises(StoreClosedError):
+        store.flush()
+
+
+def test_without_a_group_a_failed_commit_fails_that_write_only(store: Store, path: Path) -> None:
+    real = store._conn
+    store._conn = FailingConnection(real, commit=False)  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.OperationalError):
+        store.put_open(spec(), owner="o")
+    store._conn = FailingConnection(real, savepoint=False)  # type: ignore[arg-type]
+    with pytest.raises(UnicodeEncodeError):
+        store.owe_note(BAD_NOTE)
+    store._conn = real
+    store.put_open(spec(QID2), owner="o")  # the store goes on
+    assert _committed(path) == [QID2]
