@@ -291,13 +291,13 @@ class Store:
     def flush(self) -> None:
         """Commit the loop's open transaction, if any: before an ack, a response, an
         answer file's removal, a hermes run or a log line. StoreClosedError once a grouped
-        commit failed, so the effect does not happen; a shut-down store has nothing left."""
+        commit failed or the store is shut down, so the effect does not happen."""
         with self._lock:
-            if self._failed is not None:
-                raise StoreClosedError(self._failed)
-            self._flush_due = False
             conn = self._conn
-            if conn is not None and conn.in_transaction:
+            if conn is None or self._failed is not None:
+                raise StoreClosedError(self._failed or f"state database {self.path} is shut down")
+            self._flush_due = False
+            if conn.in_transaction:
                 self._commit(conn)
 
     def _flush_later(self) -> None:
@@ -309,14 +309,15 @@ class Store:
         """(under the lock)"""
         try:
             conn.commit()
-        except sqlite3.Error as exc:
+        except Exception as exc:  # a full disk, an I/O error, no memory: all the same here
             self._fail(conn, exc)
             if self._failed is not None:
                 raise StoreClosedError(self._failed) from exc
             raise
 
-    def _fail(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
-        """(under the lock) The transaction is gone: only grouped writes make that fatal."""
+    def _fail(self, conn: sqlite3.Connection, exc: Exception) -> None:
+        """(under the lock) The transaction is gone. Once writes are grouped, others' may
+        have gone with it, whoever's write it was: that is fatal."""
         with contextlib.suppress(sqlite3.Error):
             conn.rollback()
         if self._edge is not None and self._failed is None:
@@ -336,11 +337,11 @@ class Store:
             grouped = self._edge is not None and self._edge.on_loop()
             if not conn.in_transaction:
                 conn.execute("BEGIN IMMEDIATE")
-            conn.execute("SAVEPOINT write")
             with self._settle_lock:  # whoever writes next settles what is waiting
                 settles, self._settles = self._settles, []
                 self._settle_leader = False
             try:
+                conn.execute("SAVEPOINT write")
                 if settles:
                     settles = self._apply_settles(conn, settles)
                 yield conn
@@ -353,8 +354,8 @@ class Store:
                     conn.execute("RELEASE write")
                 except sqlite3.Error as exc:  # SQLite undid the whole transaction itself
                     self._fail(conn, exc)
-                if not grouped and not self._flush_due and conn.in_transaction:
-                    conn.rollback()  # nothing of the loop's waits in it: leave no lock held
+                if not self._flush_due and conn.in_transaction:
+                    conn.rollback()  # no other write waits in it: leave no lock held
                 raise
             if not grouped:
                 self._commit(conn)
@@ -705,10 +706,12 @@ class Store:
         Settles still waiting for a write are committed first.
         """
         self._settle_later()  # stopping must finish, whatever failed: they stay owed
-        with contextlib.suppress(StoreClosedError, sqlite3.Error):  # said when it failed
-            self.flush()
-        with self._lock:
+        with self._lock:  # the last group committed and the file let go in one step
             conn, self._conn = self._conn, None
+            if conn is not None and self._failed is None:
+                with contextlib.suppress(Exception):  # said by _fail; the exit code says 1
+                    if conn.in_transaction:
+                        self._commit(conn)
         if conn is not None:
             try:
                 conn.close()

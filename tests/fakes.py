@@ -452,20 +452,24 @@ def bridge_config(home: Path = NO_HOME, **overrides: Any) -> BridgeConfig:
     return dataclasses.replace(config, **overrides)
 
 
-class FailingConnection:
-    """A store's SQLite connection whose `commit`, or the undoing of a savepoint, fails as
-    SQLite's do when the disk does (white-box: put in the store's `_conn`)."""
+DISK_ERROR = sqlite3.OperationalError("disk I/O error")
 
-    def __init__(self, conn: sqlite3.Connection, *, commit: bool = True,
+
+class FailingConnection:
+    """A store's SQLite connection whose `commit` raises `commit`, or whose undoing of a
+    savepoint fails as SQLite's does when it undid the whole transaction itself (white-box:
+    put in the store's `_conn`)."""
+
+    def __init__(self, conn: sqlite3.Connection, *, commit: Exception | None = None,
                  savepoint: bool = True) -> None:
-        self._conn, self._commit_ok, self._savepoint_ok = conn, commit, savepoint
+        self._conn, self._commit_error, self._savepoint_ok = conn, commit, savepoint
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
     def commit(self) -> None:
-        if not self._commit_ok:
-            raise sqlite3.OperationalError("disk I/O error")
+        if self._commit_error is not None:
+            raise self._commit_error
         self._conn.commit()
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:

@@ -33,7 +33,14 @@ from coms_hermes_bridge.actors.supervisor import DEPTH_TIMEOUT_S, RootSupervisor
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.bridge_process import request
-from tests.fakes import FailingConnection, NotifySocket, prompt_envelope, state_file, wait_for
+from tests.fakes import (
+    DISK_ERROR,
+    FailingConnection,
+    NotifySocket,
+    prompt_envelope,
+    state_file,
+    wait_for,
+)
 from tests.hermes_fake import FakeHermes
 
 PREFIX = "coms-hermes-bridge: "
@@ -241,7 +248,7 @@ def test_a_grouped_commit_that_fails_nacks_the_question_and_stops_the_daemon_wit
 
     def ask(notify: NotifySocket) -> None:
         store = opened[0]
-        store._conn = FailingConnection(store._conn, commit=False)  # type: ignore[arg-type]
+        store._conn = FailingConnection(store._conn, commit=DISK_ERROR)  # type: ignore[arg-type]
         endpoint = next((config.coms_dir / "sockets").iterdir())
         replies.append(request(endpoint, prompt_envelope(QID).model_dump(mode="json")))
 

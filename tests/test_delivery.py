@@ -94,20 +94,28 @@ def group_alive(pgid: int) -> bool:
 
 
 def test_hermes_runs_only_after_the_store_committed_what_its_text_tells(
-        hermes: FakeHermes) -> None:
-    notes = Notes(check=lambda: len(hermes.argvs()))  # at each flush, how many runs so far
+        hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []  # each run's text, as it is handed to the edge
+
+    def run_process(argv: list[str], timeout_s: float) -> Any:
+        started.append(argv[-1])
+        return real(argv, timeout_s)
+
+    real = hermes_module.run_process
+    monkeypatch.setattr(hermes_module, "run_process", run_process)
+    notes = Notes(check=lambda: list(started))  # at each flush, the runs started so far
     rig = DeliveryRig(hermes.path, notes=notes)
     rig.send("one")
     assert rig.told() == (QID, None)
     rig.send("two")
     assert rig.told() == (QID, None)
-    assert notes.flushes == [0, 1]
+    assert notes.flushes == [[], ["one"]]
     notes.fails = StoreClosedError("the group's commit failed")  # the daemon is ending
     rig.send("three")
     rig.sync()
-    assert notes.flushes == [0, 1, 2]
+    assert notes.flushes == [[], ["one"], ["one", "two"]]
+    assert started == ["one", "two"]
     assert [argv[-1] for argv in hermes.argvs()] == ["one", "two"]
-    rig.question.assert_nothing()
 
 
 def test_runs_hermes_with_the_exact_argv_and_reports_delivered(hermes: FakeHermes) -> None:  # W20

@@ -56,7 +56,7 @@ from coms_hermes_bridge.messages.wire import (
     QuestionOption,
     State,
 )
-from tests.fakes import FailingConnection, edge_caught_up, wait_for
+from tests.fakes import DISK_ERROR, FailingConnection, edge_caught_up, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
@@ -1684,15 +1684,7 @@ def test_a_write_that_fails_in_a_group_undoes_only_itself(
 
 def test_a_write_that_fails_off_the_loop_leaves_the_loops_group_alone(
         store: Store, path: Path, failures: list[str]) -> None:
-    written, go_on = threading.Event(), threading.Event()
-
-    def turn() -> None:  # holds the loop, so its commit cannot run meanwhile
-        store.put_open(spec(), owner="o")
-        written.set()
-        assert go_on.wait(5)
-
-    runtime.shared_edge().call(turn)
-    assert written.wait(5)
+    _, go_on = _held_loop(store)
     with pytest.raises(UnicodeEncodeError):
         store.owe_note(BAD_NOTE)
     go_on.set()
@@ -1700,19 +1692,67 @@ def test_a_write_that_fails_off_the_loop_leaves_the_loops_group_alone(
     assert _committed(path) == [QID]
 
 
-def test_a_write_that_fails_off_the_loop_holds_no_lock_after_it(
-        store: Store, path: Path, failures: list[str]) -> None:
-    with pytest.raises(UnicodeEncodeError):
-        store.owe_note(BAD_NOTE)
+@pytest.mark.parametrize("on_loop", [False, True])
+def test_a_write_that_fails_with_no_other_waiting_holds_no_lock_after_it(
+        store: Store, path: Path, failures: list[str], on_loop: bool) -> None:
+    def write() -> None:
+        with pytest.raises(UnicodeEncodeError):
+            store.owe_note(BAD_NOTE)
+
+    _on_loop(write) if on_loop else write()
     with contextlib.closing(sqlite3.connect(path, timeout=0)) as other:
         other.execute("BEGIN IMMEDIATE")  # would be "database is locked"
         other.rollback()
+    assert failures == []
+
+
+def _held_loop(store: Store) -> tuple[threading.Event, threading.Event]:
+    """A turn that writes and then holds the loop (so no queued commit runs) until the
+    second event is set; returns once it has written."""
+    written, go_on = threading.Event(), threading.Event()
+
+    def turn() -> None:
+        store.put_open(spec(), owner="o")
+        written.set()
+        assert go_on.wait(5)
+
+    runtime.shared_edge().call(turn)
+    assert written.wait(5)
+    return written, go_on
+
+
+def test_shutdown_commits_the_open_group_and_then_refuses_every_flush(
+        store: Store, path: Path, failures: list[str]) -> None:
+    _, go_on = _held_loop(store)
+    try:
+        store.shutdown()
+    finally:
+        go_on.set()
+    assert _committed(path) == [QID]
+    with pytest.raises(StoreClosedError, match=f"state database {path} is shut down"):
+        store.flush()  # an effect after it does not happen: its write was not kept
+    assert failures == []
+
+
+def test_a_last_group_that_cannot_be_committed_at_shutdown_is_a_failure(
+        store: Store, path: Path, failures: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, go_on = _held_loop(store)
+    store._conn = FailingConnection(store._conn, commit=MemoryError())  # type: ignore[arg-type]
+    try:
+        store.shutdown()  # and yet it stops
+    finally:
+        go_on.set()
+    assert failures == [f"state database {path}: could not commit a group of writes "
+                        "(MemoryError()); refusing every write until a restart"]
+    assert capsys.readouterr().err == f"coms-hermes-bridge: error: {failures[0]}\n"
+    assert _committed(path) == []
 
 
 def test_a_grouped_commit_that_fails_refuses_every_write_after_it_and_says_so_once(
         store: Store, path: Path, failures: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store._conn = FailingConnection(store._conn, commit=False)  # type: ignore[arg-type]
+    store._conn = FailingConnection(store._conn, commit=DISK_ERROR)  # type: ignore[arg-type]
     reason = (f"state database {path}: could not commit a group of writes "
               "(OperationalError('disk I/O error')); refusing every write until a restart")
 
@@ -1756,7 +1796,7 @@ def test_a_group_that_sqlite_undid_when_a_write_failed_fails_the_store(
 
 def test_without_a_group_a_failed_commit_fails_that_write_only(store: Store, path: Path) -> None:
     real = store._conn
-    store._conn = FailingConnection(real, commit=False)  # type: ignore[arg-type]
+    store._conn = FailingConnection(real, commit=DISK_ERROR)  # type: ignore[arg-type]
     with pytest.raises(sqlite3.OperationalError):
         store.put_open(spec(), owner="o")
     store._conn = FailingConnection(real, savepoint=False)  # type: ignore[arg-type]
