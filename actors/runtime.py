@@ -225,8 +225,8 @@ def shared_edge() -> Edge:
 
 def later(delay: float, action: Callable[[], None]) -> None:
     """`action` on the shared edge `delay` seconds from this call, from any thread (a
-    supervisor's schedule, the store's settle): due from when it was set, however long
-    the loop takes to get to the call that sets it."""
+    supervisor's schedule): due from when it was set, however long the loop takes to get
+    to the call that sets it."""
     edge = shared_edge()
     loop = edge.loop
     edge.call(loop.call_at, loop.time() + delay, action)

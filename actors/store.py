@@ -32,7 +32,7 @@ from ..messages.commands import (
 from ..messages.contract import js_number
 from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .runtime import Edge, later, report
+from .runtime import Edge, report
 
 T = TypeVar("T")
 
@@ -41,10 +41,6 @@ CLOSED_MEMORY = 1000
 # The closed table is trimmed back to CLOSED_MEMORY once per this many closes
 # (and at every start), not on every close: it holds at most the sum.
 CLOSED_TRIM_BATCH = 100
-# Settled responses wait this long (or for the next write) to share a commit;
-# this many waiting are committed at once (see Store.settle).
-SETTLE_DELAY_S = 0.05
-SETTLE_BATCH = 1000
 
 _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
@@ -230,7 +226,7 @@ class Store:
 
     Every write is committed before anything outside the process can learn of it: at
     once, or, on the edge's loop once `group_commits` is on, with the writes around it
-    before the next effect (a settle's up to SETTLE_DELAY_S later). With
+    before the next effect. With
     `synchronous=NORMAL` a commit reaches the WAL through the OS before returning, so it
     survives a crash or kill of the process; only a power loss or kernel crash may lose
     the last few commits, the price of not fsyncing every state change. One connection
@@ -247,10 +243,6 @@ class Store:
         self._flush_due = False
         self._failed: str | None = None
         self._closed_since_trim = 0
-        # Settled responses not yet deleted from the outbox (group commit, see `settle`).
-        self._settle_lock = threading.Lock()
-        self._settles: list[tuple[str, str]] = []
-        self._settle_leader = False
         # `seq` as older versions number it (they order and trim by it), kept going from
         # the file's largest, so a file taken back to one of them keeps its order
         self._seq = {table: int(conn.execute(f"SELECT IFNULL(MAX(seq), 0) FROM {table}")
@@ -337,18 +329,11 @@ class Store:
             grouped = self._edge is not None and self._edge.on_loop()
             if not conn.in_transaction:
                 conn.execute("BEGIN IMMEDIATE")
-            with self._settle_lock:  # whoever writes next settles what is waiting
-                settles, self._settles = self._settles, []
-                self._settle_leader = False
             try:
                 conn.execute("SAVEPOINT write")
-                if settles:
-                    settles = self._apply_settles(conn, settles)
                 yield conn
                 conn.execute("RELEASE write")
             except BaseException:
-                with self._settle_lock:  # not settled after all: the next write tries again
-                    self._settles[:0] = settles
                 try:
                     conn.execute("ROLLBACK TO write")
                     conn.execute("RELEASE write")
@@ -362,37 +347,6 @@ class Store:
             elif not self._flush_due:
                 self._flush_due = True
                 self._edge.call(self._flush_later)  # type: ignore[union-attr]
-
-    def _apply_settles(
-        self, conn: sqlite3.Connection, settles: list[tuple[str, str]]
-    ) -> list[tuple[str, str]]:
-        """Delete the settled rows; those applied, for a rollback to put back.
-
-        A settle SQLite cannot even bind (text that is not UTF-8, a wrong type) matches no
-        outbox row, so it is dropped alone, said with its qid: kept in the batch, it would
-        fail every later write. A fault of the file (locked, full) fails the whole write,
-        and the settles wait for the next.
-        """
-        try:
-            conn.executemany("DELETE FROM outbox WHERE qid = ? AND owner = ?", settles)
-            return settles
-        except (ValueError, TypeError, OverflowError, sqlite3.InterfaceError,
-                sqlite3.ProgrammingError):
-            pass
-        kept: list[tuple[str, str]] = []
-        for settle in settles:  # the deletes already made are made again: no harm
-            try:
-                conn.execute("DELETE FROM outbox WHERE qid = ? AND owner = ?", settle)
-            except (ValueError, TypeError, OverflowError, sqlite3.InterfaceError,
-                    sqlite3.ProgrammingError) as exc:
-                report(
-                    f"state database {self.path}: dropped the record of a sent response "
-                    f"for {settle[0]!r}: {exc!r:.200}",
-                    "error",
-                )
-            else:
-                kept.append(settle)
-        return kept
 
     def _next_seq(self, table: str) -> int:
         """(under the lock; a rolled-back one leaves a gap)"""
@@ -607,46 +561,21 @@ class Store:
         """The asker was answered (or is gone for good): the response leaves the outbox.
 
         Keyed by owner too, so a late settle for an old question cannot clear what a newer
-        one with the same qid owes. Group commit (docs/architecture.md): the settle is
-        applied by the next write transaction, or committed by a timer SETTLE_DELAY_S after
-        the first waiting settle, or at once when SETTLE_BATCH wait; it never waits for the
-        lock. A crash before that commit leaves the response owed, sent again at the next
-        start, as the outbox's at-least-once rule allows.
+        one with the same qid owes. On the loop it joins the group of the writes around it
+        and costs no commit of its own; a crash before that commit leaves the response
+        owed, sent again at the next start, as the outbox's at-least-once rule allows. A
+        settle SQLite cannot even bind (text that is not UTF-8, a wrong type) matches no
+        row: it is dropped, said with its qid.
         """
-        with self._settle_lock:
-            self._settles.append((qid, owner or ""))
-            now = len(self._settles) >= SETTLE_BATCH
-            first = not self._settle_leader
-            self._settle_leader = True
-        if now:
-            self._commit_settles()
-        elif first:  # no commit is on its way for these yet
-            try:
-                later(SETTLE_DELAY_S, self._settle_later)
-            except Exception:  # no timer for it (no thread, say): commit now instead
-                self._commit_settles()
-
-    def _commit_settles(self) -> None:
         try:
-            with self._transaction():
-                pass
-        except BaseException:
-            with self._settle_lock:  # let the next settle (or write) try again
-                self._settle_leader = False
-            raise
-
-    def _settle_later(self) -> None:
-        """Commit the waiting settles (none left if a write took them): the timer's, and
-        shutdown's."""
-        with self._settle_lock:
-            if not self._settles:
-                return
-        try:
-            self._commit_settles()
+            with self._transaction() as conn:
+                conn.execute("DELETE FROM outbox WHERE qid = ? AND owner = ?", (qid, owner or ""))
         except StoreClosedError:
-            pass  # shut down meanwhile: shutdown() committed what waited; later ones stay owed
-        except Exception as exc:  # on the edge's timer: reported, never raised
-            report(f"state database {self.path}: could not record sent responses: {exc!r}")
+            pass  # shut down, or its group failed (said): it stays owed
+        except (ValueError, TypeError, OverflowError, sqlite3.InterfaceError,
+                sqlite3.ProgrammingError) as exc:
+            report(f"state database {self.path}: dropped the record of a sent response "
+                   f"for {qid!r}: {exc!r:.200}", "error")
 
     def outbox(self) -> list[SendResponse]:
         """Responses decided but not yet handed to their askers, oldest first."""
@@ -702,10 +631,7 @@ class Store:
 
     def shutdown(self) -> None:
         """Close the file; safe to call twice, since both stop and crash paths may call it.
-
-        Settles still waiting for a write are committed first.
-        """
-        self._settle_later()  # stopping must finish, whatever failed: they stay owed
+        The loop's open group, if any, is committed first."""
         with self._lock:  # the last group committed and the file let go in one step
             conn, self._conn = self._conn, None
             if conn is not None and self._failed is None:

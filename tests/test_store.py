@@ -30,8 +30,6 @@ from coms_hermes_bridge.actors.store import (
     CLOSED_MEMORY,
     CLOSED_TRIM_BATCH,
     SCHEMA_VERSION,
-    SETTLE_BATCH,
-    SETTLE_DELAY_S,
     UNDELIVERED_MEMORY,
     Snapshot,
     StateBusyError,
@@ -56,7 +54,7 @@ from coms_hermes_bridge.messages.wire import (
     QuestionOption,
     State,
 )
-from tests.fakes import DISK_ERROR, FailingConnection, edge_caught_up, wait_for
+from tests.fakes import DISK_ERROR, FailingConnection, edge_caught_up
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 QID2 = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
@@ -504,252 +502,68 @@ def owe_many(store: Store, count: int) -> list[str]:
     return owners
 
 
-def timed(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, list[Callable[[], None]]]:
-    """A store whose settle timers the test fires itself, in the order they were set."""
-    timers: list[Callable[[], None]] = []
-    monkeypatch.setattr(store_module, "later", lambda delay, action: timers.append(action))
-    return Store.open(path), timers
+def test_settles_on_the_loop_join_the_group_and_cost_no_commit_of_their_own(
+        store: Store, path: Path, failures: list[str]) -> None:
+    owe_many(store, 2)  # (off the loop: committed at once)
+    commits: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
 
-
-def test_settles_arriving_together_share_one_commit(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # one commit per settled response cost as much as the close itself
-    timers: list[tuple[float, Callable[[], None]]] = []
-    monkeypatch.setattr(store_module, "later",
-                        lambda delay, action: timers.append((delay, action)))
-    store = Store.open(path)
-    try:
-        owe_many(store, 8)
-        commits: list[str] = []
-        assert store._conn is not None
-        store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
-        for i in range(8):
-            store.settle(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")  # no commit, no wait
-        assert commits == [] and rows(store, "outbox") == 8
-        assert [delay for delay, _ in timers] == [SETTLE_DELAY_S]  # one timer for all eight
-        timers[0][1]()  # it fires
-        assert commits == ["COMMIT"] and rows(store, "outbox") == 0
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the next settle starts a new wait
-        assert len(timers) == 2
-    finally:
-        store.shutdown()
-
-
-class _Statements(sqlite3.Connection):
-    """A connection that notes which statements went one by one and which as a batch."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.single: list[str] = []
-        self.batched: list[tuple[str, int]] = []
-
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-        self.single.append(sql)
-        return super().execute(sql, *args)
-
-    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
-        rows = list(rows)
-        self.batched.append((sql, len(rows)))
-        return super().executemany(sql, rows)
-
-
-def test_settles_are_applied_as_one_batch(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = sqlite3.connect
-    monkeypatch.setattr(store_module.sqlite3, "connect",
-                        lambda *a, **k: real(*a, **k, factory=_Statements))
-    store, timers = timed(path, monkeypatch)
-    try:
-        owe_many(store, 8)
-        conn = store._conn
-        assert isinstance(conn, _Statements)
-        for i in range(8):
-            store.settle(f"01ARZ3NDEKTSV4RRFFQ69G5F{i:02d}", f"q{i}")
-        conn.single.clear()
-        timers[0]()
-        assert [(sql.lower().split()[:3], n) for sql, n in conn.batched] == [
-            (["delete", "from", "outbox"], 8)]
-        assert not [sql for sql in conn.single if "outbox" in sql.lower()]  # none one by one
-        assert rows(store, "outbox") == 0
-    finally:
-        store.shutdown()
-
-
-def test_a_timer_finding_its_settles_taken_by_a_write_commits_nothing(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, timers = timed(path, monkeypatch)
-    try:
-        owe_many(store, 1)
+    def turn() -> tuple[int, list[str]]:
         store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        store.put_open(spec(QID), owner="q")  # this write takes the settle
-        assert rows(store, "outbox") == 0
-        commits: list[str] = []
-        assert store._conn is not None
-        store._conn.set_trace_callback(lambda s: commits.append(s) if s == "COMMIT" else None)
-        timers[0]()
-        assert commits == []
-    finally:
-        store.shutdown()
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
+        return rows(store, "outbox"), list(commits)
+
+    assert _on_loop(turn) == (2, [])  # neither committed yet, and no commit made
+    edge_caught_up()
+    assert rows(store, "outbox") == 0 and commits == ["COMMIT"]  # both in one
 
 
-def test_a_full_batch_of_settles_is_committed_at_once(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store, timers = timed(path, monkeypatch)
-    try:
-        owe_many(store, 1)
-        store._settles = [(f"q{i}", "o") for i in range(SETTLE_BATCH - 1)]
-        store._settle_leader = True  # as if a timer were on its way for those
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the batch is full: committed now
-        assert rows(store, "outbox") == 0 and store._settles == [] and timers == []
-    finally:
-        store.shutdown()
-
-
-def test_a_settle_is_committed_by_the_real_timer_soon(path: Path) -> None:
-    store = Store.open(path)
-    try:
-        owe_many(store, 1)
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        with sqlite3.connect(path) as other:  # another reader sees the commit land
-            wait_for(lambda: other.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0,
-                     timeout=SETTLE_DELAY_S + 2, what="the timer's commit")
-    finally:
-        store.shutdown()
-
-
-def test_a_waiting_settle_is_committed_by_the_next_write_and_at_shutdown(store: Store) -> None:
-    owe_many(store, 2)
-    store._settle_leader = True  # as if a settle's write were on its way
+def test_a_settle_off_the_loop_is_committed_at_once(store: Store) -> None:
+    owe_many(store, 1)
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-    assert rows(store, "outbox") == 2  # not yet committed
-    store.put_open(spec(QID), owner="q")  # any write settles what waits, in its own transaction
+    assert rows(store, "outbox") == 0
+
+
+def test_a_settle_keyed_by_another_owner_leaves_the_response_owed(store: Store) -> None:
+    owe_many(store, 1)
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q9")  # an older question's, same qid
     assert rows(store, "outbox") == 1
-    store._settle_leader = True
-    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
-    store.shutdown()
-    assert rows(store, "outbox") == 0  # flushed before the file was closed
 
 
 def test_a_settle_sqlite_cannot_take_is_dropped_alone_and_said_with_its_qid(
-    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    store: Store, path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store, timers = timed(path, monkeypatch)
-    try:
-        owe_many(store, 2)
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        store.settle("bad \ud800", "q9")  # no row can hold such a key; it must not block the rest
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
-        timers[0]()
-        assert rows(store, "outbox") == 0 and store._settles == []
-        assert capsys.readouterr().err == (
-            f"coms-hermes-bridge: error: state database {path}: dropped the record of a sent"
-            " response for 'bad \\ud800': UnicodeEncodeError('utf-8', 'bad \\ud800', 4, 5,"
-            " 'surrogates not allowed')\n"
-        )
-        store.put_open(spec(QID), owner="q")  # the next write has nothing left to settle: said once
-        assert capsys.readouterr().err == ""
-    finally:
-        store.shutdown()
-
-
-def test_settles_taken_by_a_write_that_fails_wait_for_the_next(
-    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, _ = timed(path, monkeypatch)
-    try:
-        owe_many(store, 2)
-        store.put_open(spec(QID), owner="q")
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        store.settle("bad \ud800", "q9")  # dropped as the batch is taken, and not put back
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
-        with pytest.raises(ValueError, match="needs a note_id"):  # rolled back, settles and all
-            store.close(QID, "timeout", owner="q", note=SendText(QID, "late", "timeout_note"))
-        assert rows(store, "outbox") == 2 and rows(store, "open_questions") == 1
-        assert store._settles == [("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0"),
-                                  ("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")]  # in their order
-        store.put_open(spec(QID2), owner="q")
-        assert rows(store, "outbox") == 0
-        assert capsys.readouterr().err.count("dropped the record of a sent response") == 1
-    finally:
-        store.shutdown()
-
-
-def test_a_settle_with_no_timer_to_wait_for_is_committed_at_once(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_timer(delay: float, action: Callable[[], None]) -> object:
-        raise RuntimeError("no thread for timers")
-
-    monkeypatch.setattr(store_module, "later", no_timer)
-    store = Store.open(path)
-    try:
-        owe_many(store, 1)
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        assert rows(store, "outbox") == 0
-    finally:
-        store.shutdown()
-
-
-def test_a_timer_that_cannot_commit_says_so_and_the_next_settle_waits_again(
-    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, timers = timed(path, monkeypatch)
     owe_many(store, 2)
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-    assert store._conn is not None
-    store._conn.close()  # white-box: the file fails under the store
-    timers[0]()  # on the edge's timer: said, never raised
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: state database {path}: could not record sent responses:"
-        " ProgrammingError('Cannot operate on a closed database.')\n"
-    )
+    store.settle("bad \ud800", "q9")  # no row can hold such a key; it must not block the rest
     store.settle("01ARZ3NDEKTSV4RRFFQ69G5F01", "q1")
-    assert len(timers) == 2  # a new wait: the failed one is not counted as on its way
-    store._conn = None
-    assert rows(store, "outbox") == 2  # both still owed, sent again at the next start
+    assert rows(store, "outbox") == 0
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: error: state database {path}: dropped the record of a sent"
+        " response for 'bad \\ud800': UnicodeEncodeError('utf-8', 'bad \\ud800', 4, 5,"
+        " 'surrogates not allowed')\n"
+    )
+    store.put_open(spec(QID), owner="q")  # nothing of it is left to fail a later write
+    assert capsys.readouterr().err == ""
 
 
-def test_a_timer_firing_after_shutdown_is_silent(
-    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_a_settle_after_shutdown_is_silent_and_the_response_stays_owed(
+    store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store, timers = timed(path, monkeypatch)
     owe_many(store, 1)
     store.shutdown()
-    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # too late to be recorded: stays owed
-    timers[0]()
+    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # too late to be recorded
     assert capsys.readouterr().err == ""
+    assert rows(store, "outbox") == 1  # sent again at the next start
+
+
+def test_a_settle_the_file_fails_under_raises_to_its_caller(store: Store) -> None:
+    owe_many(store, 1)
+    store._conn = FailingConnection(store._conn, commit=DISK_ERROR)  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # the Peer says it; it stays owed
     assert rows(store, "outbox") == 1
-
-
-def test_a_settle_before_any_write_still_gets_its_timer(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    owe_many(earlier := Store.open(path), 1)  # owed by the daemon before a restart
-    earlier.shutdown()
-    store, timers = timed(path, monkeypatch)
-    try:
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")  # its first call
-        assert len(timers) == 1
-        timers[0]()
-        assert rows(store, "outbox") == 0
-    finally:
-        store.shutdown()
-
-
-def test_the_store_waits_on_the_io_edge_for_its_settles(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    waits: list[tuple[float, Callable[[], None]]] = []
-
-    def later(delay_s: float, action: Callable[[], None]) -> Callable[[], None]:
-        waits.append((delay_s, action))
-        return lambda: None
-
-    assert vars(store_module)["later"] is runtime.later  # the shared edge's timers, no thread of its own
-    monkeypatch.setattr(store_module, "later", later)
-    store = Store.open(path)
-    try:
-        owe_many(store, 1)
-        store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-        assert [delay for delay, _ in waits] == [SETTLE_DELAY_S] and rows(store, "outbox") == 1
-        waits[0][1]()
-        assert rows(store, "outbox") == 0
-    finally:
-        store.shutdown()
 
 
 def test_a_response_owed_without_an_owner_is_settled_without_one(store: Store) -> None:
@@ -760,25 +574,7 @@ def test_a_response_owed_without_an_owner_is_settled_without_one(store: Store) -
     conn.close()
     assert [r.owner for r in store.outbox()] == [None]
     store.settle(QID)
-    store.put_open(spec(QID2), owner="q")  # a write, which takes the settle
     assert store.outbox() == []
-
-
-def test_settles_that_cannot_be_recorded_at_shutdown_are_said_and_stay_owed(
-    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(store_module, "later", lambda delay, action: None)
-    store = Store.open(path)
-    owe_many(store, 1)
-    store.settle("01ARZ3NDEKTSV4RRFFQ69G5F00", "q0")
-    assert store._conn is not None
-    store._conn.close()  # white-box: the file fails under the store
-    store.shutdown()  # stopping finishes all the same
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: state database {path}: could not record sent responses:"
-        " ProgrammingError('Cannot operate on a closed database.')\n"
-    )
-    assert rows(store, "outbox") == 1
 
 
 class _FailingClose(sqlite3.Connection):
