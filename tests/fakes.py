@@ -456,13 +456,14 @@ DISK_ERROR = sqlite3.OperationalError("disk I/O error")
 
 
 class FailingConnection:
-    """A store's SQLite connection whose `commit` raises `commit`, or whose undoing of a
-    savepoint fails as SQLite's does when it undid the whole transaction itself (white-box:
-    put in the store's `_conn`)."""
+    """A store's SQLite connection whose `commit` raises `commit`, whose `rollback` raises
+    `rollback` after rolling back, or whose undoing of a savepoint fails as SQLite's does
+    when it undid the whole transaction itself (white-box: put in the store's `_conn`)."""
 
     def __init__(self, conn: sqlite3.Connection, *, commit: Exception | None = None,
-                 savepoint: bool = True) -> None:
+                 rollback: Exception | None = None, savepoint: bool = True) -> None:
         self._conn, self._commit_error, self._savepoint_ok = conn, commit, savepoint
+        self._rollback_error = rollback
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -471,6 +472,11 @@ class FailingConnection:
         if self._commit_error is not None:
             raise self._commit_error
         self._conn.commit()
+
+    def rollback(self) -> None:
+        self._conn.rollback()
+        if self._rollback_error is not None:
+            raise self._rollback_error
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
         if sql == "ROLLBACK TO write" and not self._savepoint_ok:

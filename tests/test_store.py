@@ -1572,6 +1572,21 @@ def test_a_grouped_commit_that_fails_refuses_every_write_after_it_and_says_so_on
     assert failures == [reason]
 
 
+def test_a_failed_commit_whose_rollback_fails_too_is_still_the_one_failure_said(
+        store: Store, path: Path, failures: list[str]) -> None:
+    store._conn = FailingConnection(store._conn, commit=DISK_ERROR,  # type: ignore[arg-type]
+                                    rollback=sqlite3.OperationalError("cannot rollback"))
+
+    def turn() -> None:
+        store.put_open(spec(), owner="o")
+        with pytest.raises(StoreClosedError, match="disk I/O error"):
+            store.flush()
+
+    _on_loop(turn)
+    assert len(failures) == 1 and "OperationalError('disk I/O error')" in failures[0]
+    assert _committed(path) == []
+
+
 def test_a_group_that_sqlite_undid_when_a_write_failed_fails_the_store(
         store: Store, path: Path, failures: list[str]) -> None:
     store._conn = FailingConnection(store._conn, savepoint=False)  # type: ignore[arg-type]
