@@ -53,8 +53,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.bridge_process import new_qid, request
-from tests.fakes import Asker
+from tests.bridge_process import new_qid
+from tests.fakes import Asker, request
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = f"{shlex.quote(sys.executable)} -m coms_hermes_bridge"

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from unittest import mock
 
 from ulid import ULID
 
-from tests.fakes import Asker, read_line, read_ndjson, wait_for
+from tests.fakes import Asker, read_ndjson, request, wait_for
 from tests.hermes_fake import FakeHermes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,17 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def new_qid() -> str:
     return str(ULID())
-
-
-def request(endpoint: str | Path, message: dict[str, Any] | bytes, timeout: float = 5.0) -> Any:
-    """Connect, write one line, read one reply line (W12); parsed JSON or None on EOF."""
-    line = message if isinstance(message, bytes) else (json.dumps(message) + "\n").encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(str(endpoint))
-        s.sendall(line)
-        buf = read_line(s)
-    return json.loads(buf.split(b"\n", 1)[0]) if buf.strip() else None
 
 
 class Bridge:

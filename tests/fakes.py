@@ -225,6 +225,17 @@ def read_line(conn: socket.socket) -> bytes:
 # -- the asker ------------------------------------------------------------------------
 
 
+def request(endpoint: str | Path, message: dict[str, Any] | bytes, timeout: float = 5.0) -> Any:
+    """Connect, write one line, read one reply line (W12); parsed JSON or None on EOF."""
+    line = message if isinstance(message, bytes) else (json.dumps(message) + "\n").encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(endpoint))
+        s.sendall(line)
+        buf = read_line(s)
+    return json.loads(buf.split(b"\n", 1)[0]) if buf.strip() else None
+
+
 def ack(line: bytes) -> bytes:
     """An asker's ack of a response line, with its msg_id (W15)."""
     try:

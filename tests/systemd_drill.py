@@ -63,8 +63,7 @@ def main(root: str) -> None:
         path.mkdir(mode=0o700)
     python = str(SRC / ".venv" / "bin" / "python")
     sys.path.insert(0, str(SRC))
-    from tests.bridge_process import request  # the bound copy, as the unit sees it
-    from tests.fakes import Asker
+    from tests.fakes import Asker, request  # the bound copy, as the unit sees it
     from tests.hermes_fake import FakeHermes
 
     hermes = FakeHermes(HOME / ".hermes" / "bin", python=python)  # ReadWritePaths=-%h/.hermes

@@ -32,12 +32,12 @@ from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import DEPTH_TIMEOUT_S, RootSupervisor, Tree
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import RegistryEntry
-from tests.bridge_process import request
 from tests.fakes import (
     DISK_ERROR,
     FailingConnection,
     NotifySocket,
     prompt_envelope,
+    request,
     state_file,
     wait_for,
 )

@@ -116,6 +116,11 @@ def test_hermes_runs_only_after_the_store_committed_what_its_text_tells(
     assert notes.flushes == [[], ["one"], ["one", "two"]]
     assert started == ["one", "two"]
     assert [argv[-1] for argv in hermes.argvs()] == ["one", "two"]
+    notes.fails = None  # the job was kept, first in line
+    rig.send("four")
+    assert rig.told() == (QID, None)
+    assert rig.told() == (QID, None)
+    assert started == ["one", "two", "three", "four"]
 
 
 def test_runs_hermes_with_the_exact_argv_and_reports_delivered(hermes: FakeHermes) -> None:  # W20

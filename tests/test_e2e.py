@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge_process import ROOT, Bridge, new_qid, request
-from tests.fakes import wait_for
+from tests.bridge_process import ROOT, Bridge, new_qid
+from tests.fakes import request, wait_for
 
 QUESTION = "\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.bridge_process import Bridge, new_qid, request
-from tests.fakes import Asker, wait_for
+from tests.bridge_process import Bridge, new_qid
+from tests.fakes import Asker, request, wait_for
 
 
 @pytest.fixture

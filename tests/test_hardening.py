@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.bridge_process import Bridge, request
-from tests.fakes import wait_for
+from tests.bridge_process import Bridge
+from tests.fakes import request, wait_for
 
 LINE_LIMIT = 64 * 1024
 

@@ -588,6 +588,10 @@ def test_a_used_file_goes_only_after_the_store_committed_what_used_it(tmp_path: 
     rig.sync()
     assert commits.flushes == [True, True]
     assert (rig.dir / NAME).read_bytes() == ANSWER
+    assert rig.actor._tracked[NAME].doomed  # white-box: its removal is tried again later
+    rig.ref.tell(RemoveAnswerFile(NAME, second, Rejected("invalid_schema", QID)))
+    rig.sync()  # refused, and not removed: not logged as rejected either
+    assert (rig.dir / NAME).read_bytes() == ANSWER
     rig.logger.assert_nothing()
 
 

@@ -25,8 +25,7 @@ from coms_hermes_bridge.actors.registry import resolve_identity
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Tree as ActorTree
 from coms_hermes_bridge.actors.supervisor import start_tree
-from tests.bridge_process import request
-from tests.fakes import Asker, read_ndjson, wait_for
+from tests.fakes import Asker, read_ndjson, request, wait_for
 from tests.hermes_fake import FakeHermes
 
 
