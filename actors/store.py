@@ -226,11 +226,10 @@ class Store:
 
     Every write is committed before anything outside the process can learn of it: at
     once, or, on the edge's loop once `group_commits` is on, with the writes around it
-    before the next effect. With
-    `synchronous=NORMAL` a commit reaches the WAL through the OS before returning, so it
-    survives a crash or kill of the process; only a power loss or kernel crash may lose
-    the last few commits, the price of not fsyncing every state change. One connection
-    for every thread, behind one lock: each method is atomic.
+    before the next effect. With `synchronous=NORMAL` a commit reaches the WAL through
+    the OS before returning, so it survives a crash or kill of the process; only a power
+    loss or kernel crash may lose the last few commits, the price of not fsyncing every
+    state change. One connection for every thread, behind one lock: each method is atomic.
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:

@@ -1587,6 +1587,28 @@ def test_a_failed_commit_whose_rollback_fails_too_is_still_the_one_failure_said(
     assert _committed(path) == []
 
 
+def test_a_close_whose_group_fails_leaves_the_question_open_for_the_restart(
+        store: Store, path: Path, failures: list[str]) -> None:
+    store.put_open(spec(), owner="o")  # committed at once (off the loop)
+    store._conn = FailingConnection(store._conn, commit=DISK_ERROR)  # type: ignore[arg-type]
+
+    def turn() -> None:
+        assert store.close(QID, "answered", owner="o",
+                           response=SendResponse(spec().prompt, "yes", None, "o"))
+        with pytest.raises(StoreClosedError):
+            store.flush()  # the response's hand-over: it does not happen
+
+    _on_loop(turn)
+    assert len(failures) == 1
+    store.shutdown()
+    restarted = Store.open(path)  # what the next start reads: still open, nothing owed
+    try:
+        assert restarted.load() == ([spec()], [])
+        assert restarted.outbox() == []
+    finally:
+        restarted.shutdown()
+
+
 def test_a_group_that_sqlite_undid_when_a_write_failed_fails_the_store(
         store: Store, path: Path, failures: list[str]) -> None:
     store._conn = FailingConnection(store._conn, savepoint=False)  # type: ignore[arg-type]
