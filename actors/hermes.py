@@ -7,7 +7,6 @@ with a well-formed name goes there, and a verdict comes back for one that is no 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -53,6 +52,7 @@ from .runtime import (
     Episode,
     PooledChild,
     ProcessResult,
+    Spawned,
     report,
     run_process,
     shared_edge,
@@ -74,7 +74,7 @@ class DeliveryActor(PooledChild):
         self.w = wiring
         self._jobs: deque[SendText] = deque()
         # the job hermes is running for, and that run: only one at a time
-        self._running: tuple[SendText, concurrent.futures.Future[ProcessResult]] | None = None
+        self._running: tuple[SendText, Spawned[ProcessResult]] | None = None
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -118,11 +118,11 @@ class DeliveryActor(PooledChild):
             self._running = job, run
             run.add_done_callback(functools.partial(self._ran, job))
 
-    def _ran(self, job: SendText, done: concurrent.futures.Future[ProcessResult]) -> None:
+    def _ran(self, job: SendText, done: Spawned[ProcessResult]) -> None:
         if not done.cancelled():  # (cancelled by release: the successor has the job)
             tell_quietly(self.actor_ref, HermesRan(job, self._judge(done)))
 
-    def _judge(self, done: concurrent.futures.Future[ProcessResult]) -> str | None:
+    def _judge(self, done: Spawned[ProcessResult]) -> str | None:
         """None when hermes said it sent, else C18's error text."""
         exc = done.exception()
         if isinstance(exc, OSError | ValueError):

@@ -5,7 +5,6 @@ a slow or hostile peer never reaches the actor's mailbox and costs no thread."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -58,6 +57,7 @@ from .runtime import (
     Episode,
     PooledChild,
     Slot,
+    Spawned,
     awaited,
     report,
     shared_edge,
@@ -164,10 +164,6 @@ class Listener:
         self._stopped = False
         self._refused = Episode()  # connections refused while the cap was reached
         self._short = Episode()  # accept() out of descriptors
-
-    @property
-    def open_connections(self) -> int:
-        return len(self._clients)
 
     @property
     def serving(self) -> bool:
@@ -407,7 +403,7 @@ class ResponsePool:
         self.capacity = capacity
         self.edge = edge or shared_edge()
         self._flights = asyncio.Semaphore(flights)  # bound to the loop at its first use
-        self._sends: set[concurrent.futures.Future[None]] = set()  # submitted, not done
+        self._sends: set[Spawned[None]] = set()  # submitted, not done
         self._lock = threading.Lock()
 
     def submit(self, endpoint: str, line: bytes, timeout: float,
@@ -421,7 +417,7 @@ class ResponsePool:
         send.add_done_callback(self._sent)
         return True
 
-    def _sent(self, send: concurrent.futures.Future[None]) -> None:
+    def _sent(self, send: Spawned[None]) -> None:
         with self._lock:
             self._sends.discard(send)
 

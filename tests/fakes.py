@@ -172,6 +172,18 @@ def edge_caught_up(edge: Edge | None = None) -> None:
     assert done.wait(5), "the edge's loop stalled"
 
 
+def close_edge(edge: Edge) -> None:
+    """Stop a test's own edge, its loop and its thread; what ran is dropped. (The daemon's
+    edge lives as long as the process, so closing one is a test's business.)"""
+    with edge._lock:
+        loop, thread, edge._loop, edge._thread = edge._loop, edge._thread, None, None
+    if loop is not None and thread is not None:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+
+
 def wait_for(
     condition: Callable[[], T | None], timeout: float = 5.0, what: str = "condition"
 ) -> T:

@@ -40,7 +40,16 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
-from tests.fakes import Commits, FakeRef, WiredRig, edge_caught_up, prompt_envelope, said, wait_for
+from tests.fakes import (
+    Commits,
+    FakeRef,
+    WiredRig,
+    close_edge,
+    edge_caught_up,
+    prompt_envelope,
+    said,
+    wait_for,
+)
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 PING = b'{"type":"ping","msg_id":"p"}\n'
@@ -153,14 +162,14 @@ def test_past_the_connection_cap_a_client_is_refused_at_once(
 ) -> None:  # W12: a nack and a close, not a wait for the line deadline
     served = serve(max_connections=3)
     silent = [connect(served.path) for _ in range(3)]
-    wait_for(lambda: served.listener.open_connections == 3, what="three connections")
+    wait_for(lambda: len(served.listener._clients) == 3, what="three connections")
     began = time.monotonic()
     with connect(served.path) as refused:
         reply = read_reply(refused)  # closed at once: EOF follows the nack
     assert reply == f'{{"type":"nack","msg_id":"","error":"{BUSY}"}}\n'.encode()
     assert time.monotonic() - began < peer_module.LINE_DEADLINE_S / 2
     silent.pop().close()
-    wait_for(lambda: served.listener.open_connections == 2, what="one closed")
+    wait_for(lambda: len(served.listener._clients) == 2, what="one closed")
     assert json.loads(talk(served.path, PING))["type"] == "pong"
     assert capfd.readouterr().err == (  # said when it began, and when it ended
         "coms-hermes-bridge: warning: 3 coms connections open; refusing more until some"
@@ -175,7 +184,7 @@ def test_past_the_cap_a_client_already_gone_is_closed_without_a_fault(
 ) -> None:  # W12: its nack has nobody to read it; the listener goes on, saying only the refusal
     served = serve(max_connections=1)
     held = connect(served.path)
-    wait_for(lambda: served.listener.open_connections == 1, what="one connection")
+    wait_for(lambda: len(served.listener._clients) == 1, what="one connection")
     holding, gate = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -190,7 +199,7 @@ def test_past_the_cap_a_client_already_gone_is_closed_without_a_fault(
         "coms-hermes-bridge: warning: 1 coms connections open; refusing more until some"
         " close\n")
     held.close()
-    wait_for(lambda: served.listener.open_connections == 0, what="the first one closed")
+    wait_for(lambda: len(served.listener._clients) == 0, what="the first one closed")
     assert json.loads(talk(served.path, PING))["type"] == "pong"
     assert capfd.readouterr().err == (
         "coms-hermes-bridge: warning: refused 1 coms connection(s) while 1 were open\n")
@@ -215,7 +224,7 @@ def test_the_deadline_is_for_the_whole_line_not_each_recv(serve: Callable[..., S
             closed_after = time.monotonic() - began
     conn.close()
     assert closed_after is not None and 0.4 <= closed_after < 3.0, closed_after
-    wait_for(lambda: served.listener.open_connections == 0, what="the trickler dropped")
+    wait_for(lambda: len(served.listener._clients) == 0, what="the trickler dropped")
     assert json.loads(talk(served.path, PING))["type"] == "pong"
 
 
@@ -254,7 +263,7 @@ def test_waiting_clients_and_admissions_take_no_threads(serve: Callable[..., Ser
     askers = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
     for thread in askers:
         thread.start()
-    wait_for(lambda: served.listener.open_connections == 34, what="all connected")
+    wait_for(lambda: len(served.listener._clients) == 34, what="all connected")
     wait_for(lambda: len(pending) == 4, what="four admissions pending")
     assert set(threading.enumerate()) - before == set(askers)  # none of ours
     for reply in pending:
@@ -337,7 +346,7 @@ class Paused:
     def close(self) -> None:
         self.waiting.close()
         self.listener.stop()
-        self.edge.close()
+        close_edge(self.edge)
 
 
 @pytest.fixture
@@ -392,7 +401,7 @@ def test_stop_from_another_thread_never_waits_for_a_busy_loop(
         wait_for(lambda: refused(path), what="the socket closed once the loop was free")
         assert capfd.readouterr().err == ""
     finally:
-        edge.close()
+        close_edge(edge)
 
 
 # -- what a line gets ---------------------------------------------------------------------

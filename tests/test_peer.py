@@ -194,7 +194,7 @@ def test_a_prompt_while_the_router_restarts_is_nacked_to_try_again(
     rig = start(identity, addresses={"router": router}).ready()
     reply = json.loads(rig.send(PROMPT_LINE))
     assert reply == {"type": "nack", "msg_id": QID, "error": "bridge is restarting; try again"}
-    assert router.held == ()  # nothing queued for a Router that would store it unacked
+    assert router._held == []  # nothing queued for a Router that would store it unacked
 
 
 def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # W14

@@ -766,7 +766,7 @@ def test_a_poison_question_is_closed_with_an_error_and_the_rest_lives_on(
     assert c.rig.store.outbox() == [owed]  # owed until the Peer has handed it over
     assert len(c.starts) == 4
     c.slot.tell("dropped")
-    assert c.slot.held == ()
+    assert c.slot._held == []
     # the Router takes the next question as before
     assert c.rig.admit(prompt_envelope(QIDS[1])) is None and c.rig.depth() == 1
 
@@ -892,7 +892,7 @@ def test_a_question_whose_row_is_gone_is_not_restarted_and_takes_no_more_mail(
     assert c.rig.depth() == 0 and c.rig.actor.closed == {}
     assert len(c.starts) == 1  # not started again
     c.slot.tell("late")
-    assert c.slot.held == ()  # retired: nothing waits for a successor
+    assert c.slot._held == []  # retired: nothing waits for a successor
     c.seen.assert_nothing()
     c.rig.peer.assert_nothing()
 
@@ -968,4 +968,4 @@ def test_a_stopping_router_stops_its_questions(crashing: Crashing) -> None:
     c.rig.ref.stop(timeout=5)
     wait_for(lambda: not question.is_alive(), what="the question stopped with it")
     c.slot.tell("dropped")
-    assert c.slot.held == ()
+    assert c.slot._held == []

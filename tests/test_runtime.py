@@ -40,7 +40,7 @@ from coms_hermes_bridge.actors.runtime import (
     shared_edge,
 )
 from coms_hermes_bridge.messages.commands import ChildFailed
-from tests.fakes import FakeRef, handled, thread_count, wait_for
+from tests.fakes import FakeRef, close_edge, handled, thread_count, wait_for
 
 ACTORS = Edge("test-actors")  # the loop every pooled actor of this file runs its turns on
 
@@ -53,14 +53,14 @@ def queued(inbox: PoolInbox) -> int:
 @pytest.fixture(scope="module", autouse=True)
 def _actors_edge() -> Iterator[None]:
     yield
-    ACTORS.close()
+    close_edge(ACTORS)
 
 
 @pytest.fixture
 def edge() -> Iterator[Edge]:
     own = Edge("test-edge")
     yield own
-    own.close()
+    close_edge(own)
 
 
 @pytest.fixture
@@ -214,7 +214,7 @@ def test_a_fault_in_a_callback_is_one_line_on_stderr_and_the_loop_goes_on(
     ]
 
 
-def test_close_ends_the_loop_and_its_thread() -> None:
+def test_a_closed_edge_starts_a_loop_of_its_own_when_used_again() -> None:
     own = Edge("test-close")
     ran = threading.Event()
     own.call(ran.set)
@@ -223,13 +223,13 @@ def test_close_ends_the_loop_and_its_thread() -> None:
     loop = own._loop
     assert thread is not None and loop is not None
     assert thread.name == "test-close" and thread.daemon  # never holds the process up
-    own.close()
+    close_edge(own)
     assert not thread.is_alive() and loop.is_closed()
-    own.close()  # twice is harmless
+    close_edge(own)  # twice is harmless
     again = threading.Event()
     own.call(again.set)  # used again: a loop of its own, afresh
     assert again.wait(5)
-    own.close()
+    close_edge(own)
 
 
 def test_awaited_hands_out_a_reply_callback_and_waits_on_the_loop(edge: Edge) -> None:
@@ -257,7 +257,7 @@ def test_a_reply_after_the_loop_closed_is_dropped_quietly() -> None:
     wait_for(lambda: replies, what="the reply callback handed out")
     waiting.cancel()  # its caller gave up
     passed(own)
-    own.close()
+    close_edge(own)
     replies[0](1)  # nobody waits any more: no error
 
 
@@ -372,7 +372,7 @@ def test_processes_start_on_one_spawner_thread_and_read_no_stdin(
     # starting one blocks, so it happens on the one thread kept for that, whatever the
     # load (the daemon's thread count is bounded); hermes must never wait on (or eat)
     # the daemon's own stdin, whatever it is
-    monkeypatch.setattr(runtime, "_SPAWNER", None)  # made afresh for this test
+    runtime._spawner.cache_clear()  # made afresh for this test
     starters: list[str] = []
     release = threading.Event()
     real = runtime._popen
@@ -398,9 +398,8 @@ def test_processes_start_on_one_spawner_thread_and_read_no_stdin(
         for fd in (saved, read_end, write_end):
             os.close(fd)
         release.set()
-        spawner = runtime._SPAWNER
-        if spawner is not None:
-            spawner.shutdown(wait=True)
+        runtime._spawner().shutdown(wait=True)
+        runtime._spawner.cache_clear()
     assert [(r.returncode, r.stdout) for r in results] == [(0, "''\n")] * 3
     assert len(starters) == 3 and len(set(starters)) == 1
     assert starters[0].startswith("edge-spawn")
@@ -1029,7 +1028,7 @@ def test_a_crashing_child_hands_its_work_to_its_supervisor_and_its_slot_holds_th
         asked.get(timeout=5)
     assert slot.ref is None  # detached before the hand-over, not by a failed tell
     slot.tell("after the crash")
-    assert slot.held == ("after the crash",)
+    assert slot._held == ["after the crash"]  # white-box: held for the successor
     turns_over(ref)
     assert log == ["begin", "release"] and not ref.is_alive()
     supervisor.assert_nothing()
@@ -1038,7 +1037,7 @@ def test_a_crashing_child_hands_its_work_to_its_supervisor_and_its_slot_holds_th
     wait_for(lambda: log[-4:] == ["taken", "x", "y", "after the crash"], what="replayed")
     slot.retire()  # gone for good: what is told from now on is dropped
     slot.tell("dropped")
-    assert slot.held == () and slot.ref is None
+    assert slot._held == [] and slot.ref is None
     handled(successor)
     assert log[-1] == "after the crash"
 

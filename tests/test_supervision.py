@@ -239,11 +239,11 @@ def test_bind_to_a_dead_child_keeps_the_messages_held() -> None:
     slot.tell("held")
     slot.bind(dead, ("unread",))
     slot.tell("later")
-    assert slot.held == ("unread", "held", "later")
+    assert slot._held == ["unread", "held", "later"]
     live = Recorder.start(supervisor=FakeRef(), seen=seen, name="x", incarnation=1)
     slot.bind(live)
     assert [seen.next() for _ in range(3)] == [(1, "unread"), (1, "held"), (1, "later")]
-    assert not slot.held  # nothing waits any more
+    assert not slot._held  # nothing waits any more
     live.stop()
 
 
@@ -254,10 +254,10 @@ def test_a_retired_slot_drops_and_a_detached_one_holds() -> None:
     slot.bind(ref)
     slot.detach(ref)  # what a dying child does before it drains its mailbox
     slot.tell("kept")
-    assert slot.held == ("kept",) and slot.ref is None
+    assert slot._held == ["kept"] and slot.ref is None
     slot.retire()
     slot.tell("dropped")
-    assert not slot.held
+    assert not slot._held
     ref.stop()
 
 
@@ -270,7 +270,7 @@ def test_a_slot_whose_child_died_holds_every_later_tell() -> None:
     ref.stop()
     slot.tell("first")
     slot.tell("second")
-    assert slot.held == ("first", "second") and slot.ref is None
+    assert slot._held == ["first", "second"] and slot.ref is None
 
 
 def test_detaching_a_slot_that_points_nowhere_changes_nothing() -> None:
@@ -278,7 +278,7 @@ def test_detaching_a_slot_that_points_nowhere_changes_nothing() -> None:
     ref = Recorder.start(supervisor=FakeRef(), seen=FakeRef("seen"), name="x", incarnation=0)
     slot.detach(ref)  # a child that dies before it was ever bound
     slot.tell("held")
-    assert slot.held == ("held",) and slot.ref is None
+    assert slot._held == ["held"] and slot.ref is None
     ref.stop()
 
 
@@ -299,7 +299,7 @@ def test_a_crashing_child_detaches_its_slot_before_handing_over() -> None:
     assert failed.unread == ("unread",) and not failed.shortage
     assert slot.ref is None  # detached before the hand-over was sent, not by a failed tell
     slot.tell("after the crash")
-    assert slot.held == ("after the crash",)
+    assert slot._held == ["after the crash"]
 
 
 # -- the root ------------------------------------------------------------------
@@ -670,7 +670,7 @@ def test_a_put_off_restart_that_comes_after_the_root_stopped_starts_nothing(
     root.stop(block=True, timeout=5)
     capsys.readouterr()
     schedule.fire()  # its RestartChild, to a root that is gone
-    assert starts == [0] and slot.ref is None and slot.held == ()
+    assert starts == [0] and slot.ref is None and slot._held == []
     assert capsys.readouterr().err == ""
 
 
