@@ -6,6 +6,8 @@ The restart policy (Intensity, Backoff, RestartPolicy) is tested in test_supervi
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import functools
 import os
@@ -230,6 +232,30 @@ def test_a_closed_edge_starts_a_loop_of_its_own_when_used_again() -> None:
     own.call(again.set)  # used again: a loop of its own, afresh
     assert again.wait(5)
     close_edge(own)
+
+
+def test_spawn_from_the_loop_is_a_task_at_once_and_from_elsewhere_a_threadsafe_future(
+    edge: Edge,
+) -> None:
+    # from the loop (every actor's turn), no hand-over between threads: the task exists
+    # before the spawning callback returns, and the next callback finds it running
+    async def value(v: str) -> str:
+        return v
+
+    seen: list[object] = []
+
+    def from_the_loop() -> None:
+        task = edge.spawn(value("on"))
+        seen.append(task)
+        edge.loop.call_soon(lambda: seen.append(task.done()))
+
+    edge.call(from_the_loop)
+    passed(edge)
+    task = seen[0]
+    assert isinstance(task, asyncio.Task) and task.result() == "on"
+    assert seen[1] is True  # ran before the callback queued after it
+    off = edge.spawn(value("off"))
+    assert isinstance(off, concurrent.futures.Future) and off.result(5) == "off"
 
 
 def test_awaited_hands_out_a_reply_callback_and_waits_on_the_loop(edge: Edge) -> None:
