@@ -283,9 +283,9 @@ def _popen(argv: list[str]) -> subprocess.Popen[bytes]:
 
 @functools.cache
 def _spawner() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread that starts processes (made on the loop's first start): Popen blocks
-    until the child has exec'd, and on the loop that stalled every socket meanwhile (acks
-    1.12x slower, measured)."""
+    """The one thread that starts processes (made at the first start): Popen blocks until
+    the child has exec'd, and on the loop that stalled every socket meanwhile (acks 1.12x
+    slower, measured)."""
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
 
 
