@@ -11,7 +11,6 @@ import functools
 import os
 import socket
 import stat
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -404,22 +403,17 @@ class ResponsePool:
         self.edge = edge or shared_edge()
         self._flights = asyncio.Semaphore(flights)  # bound to the loop at its first use
         self._sends: set[Spawned[None]] = set()  # submitted, not done
-        self._lock = threading.Lock()
 
     def submit(self, endpoint: str, line: bytes, timeout: float,
                pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
-        """Queue a send; False (nothing queued) past `capacity`."""
-        with self._lock:
-            if len(self._sends) >= self.capacity:
-                return False
-            send = self.edge.spawn(self._send(endpoint, line, timeout, pauses, done))
-            self._sends.add(send)
-        send.add_done_callback(self._sent)
+        """Queue a send; False (nothing queued) past `capacity`. From one thread at a time
+        (the Peer's turns): a send's discard always follows its add."""
+        if len(self._sends) >= self.capacity:
+            return False
+        send = self.edge.spawn(self._send(endpoint, line, timeout, pauses, done))
+        self._sends.add(send)
+        send.add_done_callback(self._sends.discard)
         return True
-
-    def _sent(self, send: Spawned[None]) -> None:
-        with self._lock:
-            self._sends.discard(send)
 
     async def _send(self, endpoint: str, line: bytes, timeout: float,
                     pauses: tuple[float, ...], done: Callable[[str | None], None]) -> None:

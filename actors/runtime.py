@@ -157,40 +157,26 @@ class _BootLoop(asyncio.SelectorEventLoop):
 
 
 class Edge:
-    """The event loop and its thread (a daemon thread: the process never waits for it),
-    started on first use. One serves the process (`shared_edge()`); it is tied to no
-    actor's life, so a restarted actor finds its sends, timers and processes running."""
+    """The event loop and its thread (a daemon thread: the process never waits for it).
+    One serves the process (`shared_edge()`); it is tied to no actor's life, so a
+    restarted actor finds its sends, timers and processes running."""
 
     def __init__(self, name: str = "edge") -> None:
         self.name = name
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is not None:
-            return loop
-        with self._lock:
-            if self._loop is None:
-                self._loop = _BootLoop()
-                self._loop.set_exception_handler(self._fault)
-                self._thread = threading.Thread(
-                    target=self._loop.run_forever, name=self.name, daemon=True)
-                self._thread.start()
-            return self._loop
+        self.loop: asyncio.AbstractEventLoop = _BootLoop()
+        self.loop.set_exception_handler(self._fault)
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
 
     def on_loop(self) -> bool:
         return self._thread is threading.current_thread()
 
     def call(self, fn: Callable[..., object], *args: Any) -> None:
         """Run `fn(*args)` on the loop, soon, in the order the calls were made."""
-        loop = self.loop
         if self.on_loop():
-            loop.call_soon(fn, *args)
+            self.loop.call_soon(fn, *args)
         else:
-            loop.call_soon_threadsafe(fn, *args)
+            self.loop.call_soon_threadsafe(fn, *args)
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> Spawned[T]:
         """Run a coroutine on the loop; a non-actor thread may wait on its future. From the
@@ -206,7 +192,7 @@ class Edge:
         report(f"{self.name}: {context['message']}" + (f": {exc!r}" if exc is not None else ""))
 
 
-_SHARED_LOCK = threading.Lock()
+_SHARED_LOCK = threading.Lock()  # not functools.cache: two first callers would make two
 _SHARED_EDGE: Edge | None = None
 
 

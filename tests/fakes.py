@@ -175,13 +175,11 @@ def edge_caught_up(edge: Edge | None = None) -> None:
 def close_edge(edge: Edge) -> None:
     """Stop a test's own edge, its loop and its thread; what ran is dropped. (The daemon's
     edge lives as long as the process, so closing one is a test's business.)"""
-    with edge._lock:
-        loop, thread, edge._loop, edge._thread = edge._loop, edge._thread, None, None
-    if loop is not None and thread is not None:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
-        if not thread.is_alive():
-            loop.close()
+    if not edge.loop.is_closed():
+        edge.loop.call_soon_threadsafe(edge.loop.stop)
+        edge._thread.join(timeout=5)
+        if not edge._thread.is_alive():
+            edge.loop.close()
 
 
 def wait_for(
