@@ -91,12 +91,6 @@ RESTARTING = "bridge is restarting; try again"
 
 _SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
-Admit = Callable[[PromptEnvelope, Callable[[str | None], None]], None]
-"""Hand a prompt to admission; the callback gets None (ack) or the nack's error. It never
-raises: the Router turns its own faults into a nack in our words."""
-Depth = Callable[[Callable[[int], None]], None]
-"""Ask for the open count; the callback gets it."""
-
 
 class EndpointInUse(RuntimeError):
     """Another live process answers on our endpoint path (W11); we must not steal it."""
@@ -128,23 +122,13 @@ def _refusal(kind: str, exc: ValidationError) -> str:
     return kind if why is None else f"{kind}: {why}"
 
 
-def admit_through(router: Address) -> Admit:
-    """Admission by the Router; while it restarts, the asker is told to try again."""
-    def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
-        if isinstance(router, Slot) and router.ref is None:
-            reply(RESTARTING)
-        else:
-            router.tell(NewQuestion(prompt, reply))
-    return admit
-
-
 class Listener:
     """One request line from every client, answered (W12-W17). The limits are fixed, so
     no client can cost more than a descriptor, its buffer and a task: the next past
     `max_connections` gets a `busy` nack, and a line trickled past `line_deadline_s` none."""
 
     def __init__(self, server: socket.socket, router: Address,
-                 pong_card: Callable[[int | None], AgentCard], admit: Admit, depth: Depth, *,
+                 pong_card: Callable[[int | None], AgentCard], *,
                  edge: Edge | None = None, durable: Callable[[], None] = lambda: None,
                  max_connections: int = MAX_CONNECTIONS,
                  line_deadline_s: float = LINE_DEADLINE_S) -> None:
@@ -152,8 +136,6 @@ class Listener:
         self._server = server
         self._router = router
         self._pong_card = pong_card
-        self._admit = admit
-        self._depth = depth
         self._durable = durable  # the store's flush: an ack only for a committed question
         self.edge = edge or shared_edge()
         self.max_connections = max_connections
@@ -315,13 +297,16 @@ class Listener:
                 prompt = PromptEnvelope.model_validate(body)
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
-            error: str | None
-            try:
-                error = await awaited(lambda reply: self._admit(prompt, reply), ADMIT_TIMEOUT_S)
-            except TimeoutError:
-                report(f"question {prompt.msg_id} is queued but was not stored within "
-                       f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
-                error = None
+            error: str | None = None
+            if isinstance(self._router, Slot) and self._router.ref is None:
+                error = RESTARTING  # the Router restarts: the asker tries again
+            else:
+                try:
+                    error = await awaited(lambda reply: self._router.tell(
+                        NewQuestion(prompt, reply)), ADMIT_TIMEOUT_S)
+                except TimeoutError:
+                    report(f"question {prompt.msg_id} is queued but was not stored within "
+                           f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
             if error is None:
                 try:
                     self._durable()
@@ -338,7 +323,8 @@ class Listener:
             return Ack(msg_id=cancel.msg_id), lambda: self._router.tell(CancelQuestion(cancel))
         if kind == "ping":
             try:
-                depth: int | None = await awaited(self._depth, DEPTH_TIMEOUT_S)
+                depth: int | None = await awaited(
+                    lambda reply: self._router.tell(QueueDepthQuery(reply)), DEPTH_TIMEOUT_S)
             except TimeoutError:
                 depth = None
             return Pong(msg_id=msg_id, agent_card=self._pong_card(depth)), None
@@ -504,13 +490,10 @@ class PeerActor(PooledChild):
     """Owns the coms identity: socket, registry entry, heartbeat, outgoing responses."""
 
     def __init__(self, wiring: Wiring, *, supervisor: Address, identity: PeerIdentity,
-                 depth: Depth | None = None, admit: Admit | None = None, name: str = "peer",
-                 responses: ResponsePool | None = None) -> None:
+                 name: str = "peer", responses: ResponsePool | None = None) -> None:
         super().__init__(name, supervisor)
         self.w = wiring
         self.identity = identity
-        self.depth = depth or (lambda reply: wiring.router.tell(QueueDepthQuery(reply)))
-        self.admit = admit or admit_through(wiring.router)
         self.heartbeat_s = wiring.config.heartbeat_ms / 1000
         self.responses = responses or shared_responses()
         self._last_depth = 0
@@ -524,8 +507,7 @@ class PeerActor(PooledChild):
         self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.w.router, self._card, self.admit, self.depth,
-                                  durable=self.w.store.flush)
+        self._listener = Listener(server, self.w.router, self._card, durable=self.w.store.flush)
         self._listener.start()
         self._publish(self._last_depth)
         self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
@@ -558,7 +540,7 @@ class PeerActor(PooledChild):
                 else:
                     self._asked_depth = True
                     me = self.actor_ref
-                    self.depth(lambda depth: tell_quietly(me, Heartbeat(depth)))
+                    self.w.router.tell(QueueDepthQuery(lambda n: tell_quietly(me, Heartbeat(n))))
             case Heartbeat(queue_depth=depth):
                 self._asked_depth = False
                 self._last_depth = depth

@@ -16,7 +16,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -54,15 +54,26 @@ def take(inbox: queue.Queue[T], timeout: float, missing: str) -> T:
 
 
 class FakeRef:
-    """Records every `tell` in a queue, as a stand-in for a collaborator's address."""
+    """Records every `tell` in a queue, as a stand-in for a collaborator's address.
 
-    def __init__(self, name: str = "fake") -> None:
+    `answers` maps a message type to what answers it, as the real collaborator would
+    (say, {QueueDepthQuery: lambda query: query.reply(0)}): a message of exactly that
+    type is handed to its handler, at once, on the teller's thread, and not recorded.
+    Every other message is recorded."""
+
+    def __init__(self, name: str = "fake", *,
+                 answers: Mapping[type, Callable[[Any], None]] | None = None) -> None:
         self.name = name
+        self.answers = dict(answers or {})
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.seen: list[Any] = []
 
     def tell(self, message: Any) -> None:
-        self.inbox.put(message)
+        answer = self.answers.get(type(message))
+        if answer is not None:
+            answer(message)
+        else:
+            self.inbox.put(message)
 
     def expect(self, kind: type[T], timeout: float = 5.0) -> T:
         """The next message of type `kind`, skipping others (kept in `seen`)."""
@@ -526,15 +537,18 @@ class Commits:
 class WiredRig(ActorRig[A]):
     """One of the daemon's actors under test, started as the tree starts it: with a
     Wiring whose every address is a FakeRef named for its role (the supervisor too),
-    unless `addresses` gives a real one; `store` (a real Store or a stand-in; by default
-    a `Commits`), `config` (settings: `bridge_config()` by default), and the clocks.
-    `options` are the actor's own keyword arguments."""
+    unless `addresses` gives another (a FakeRef given is then `rig.<role>`); `store` (a
+    real Store or a stand-in; by default a `Commits`), `config` (settings:
+    `bridge_config()` by default), and the clocks. `options` are the actor's own keyword
+    arguments."""
 
     def __init__(self, actor_class: type[A], *, store: Any = None,
                  config: BridgeConfig | None = None, now: Callable[[], Any] = utc_now,
                  clock: Callable[[], float] = time.time, addresses: dict[str, Address] | None = None,
                  **options: Any) -> None:
         self.fakes = {role: FakeRef(role) for role in ROLES}
+        self.fakes.update({role: fake for role, fake in (addresses or {}).items()
+                           if isinstance(fake, FakeRef)})
         wired: dict[str, Any] = {role: self.fakes[role] for role in ROLES[1:]}
         wired.update(addresses or {})
         self.wiring = Wiring(config or bridge_config(), store or cast(Store, Commits()),

@@ -11,7 +11,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,24 +22,20 @@ from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.peer import (
     BUSY,
     MAX_LINE,
-    Admit,
-    Depth,
     Listener,
     PeerActor,
-    admit_through,
     bind_endpoint,
 )
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
 from coms_hermes_bridge.actors.runtime import Edge
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
-    Address,
     HeartbeatDue,
     NewQuestion,
     QueueDepthQuery,
 )
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
-from coms_hermes_bridge.messages.wire import AgentCard, PromptEnvelope
+from coms_hermes_bridge.messages.wire import AgentCard
 from tests.fakes import (
     Commits,
     FakeRef,
@@ -62,12 +58,17 @@ def card(depth: int | None) -> AgentCard:
                      context_used_pct=0, queue_depth=depth or 0)
 
 
-def zero(reply: Callable[[int], None]) -> None:
-    reply(0)
+def zero(query: QueueDepthQuery) -> None:
+    query.reply(0)
 
 
-def refuse(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
-    reply("no")
+def refuse(question: NewQuestion) -> None:
+    question.reply("no")
+
+
+def refusing() -> FakeRef:
+    """A router that refuses every question and has none open."""
+    return FakeRef("router", answers={NewQuestion: refuse, QueueDepthQuery: zero})
 
 
 def talk(path: Path, data: bytes) -> bytes:
@@ -108,17 +109,17 @@ def in_background(path: Path, data: bytes) -> tuple[threading.Thread, list[bytes
 
 
 class Served:
-    """A Listener on `server` (or a socket bound at `path`) with the given options:
-    `router` a FakeRef by default, a depth of 0, admission through the router."""
+    """A Listener on `server` (or a socket bound at `path`) with the given options, its
+    router a FakeRef (`served.router`) with a depth of 0 that records each question,
+    unless `answers` says how it answers them (or the depth)."""
 
     def __init__(self, path: Path, *, server: socket.socket | None = None,
-                 router: Address | None = None, pong_card: Callable[[int | None], AgentCard] = card,
-                 admit: Admit | None = None, depth: Depth = zero, **options: Any) -> None:
+                 pong_card: Callable[[int | None], AgentCard] = card,
+                 answers: Mapping[type, Callable[[Any], None]] | None = None,
+                 **options: Any) -> None:
         self.path = path
-        self.router = FakeRef("router")  # unless `router` gives another
-        router = router or self.router
-        self.listener = Listener(server or bind_endpoint(path), router, pong_card,
-                                 admit or admit_through(router), depth, **options)
+        self.router = FakeRef("router", answers={QueueDepthQuery: zero, **(answers or {})})
+        self.listener = Listener(server or bind_endpoint(path), self.router, pong_card, **options)
         self.listener.start()
 
 
@@ -245,14 +246,14 @@ def test_waiting_clients_and_admissions_take_no_threads(serve: Callable[..., Ser
     pending: list[Callable[[str | None], None]] = []
     lock = threading.Lock()
 
-    def slow_admit(envelope: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
+    def slow_admit(question: NewQuestion) -> None:
         with lock:
-            pending.append(reply)  # answered later, from the test's own thread
+            pending.append(question.reply)  # answered later, from the test's own thread
 
-    serve(max_connections=40, admit=slow_admit).listener.stop()  # the edge, warm
+    serve(max_connections=40, answers={NewQuestion: slow_admit}).listener.stop()  # the edge, warm
     edge_caught_up()  # shut: its socket path may be bound again
     before = set(threading.enumerate())
-    served = serve(max_connections=40, admit=slow_admit)
+    served = serve(max_connections=40, answers={NewQuestion: slow_admit})
     waiting = [connect(served.path) for _ in range(30)]
     replies: dict[str, bytes] = {}
 
@@ -311,7 +312,7 @@ def test_a_listening_socket_that_cannot_be_watched_is_said_and_not_serving(
     coms_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:  # the Peer's next heartbeat then fails it, and its restart binds afresh
     server = bind_endpoint(coms_dir / "l.sock")
-    listener = Listener(server, FakeRef("router"), card, refuse, zero)
+    listener = Listener(server, refusing(), card)
     server.close()  # closed before the loop could watch it
     listener.start()
     try:
@@ -331,8 +332,7 @@ class Paused:
         self.edge = Edge("test-listener")
         self.path = tmp / "l.sock"
         self.server = FailingAccept(self.path, errno.EMFILE, fails=10**9)
-        self.listener = Listener(self.server, FakeRef("router"), card, refuse, zero,
-                                 edge=self.edge)
+        self.listener = Listener(self.server, refusing(), card, edge=self.edge)
         self.listener.start()
         self.waiting = connect(self.path)  # accept() fails: the listener pauses
         wait_for(lambda: self.server.calls >= 1, what="a failed accept")
@@ -389,7 +389,7 @@ def test_stop_from_another_thread_never_waits_for_a_busy_loop(
     edge = Edge("test-listener")
     try:
         path = coms_dir / "l.sock"
-        listener = Listener(bind_endpoint(path), FakeRef("router"), card, refuse, zero, edge=edge)
+        listener = Listener(bind_endpoint(path), refusing(), card, edge=edge)
         listener.start()
         assert json.loads(talk(path, PING))["type"] == "pong"
         busy = threading.Event()
@@ -423,7 +423,7 @@ def test_a_new_question_reaches_the_router_and_is_acked_once_stored(
 def test_a_stored_question_is_acked_only_after_the_store_committed_it(
     serve: Callable[..., Served],
 ) -> None:  # W14: an ack means the question survives a crash
-    served = serve(admit=lambda prompt, reply: reply(None))  # stored at once
+    served = serve(answers={NewQuestion: lambda question: question.reply(None)})  # stored at once
     with connect(served.path) as conn:
 
         def written() -> bool:  # anything from the listener for us to read yet?
@@ -447,7 +447,7 @@ def test_a_question_not_stored_in_time_is_acked_anyway_and_said(
     capfd: pytest.CaptureFixture[str],
 ) -> None:  # W14: the Router is slow, not refusing
     monkeypatch.setattr(peer_module, "ADMIT_TIMEOUT_S", 0.1)
-    served = serve(admit=lambda prompt, reply: None)  # never answers
+    served = serve(answers={NewQuestion: lambda question: None})  # never answers
     reply = json.loads(talk(served.path, prompt_envelope(QID).to_line()))
     assert reply == {"type": "ack", "msg_id": QID}
     assert capfd.readouterr().err == (
@@ -511,7 +511,8 @@ def beat(rig: WiredRig[PeerActor]) -> None:
 def test_a_heartbeat_heals_what_was_deleted_and_rides_out_what_it_cannot_heal(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W6: found again within one beat; a write that fails is no crash, no restart
-    rig = WiredRig(PeerActor, identity=identity, depth=zero)
+    rig = WiredRig(PeerActor, identity=identity,
+                   addresses={"router": FakeRef("router", answers={QueueDepthQuery: zero})})
     wait_for(identity.entry_path.exists, what="the entry")
     shutil.rmtree(identity.agents_dir)
     shutil.rmtree(identity.endpoint.parent)

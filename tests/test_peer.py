@@ -18,7 +18,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import pytest
 
 from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.daemon import unpublish_if_left
-from coms_hermes_bridge.actors.peer import Depth, Listener, PeerActor, ResponsePool
+from coms_hermes_bridge.actors.peer import Listener, PeerActor, ResponsePool
 from coms_hermes_bridge.actors.registry import (
     IdentityError,
     PeerIdentity,
@@ -56,10 +56,11 @@ from coms_hermes_bridge.messages.commands import (
     SendResponse,
 )
 from coms_hermes_bridge.messages.contract import iso
-from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
+from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.fakes import (
     Asker,
     Commits,
+    FakeRef,
     WiredRig,
     bridge_config,
     edge_caught_up,
@@ -97,21 +98,24 @@ class Settles(Commits):
 
 class PeerRig(WiredRig[PeerActor]):
     """A PeerActor on `identity`, its collaborators FakeRefs (`rig.router`, `rig.logger`,
-    `rig.supervisor`), its store a Settles (`rig.store`). `depth`: the open count it is
-    told at once, or the callable asked for it, or None for the default (the Router)."""
+    `rig.supervisor`), its store a Settles (`rig.store`). The router answers each
+    QueueDepthQuery at once with `depth` (None: it records them, for the test to answer)
+    and what else `answers` says (FakeRef's `answers`, overriding the depth's)."""
 
-    def __init__(self, identity: PeerIdentity, *, depth: int | Depth | None = 2,
+    def __init__(self, identity: PeerIdentity, *, depth: int | None = 2,
+                 answers: Mapping[type, Callable[[Any], None]] | None = None,
                  heartbeat_ms: float = 30_000, store: Settles | None = None,
                  addresses: dict[str, Address] | None = None, **options: Any) -> None:
         self.identity = identity
         self.store = store or Settles()
-        if isinstance(depth, int):
+        told: dict[type, Callable[[Any], None]] = {}
+        if depth is not None:
             count = depth
-            options["depth"] = lambda reply: reply(count)
-        elif depth is not None:
-            options["depth"] = depth
+            told[QueueDepthQuery] = lambda query: query.reply(count)
+        router = FakeRef("router", answers={**told, **(answers or {})})
         super().__init__(PeerActor, store=self.store,
-                         config=bridge_config(heartbeat_ms=heartbeat_ms), addresses=addresses,
+                         config=bridge_config(heartbeat_ms=heartbeat_ms),
+                         addresses={"router": router, **(addresses or {})},
                          identity=identity, **options)
 
     def ready(self) -> PeerRig:
@@ -181,7 +185,8 @@ def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -
 
 def test_a_refused_prompt_is_nacked_with_the_routers_words(identity: PeerIdentity) -> None:
     # W14, X2: the nack's error is the Router's reply, word for word
-    rig = start(identity, admit=lambda prompt, reply: reply("bridge has 3 open questions; try later"))
+    rig = start(identity, answers={NewQuestion: lambda question: question.reply(
+        "bridge has 3 open questions; try later")})
     reply = json.loads(rig.ready().send(PROMPT_LINE))
     assert reply == {"type": "nack", "msg_id": QID,
                      "error": "bridge has 3 open questions; try later"}
@@ -203,12 +208,12 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
     admitted: list[str] = []
     replies_to: list[Callable[[str | None], None]] = []
 
-    def admit(prompt: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
-        admitted.append(prompt.msg_id)
-        replies_to.append(reply)
+    def admit(question: NewQuestion) -> None:
+        admitted.append(question.envelope.msg_id)
+        replies_to.append(question.reply)
         asked.set()
 
-    rig = start(identity, admit=admit).ready()
+    rig = start(identity, answers={NewQuestion: admit}).ready()
     sender, replies = send_in_background(rig, PROMPT_LINE)
     assert asked.wait(5)
     assert admitted == [QID]
@@ -295,7 +300,8 @@ def test_heartbeat_rewrites_entry_with_depth_and_fresh_time(identity: PeerIdenti
 def test_the_heartbeat_reports_queue_depth_every_interval(identity: PeerIdentity) -> None:  # W6
     # each beat asks the Router for its count and writes it: the beats go on by themselves
     counts = iter(range(1, 1000))
-    start(identity, depth=lambda reply: reply(next(counts)), heartbeat_ms=20)
+    start(identity, answers={QueueDepthQuery: lambda query: query.reply(next(counts))},
+          heartbeat_ms=20)
 
     def beaten(times: int) -> bool:
         entry = read_entry(identity.entry_path)
@@ -416,7 +422,7 @@ def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
     identity: PeerIdentity,
 ) -> None:  # W6
     asks: list[Callable[[int], None]] = []
-    rig = start(identity, depth=asks.append).ready()
+    rig = start(identity, answers={QueueDepthQuery: lambda query: asks.append(query.reply)}).ready()
 
     def depth() -> int:
         rig.sync()
@@ -435,7 +441,7 @@ def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
     rig.supervisor.assert_nothing()
 
 
-def test_without_a_depth_callable_a_ping_asks_the_router(identity: PeerIdentity) -> None:  # W17
+def test_a_ping_asks_the_router_for_its_open_count(identity: PeerIdentity) -> None:  # W17
     rig = start(identity, depth=None).ready()
     sender, replies = send_in_background(rig, b'{"type":"ping","msg_id":"p"}\n')
     rig.router.expect(QueueDepthQuery).reply(4)
@@ -443,7 +449,7 @@ def test_without_a_depth_callable_a_ping_asks_the_router(identity: PeerIdentity)
     assert json.loads(replies[0])["agent_card"]["queue_depth"] == 4
 
 
-def test_without_a_depth_callable_the_router_is_asked(identity: PeerIdentity) -> None:  # W6
+def test_a_heartbeat_asks_the_router_for_its_open_count(identity: PeerIdentity) -> None:  # W6
     rig = start(identity, depth=None).ready()
     rig.ref.tell(HeartbeatDue())
     rig.router.expect(QueueDepthQuery).reply(7)

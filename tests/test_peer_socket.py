@@ -20,8 +20,7 @@ import pytest
 from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoint
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
-from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion
-from coms_hermes_bridge.messages.wire import PromptEnvelope
+from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion, QueueDepthQuery
 from tests.fakes import FakeRef, WiredRig, bridge_config, edge_caught_up, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -91,20 +90,20 @@ def exchange(endpoint: Path, data: bytes, *, half_close: bool = False) -> bytes:
 
 class Running:
     """A PeerActor serving on `identity`: what it hands on (prompts and cancels) is told
-    to `questions`, the Router's address; every prompt is stored at once."""
+    to `questions`, the Router's address; every prompt is stored at once, and `depth`
+    answers each QueueDepthQuery."""
 
-    def __init__(self, identity: PeerIdentity, *, depth: Callable[[Callable[[int], None]], None],
+    def __init__(self, identity: PeerIdentity, *, depth: Callable[[QueueDepthQuery], None],
                  heartbeat_ms: float = 30_000) -> None:
         self.identity = identity
-        self.questions = FakeRef("questions")
 
-        def admit(envelope: PromptEnvelope, reply: Callable[[str | None], None]) -> None:
-            self.questions.tell(NewQuestion(envelope, reply))  # recorded, and stored at once
-            reply(None)
+        def admit(question: NewQuestion) -> None:
+            self.questions.inbox.put(question)  # recorded, and stored at once
+            question.reply(None)
 
+        self.questions = FakeRef("questions", answers={NewQuestion: admit, QueueDepthQuery: depth})
         self.rig = WiredRig(PeerActor, config=bridge_config(heartbeat_ms=heartbeat_ms),
-                            addresses={"router": self.questions}, identity=identity,
-                            admit=admit, depth=depth)
+                            addresses={"router": self.questions}, identity=identity)
         wait_for(identity.entry_path.exists, what="registry entry")
 
     @property
@@ -120,7 +119,7 @@ def identity_in(coms_dir: Path) -> PeerIdentity:
 
 @pytest.fixture
 def peer(coms_dir: Path) -> Running:
-    return Running(identity_in(coms_dir), depth=lambda reply: reply(3))
+    return Running(identity_in(coms_dir), depth=lambda query: query.reply(3))
 
 
 # -- replies ------------------------------------------------------------------
@@ -302,9 +301,9 @@ def test_pong_reports_the_last_depth_when_the_router_does_not_answer(
 ) -> None:  # W17
     answers = [4]
 
-    def depth(reply: Callable[[int], None]) -> None:
+    def depth(query: QueueDepthQuery) -> None:
         if answers:
-            reply(answers.pop())
+            query.reply(answers.pop())
         # else: the Router is busy and never answers in time
 
     peer = Running(identity_in(coms_dir), depth=depth, heartbeat_ms=3_600_000)
