@@ -583,9 +583,6 @@ class Slot:
         with self._lock:
             return self._ref
 
-    def __repr__(self) -> str:
-        return f"Slot({self.name})"
-
 
 class Supervised(pykka.Actor):
     """An actor that, when it dies of an exception, tells its supervisor and hands over
@@ -617,10 +614,7 @@ class Supervised(pykka.Actor):
             # accepted into a mailbox about to be dropped
             pykka.ActorRegistry.unregister(self.actor_ref)
             self.actor_stopped.set()
-            try:
-                self.release()
-            finally:
-                self._hand_over(exc)
+            self.on_failure(type(exc), exc, exc.__traceback__)
             raise
 
     def on_stop(self) -> None:
