@@ -213,6 +213,7 @@ class WatcherActor(PooledChild):
         self.w = wiring
         self.questions_dir = wiring.config.questions_dir
         self._prefix = os.path.join(self.questions_dir, "")
+        self._aside = f".removing-{os.getpid()}-"  # + a count: where this process removes
         self.poll_ms = wiring.config.poll_ms
         self.reoffer_s = reoffer_s
         self.clock = clock
@@ -266,7 +267,10 @@ class WatcherActor(PooledChild):
             self._unlisten(inotify)
             tell_quietly(me, WatchLost(f"{type(exc).__name__}: {exc}"))
             return
-        names = tuple(dict.fromkeys(e.name for e in events if e.name))
+        # not the names of this process's own removals: gone by the time they are read
+        # (one lstat each, a tenth of a removal); a rescan finds any left behind
+        names = tuple(dict.fromkeys(
+            e.name for e in events if e.name and not e.name.startswith(self._aside)))
         if names:
             tell_quietly(me, FilesChanged(names))
         for wd in dict.fromkeys(e.wd for e in events if e.mask & (flags.IGNORED | flags.MOVE_SELF)):
@@ -551,7 +555,7 @@ class WatcherActor(PooledChild):
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick
-        aside = f"{self._prefix}.removing-{os.getpid()}-{next(_ASIDE)}"
+        aside = f"{self._prefix}{self._aside}{next(_ASIDE)}"
         try:
             os.rename(path, aside)
             if _signature(os.lstat(aside)) != signature:

@@ -389,6 +389,30 @@ def test_a_rejected_file_is_logged_removed_and_said(
     rig.delivery.assert_nothing()
 
 
+def test_the_events_of_its_own_removals_are_not_examined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # a removal renames the file aside: that name's event is not worth a look
+    examined: list[str] = []
+    real = WatcherActor._examine
+
+    def counted(self: WatcherActor, name: str) -> None:
+        examined.append(name)
+        real(self, name)
+
+    monkeypatch.setattr(WatcherActor, "_examine", counted)
+    rig = start(tmp_path)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(RemoveAnswerFile(NAME, signature, None))
+    wait_for(lambda: not (rig.dir / NAME).exists(), what="the answer file removed")
+    other_aside = ".removing-1-1"  # another process's: looked at (and, a bad name, in time rejected)
+    write(rig.dir / other_aside, b"x")
+    rig.sync()
+    assert NAME in examined
+    assert {name for name in examined if name.startswith(".removing-")} == {other_aside}
+
+
 @pytest.mark.parametrize("size", [ANSWER_FILE_LIMIT, ANSWER_FILE_LIMIT + 1])
 def test_a_file_is_read_up_to_the_limit_and_past_it_handed_on_unread(
     tmp_path: Path, size: int

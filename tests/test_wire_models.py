@@ -518,6 +518,13 @@ def test_nan_and_infinity_are_not_json(text: str) -> None:
         loads(text)
 
 
+@pytest.mark.parametrize("text", ['\ufeff{"a":1}', "\ufeff[]"])
+def test_text_led_by_a_byte_order_mark_is_not_json(text: str) -> None:
+    # W12: JSON.parse refuses it (a BOM is not JSON whitespace), and so does every reader here
+    with pytest.raises(ValueError, match="Expecting value: line 1 column 1"):
+        loads(text)
+
+
 def test_a_cut_never_makes_a_line_longer() -> None:  # W13
     # "ab" cut to "…" would be 3 bytes for 2: a line that cannot be made to fit is left as
     # dumps writes it, never made longer
