@@ -29,7 +29,8 @@ from coms_hermes_bridge.actors.peer import (
     judge_reply,
     send_envelope,
 )
-from tests.fakes import Asker, edge_caught_up, read_line, wait_for
+from coms_hermes_bridge.actors.runtime import Edge
+from tests.fakes import Asker, close_edge, edge_caught_up, read_line, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'
 NEVER = (30.0, 30.0)  # retry pauses no test waits out: an outcome within one is no retry
@@ -449,20 +450,25 @@ def test_a_line_larger_than_the_socket_buffer_is_written_in_parts(coms_dir: Path
     big = b'{"type":"response","msg_id":"q","response":"' + b"x" * 2_000_000 + b'"}\n'
     gate = threading.Event()
     asker = Asker(coms_dir / "a.sock", gate=gate)
-    pool, done = ResponsePool(), Done()
-    pool.submit(asker.endpoint, big, 30.0, (), done("q"))
-    wait_for(lambda: asker.lines, timeout=10, what="the whole line read")
-    # waiting for the ack, the socket is watched for reading only: writable, it would
-    # wake the loop at every turn
-    events = concurrent.futures.Future[list[int]]()
-    loop = pool.edge.loop
-    loop.call_soon_threadsafe(lambda: events.set_result(
-        [key.events for key in loop._selector.get_map().values()]))  # type: ignore[attr-defined]
-    assert not any(mask & selectors.EVENT_WRITE for mask in events.result(5))
-    gate.set()
-    wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
-    assert done.outcomes == {"q": None}
-    assert asker.lines == [big]
+    own = Edge("test-big-line")  # its selector holds this send's socket alone
+    pool, done = ResponsePool(edge=own), Done()
+    try:
+        pool.submit(asker.endpoint, big, 30.0, (), done("q"))
+        wait_for(lambda: asker.lines, timeout=10, what="the whole line read")
+        # waiting for the ack, the socket is watched for reading only: writable, it would
+        # wake the loop at every turn
+        events = concurrent.futures.Future[list[int]]()
+        loop = own.loop
+        loop.call_soon_threadsafe(lambda: events.set_result(
+            [key.events for key in loop._selector.get_map().values()]))  # type: ignore[attr-defined]
+        assert len(events.result(5)) == 2  # the loop's own wake-up pipe, and the send's socket
+        assert not any(mask & selectors.EVENT_WRITE for mask in events.result(5))
+        gate.set()
+        wait_for(lambda: "q" in done.outcomes, timeout=10, what="the big line acked")
+        assert done.outcomes == {"q": None}
+        assert asker.lines == [big]
+    finally:
+        close_edge(own)
 
 
 def test_a_send_that_faults_fails_alone(
