@@ -44,18 +44,13 @@ from coms_hermes_bridge.actors.runtime import (
 from coms_hermes_bridge.messages.commands import ChildFailed
 from tests.fakes import FakeRef, close_edge, handled, thread_count, wait_for
 
-ACTORS = Edge("test-actors")  # the loop every pooled actor of this file runs its turns on
+ACTORS = Edge("test-actors")  # every pooled actor of this file turns on it; never closed, as
+# the shared one (a closed edge stays closed, and this module may run twice in a process)
 
 
 def queued(inbox: PoolInbox) -> int:
     """How many messages wait in the mailbox (white-box: the runtime never asks)."""
     return len(inbox._queue or ())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _actors_edge() -> Iterator[None]:
-    yield
-    close_edge(ACTORS)
 
 
 @pytest.fixture
