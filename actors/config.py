@@ -1,7 +1,8 @@
 """The daemon's settings and the command line that makes them.
 
 The flags are the TypeScript daemon's, so a service file written for it keeps
-working; `--send-timeout` is ours. Every bad value becomes one operator-facing
+working; `--send-timeout`, `--max-open`, `--max-open-per-asker` and `--remind-before`
+are ours. Every bad value becomes one operator-facing
 line and exit 1, before anything is registered in the pool.
 """
 

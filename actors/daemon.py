@@ -1,8 +1,8 @@
 """The `coms-hermes-bridge` command: flags in, a supervised actor tree up, a clean exit out.
 
-The main thread does three things only: validate the command line, install
-the shutdown handlers (before anything is published, W7), and wait. The
-supervision tree (actors/supervisor.py) does the rest; a fatal supervision verdict
+The main thread validates the command line, installs the shutdown handlers (before
+anything is published, W7), claims the name, opens the state, starts the supervision
+tree (actors/supervisor.py), which does the rest, and waits; a fatal supervision verdict
 or SIGTERM/SIGINT wakes the main thread, which stops the tree (the Peer first, so
 the registry entry and socket go away, W8) and exits 0, or 1 when the daemon gave up.
 """

@@ -2,8 +2,8 @@
 
 Question texts, answers and the state database are the user's private
 conversation, and an answer file another local user could write would be a
-forged answer. So everything the bridge owns is created 0700/0600 by these two
-helpers (never by a bare `mkdir` or `open`, which the caller's umask widens),
+forged answer. So everything the bridge owns is created 0700/0600 by the helpers
+here (never by a bare `mkdir` or `open`, which the caller's umask widens),
 and found-looser modes are tightened with one stderr line.
 """
 

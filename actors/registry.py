@@ -1,8 +1,9 @@
 """The coms registry: who we are in the pool, and which names are taken (W1-W3, W5, W9, W10).
 
 These are plain functions over paths and clocks so that name resolution, the
-crash-takeover rule and the atomic write can be tested without an actor. The
-PeerActor is the only caller that writes; everyone else in the pool only reads.
+crash-takeover rule and the atomic write can be tested without an actor. Our own
+entry is written by the PeerActor and removed at the stop; the start prunes dead
+peers' entries.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def validate_name(name: str) -> None:
 def pid_alive(pid: int) -> bool | None:
     """True/False when the pid says something, None when the entry carries no usable pid.
 
-    A pid we may not signal (EPERM) belongs to a live process of another user.
+    A pid we may not signal (EPERM) belongs to a live process of another user; one past
+    what kill(2) takes (OverflowError) is no pid at all.
     """
     if pid <= 0:  # 0 and negatives would signal process groups, not a process
         return None
@@ -88,7 +90,7 @@ def pid_alive(pid: int) -> bool | None:
         return False
     except PermissionError:
         return True
-    except OSError:
+    except (OSError, OverflowError):
         return None
     return True
 

@@ -714,6 +714,8 @@ def _spec(
         raise ValueError("qid is not valid Unicode")
     if not isinstance(prompt, str) or not isinstance(parsed, str):
         raise TypeError("prompt and parsed must be text")
+    if has_lone_surrogate(parsed):  # as written, lone surrogates are escaped: these are bytes
+        raise ValueError("parsed is not valid Unicode")
     if not isinstance(timeout_ms, int | float) or not isinstance(deadline, int | float):
         raise TypeError("timeout_ms and deadline must be numbers")
     if state is not None and state not in _STATES:

@@ -151,7 +151,8 @@ class AnswerFileSeen:
     """An answer file whose name carries a valid qid, and what it held when read.
 
     `content` is None when the file was over ANSWER_FILE_LIMIT and so was not
-    read at all; `signature.size` says how big it was.
+    read at all (`signature.size` says how big it was), and when a question closed
+    under it hands it back to be judged late (C15).
     """
 
     name: str

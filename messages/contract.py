@@ -134,7 +134,7 @@ def admission(
 ) -> Admission:
     """X2: may this prompt open its question?
 
-    `open_prompt` is the prompt of the question open under `qid`, if any;
+    `open_prompt` is the prompt of the question open under its msg_id, if any;
     `recently_closed` says the qid is in the closed-qid memory (its human may
     still be answering it, and a new question must not inherit that answer).
     """

@@ -120,8 +120,9 @@ MAX_JSON_DEPTH = 200
 
 Python's parser recurses, so how deep it gets depends on how deep the calling
 thread's stack already is: the same text could parse on one thread and fail on
-another. Below this depth every thread parses; past it the answer is the same
-everywhere. No envelope, prompt or answer file nests more than a few levels."""
+another. Below this depth a thread with a few hundred frames to spare parses (one with
+less refuses it the same way); past it the answer is the same everywhere. No envelope,
+prompt or answer file nests more than a few levels."""
 
 
 def _too_deep(text: str) -> bool:
@@ -165,7 +166,7 @@ def loads(text: str) -> Any:
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return _DECODER.decode(text)
-    except RecursionError as exc:  # not reached below the bound; kept as a refusal anyway
+    except RecursionError as exc:  # within the bound too, on a stack nearly used up
         raise ValueError("JSON nested too deep") from exc
 
 

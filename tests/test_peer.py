@@ -856,6 +856,21 @@ def test_liveness_rules(coms_dir: Path) -> None:  # W9
     assert not is_live(entry(0, heartbeat_at=old), now)
 
 
+def test_a_pid_no_process_can_have_is_judged_by_the_heartbeat_not_raised(
+    coms_dir: Path,
+) -> None:  # W9: another peer's entry may carry any integer; the start must not crash on it
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    huge = 2**40  # past what kill(2) takes
+    assert pid_alive(huge) is None  # no usable pid, as 0 or a negative one
+    assert is_live(entry(huge, heartbeat_at=iso(now)), now)
+    assert not is_live(entry(huge, heartbeat_at=iso(now - timedelta(seconds=91))), now)
+    old = plant(coms_dir, "other", pid=huge, endpoint="",
+                heartbeat_at=iso(now - timedelta(seconds=91)))
+    ident = resolve_identity(coms_dir, "default", "other", cwd="/", pid=1, now=now)
+    assert ident.name == "other"
+    assert not old.exists()  # silent, and no pid to say otherwise: pruned
+
+
 def test_crashed_holder_rule(coms_dir: Path) -> None:  # W10
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     fresh = iso(now)

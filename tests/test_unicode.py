@@ -180,6 +180,22 @@ def test_a_settle_that_cannot_be_stored_is_dropped_alone_and_said_once(
     assert err.count("coms-hermes-bridge: error: ") == 1
 
 
+def test_an_open_row_whose_parsed_question_is_not_unicode_is_dropped_on_read(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:  # X12: every column read back, the question as parsed too
+    store.put_open(_spec(), owner="o")
+    with sqlite3.connect(store.path) as conn:  # an older version's row, or a hand edit
+        conn.execute("UPDATE open_questions SET parsed = CAST(? AS TEXT) WHERE qid = ?",
+                     (b'{"question":"a\xff"}', QID))
+    assert store.load() == ([], [])
+    assert f"dropped open question '{QID}'" in capsys.readouterr().err
+    # a lone surrogate the asker spelt as a JSON escape is text, written escaped: kept
+    kept = _spec("01ARZ3NDEKTSV4RRFFQ69G5FAX", prompt='{"question": "a\\ud800"}')
+    assert kept.parsed.question == "a\ud800"
+    store.put_open(kept, owner="p")
+    assert store.load()[0] == [kept]
+
+
 def test_rows_with_text_that_is_not_unicode_are_dropped_on_read(
     store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:  # X12: the same check for what is read back from the state file
