@@ -422,10 +422,7 @@ def span(seconds: float) -> str:
 
 
 def first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 REMIND_QUESTION_LIMIT = 200  # UTF-16 units of the question's first line in a reminder

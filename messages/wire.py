@@ -109,10 +109,7 @@ def invalid_text(exc: ValidationError) -> str | None:
     """The `<field> is not valid Unicode` reason in a validation error, if that is its cause."""
     # (pydantic itself lets a lone surrogate through a str field: only ValidText's
     # check ever raises for one)
-    for error in exc.errors():
-        if error["type"] == INVALID_UNICODE:
-            return str(error["msg"])
-    return None
+    return next((str(e["msg"]) for e in exc.errors() if e["type"] == INVALID_UNICODE), None)
 
 
 MAX_JSON_DEPTH = 200
