@@ -145,6 +145,9 @@ def test_later_and_the_shared_edge_run_on_the_thread_named_edge() -> None:
     passed(shared, 0.2)
     assert ran_on == ["edge"]
     assert shared is shared_edge() and shared.name == "edge"
+    made = Edge()  # (made here, for mutation testing to see this test make one)
+    assert made.name == "edge"
+    close_edge(made)
     assert shared._thread is not None and shared._thread.daemon
 
 

@@ -52,6 +52,7 @@ from tests.fakes import (
     Commits,
     FakeClock,
     WiredRig,
+    actors_held,
     bridge_config,
     edge_caught_up,
     handled,
@@ -411,6 +412,20 @@ def test_the_events_of_its_own_removals_are_not_examined(
     rig.sync()
     assert NAME in examined
     assert {name for name in examined if name.startswith(".removing-")} == {other_aside}
+
+
+def test_a_badly_named_file_gone_before_it_is_looked_at_is_forgotten_quietly(
+    tmp_path: Path,
+) -> None:  # a writer's temporary name, renamed away before its event is read
+    rig = start(tmp_path)
+    rig.sync()
+    with actors_held():  # its events are read once the file is gone
+        write(rig.dir / "answer.tmp", ANSWER)
+        (rig.dir / "answer.tmp").unlink()
+    rig.sync()
+    rig.supervisor.assert_nothing()  # no crash, so no restart
+    rig.router.assert_nothing()
+    rig.logger.assert_nothing()
 
 
 @pytest.mark.parametrize("size", [ANSWER_FILE_LIMIT, ANSWER_FILE_LIMIT + 1])
