@@ -1238,6 +1238,8 @@ def test_files_moved_aside_keep_their_sidecars_and_never_overwrite_an_earlier_on
          "ValueError('qid is not valid Unicode')"),
         ("prompt = X'7b7d'", None, "TypeError('prompt and parsed must be text')"),
         ("parsed = X'7b7d'", None, "TypeError('prompt and parsed must be text')"),
+        ("parsed = CAST(X'7b227175657374696f6e223a2261ff227d' AS TEXT)", None,
+         "ValueError('parsed is not valid Unicode')"),
         ("timeout_ms = 'soon'", None, "TypeError('timeout_ms and deadline must be numbers')"),
         ("deadline = 'later'", None, "TypeError('timeout_ms and deadline must be numbers')"),
         ("state = 'bogus'", None, "ValueError(\"unknown state 'bogus'\")"),
