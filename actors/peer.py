@@ -100,19 +100,20 @@ class _LineTooLarge(Exception):
     pass
 
 
-def _take_line(buffer: bytes, eof: bool) -> tuple[bytes | None, bool]:
+def _take_line(buffer: bytearray, eof: bool) -> tuple[bytes | None, bool]:
     """(the first non-blank line, done) from what a client sent so far: done with no
-    line when it sent only blank lines; the tail at EOF counts as a line (W12)."""
-    while b"\n" in buffer:
-        line, _, buffer = buffer.partition(b"\n")
-        if len(line) > MAX_LINE:
-            raise _LineTooLarge
-        if line.strip():
-            return line, True
-    if len(buffer) > MAX_LINE:
+    line when it sent only blank lines; the tail at EOF counts as a line (W12). The
+    blank lines are cut from `buffer` in one step, so a flood of them costs its length
+    once, not a turn per line."""
+    lead = len(buffer) - len(buffer.lstrip())
+    del buffer[: buffer.rfind(b"\n", 0, lead) + 1]
+    end = buffer.find(b"\n")
+    if end > MAX_LINE or (end < 0 and len(buffer) > MAX_LINE):
         raise _LineTooLarge
+    if end >= 0:
+        return bytes(buffer[:end]), True
     if eof:
-        return (buffer if buffer.strip() else None), True
+        return (bytes(buffer) if buffer.strip() else None), True
     return None, False
 
 
@@ -270,14 +271,19 @@ class Listener:
     async def _read_line(loop: asyncio.AbstractEventLoop, conn: socket.socket
                          ) -> bytes | type[_LineTooLarge] | None:
         buffer = bytearray()
+        blank = 0  # bytes of blank lines skipped: bounded as a line is
         while True:
             chunk = await loop.sock_recv(conn, MAX_LINE)
             buffer += chunk
             if chunk and b"\n" not in chunk and len(buffer) <= MAX_LINE:
                 continue  # still mid-line: no need to look at the whole buffer again
+            before = len(buffer)
             try:
-                found, done = _take_line(bytes(buffer), eof=not chunk)
+                found, done = _take_line(buffer, eof=not chunk)
             except _LineTooLarge:
+                return _LineTooLarge
+            blank += before - len(buffer)
+            if blank > MAX_LINE:
                 return _LineTooLarge
             if done:
                 return found

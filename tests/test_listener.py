@@ -230,15 +230,33 @@ def test_the_deadline_is_for_the_whole_line_not_each_recv(serve: Callable[..., S
 
 
 def test_a_line_is_taken_whole_up_to_the_limit_and_refused_past_it() -> None:  # W12, W13
-    take = peer_module._take_line
+    def take(data: bytes, eof: bool) -> tuple[bytes | None, bool]:
+        return peer_module._take_line(bytearray(data), eof)
+
     assert MAX_LINE == 64 * 1024
     assert take(b"x" * MAX_LINE, False) == (None, False)  # at the limit: more may come
+    assert take(b"x" * MAX_LINE + b"\n", False) == (b"x" * MAX_LINE, True)
     assert take(b"\n \n", False) == (None, False)  # blank lines only: wait for a real one
-    assert take(b"\n \nping\n", False) == (b"ping", True)
+    assert take(b"\n \n", True) == (None, True)  # and none came
+    assert take(b"\n \r\n\t\x0b\x0c\n  ping \nnext\n", False) == (b"  ping ", True)
     assert take(b"tail", True) == (b"tail", True)
-    for too_long in (b"x" * (MAX_LINE + 1), b"x" * (MAX_LINE + 1) + b"\n"):
+    assert take(b"\n \ntail", True) == (b"tail", True)
+    for too_long in (b"x" * (MAX_LINE + 1), b"x" * (MAX_LINE + 1) + b"\n", b"\n" + b"x" * (MAX_LINE + 1)):
         with pytest.raises(peer_module._LineTooLarge):
             take(too_long, False)
+
+
+def test_blank_lines_are_cut_from_the_buffer_and_the_rest_kept() -> None:  # W12
+    # what makes a flood of blank lines cost its length once, whatever its chunks
+    buffer = bytearray(b"\n \r\n\n  {\"ty")
+    assert peer_module._take_line(buffer, False) == (None, False)
+    assert buffer == b'  {"ty'
+    buffer = bytearray(b"\n\n \t")
+    assert peer_module._take_line(buffer, False) == (None, False)
+    assert buffer == b" \t"
+    buffer = bytearray(b"\nping\n")
+    assert peer_module._take_line(buffer, False) == (b"ping", True)
+    assert buffer == b"ping\n"
 
 
 def test_waiting_clients_and_admissions_take_no_threads(serve: Callable[..., Served]) -> None:

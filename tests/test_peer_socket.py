@@ -247,6 +247,15 @@ def test_blank_lines_are_skipped(peer: Running) -> None:  # W12
     assert exchange(peer.endpoint, b"\n  \r\n" + b'{"type":"ping","msg_id":"b"}\n') == pong("b", 3)
 
 
+def test_blank_lines_up_to_64_kib_are_skipped_and_past_it_refused(peer: Running) -> None:  # W12, W13
+    ping = b'{"type":"ping","msg_id":"b"}\n'
+    assert exchange(peer.endpoint, b"\n" * 65536 + ping) == pong("b", 3)
+    assert exchange(peer.endpoint, b" \n" * 32768 + b"\n" + ping) == nack("", "line too large")
+    assert exchange(peer.endpoint, b"\n" * 1_000_000 + ping) == nack("", "line too large")
+    # the loop was never held up: the next client is served
+    assert exchange(peer.endpoint, ping) == pong("b", 3)
+
+
 def test_eof_without_newline_is_a_line(peer: Running) -> None:  # W12
     reply = exchange(peer.endpoint, b'{"type":"ping","msg_id":"e"}', half_close=True)
     assert reply == pong("e", 3)
