@@ -10,6 +10,7 @@ envelope is refused rather than coerced.
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -150,15 +151,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"not JSON: {name}")
 
 
+def _finite(text: str) -> float:
+    """A number past a double's range would be read as infinity, which no line we
+    write may hold: refused where it is read, not when it is stored or sent."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text[:32]}")
+    return value
+
+
 # One decoder for every read, as `_COMPACT` for writes: 5 of json.loads' 7 µs for an
 # answer file were building a decoder for its options.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
 
 
 def loads(text: str) -> Any:
     """`json.loads` as JavaScript's JSON.parse reads, the same on every thread:
     ValueError for text that is not JSON, for NaN and Infinity (Python reads them,
-    the daemon we replace does not) and for JSON nested deeper than MAX_JSON_DEPTH."""
+    the daemon we replace does not), for a number too large for a double (1e400,
+    which it reads as Infinity) and for JSON nested deeper than MAX_JSON_DEPTH."""
     if _too_deep(text):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:

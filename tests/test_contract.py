@@ -136,6 +136,11 @@ def test_invalid_qid_error_text() -> None:
             '{"question":"q","x":NaN}',
             ParsedPrompt(question='{"question":"q","x":NaN}', context="From builder @ /work/app"),
         ),
+        # nor is a number no double holds, for us: plain text, and the question still asked
+        (
+            '{"question":"q","x":1e400}',
+            ParsedPrompt(question='{"question":"q","x":1e400}', context="From builder @ /work/app"),
+        ),
     ],
 )
 def test_prompt_parsing(text: str, expected: ParsedPrompt) -> None:
@@ -344,6 +349,9 @@ def test_valid_answer_is_accepted() -> None:
         (NAME, body(answer=...)[:-1] + b', "answer": NaN}', {QID}, Rejected("invalid_json", QID)),
         (NAME, body()[:-1] + b', "n": Infinity}', {QID}, Rejected("invalid_json", QID)),
         (NAME, body()[:-1] + b', "n": [-Infinity]}', {QID}, Rejected("invalid_json", QID)),
+        # a number past a double's range, which JSON.parse reads as Infinity
+        (NAME, body()[:-1] + b', "n": 1e400}', {QID}, Rejected("invalid_json", QID)),
+        (NAME, body()[:-1] + b', "n": [-1.5E+999]}', {QID}, Rejected("invalid_json", QID)),
         (NAME, b"[1]", {QID}, Rejected("invalid_schema", QID)),
         (NAME, body(answer=...), {QID}, Rejected("invalid_schema", QID)),
         (NAME, body(answer=5), {QID}, Rejected("invalid_schema", QID)),

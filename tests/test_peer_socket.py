@@ -173,14 +173,18 @@ def test_non_utf8_is_invalid_json(peer: Running) -> None:  # W12, W13
     assert exchange(peer.endpoint, b'\xff\xfe{"type":"ping"}\n') == nack("", "invalid json")
 
 
-@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1E+999"])
 def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running, constant: bytes) -> None:  # W13
     assert exchange(peer.endpoint, b'{"type":"ping","msg_id":%s}\n' % constant) == nack(
         "", "invalid json")
-    # a prompt otherwise valid, its number NaN: the line is refused, not the prompt
+    # a prompt otherwise valid, its number NaN (or past a double, read by JavaScript as
+    # Infinity, which no line or row can hold): the line is refused, not the prompt
     prompt = line(PROMPT).replace(b'"hops": 0', b'"hops":' + constant)
     assert b'"hops":' + constant in prompt
     assert exchange(peer.endpoint, prompt) == nack("", "invalid json")
+    schema = line(PROMPT).replace(b'"hops": 0', b'"hops": 0, "response_schema": {"max": %s}' % constant)
+    assert exchange(peer.endpoint, schema) == nack("", "invalid json")
+    peer.questions.assert_nothing()
 
 
 @pytest.mark.parametrize(
