@@ -5,6 +5,7 @@ a slow or hostile peer never reaches the actor's mailbox and costs no thread."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -74,7 +75,7 @@ MAX_LINE = 65536
 LINE_DEADLINE_S = 10.0  # for a whole request line, however it trickles in
 REPLY_GRACE_S = 5.0  # for writing the reply once the line is in
 MAX_CONNECTIONS = 64
-ADMIT_TIMEOUT_S = 5.0  # for the Router to store a question before it is acked anyway
+ADMIT_TIMEOUT_S = 5.0  # for the Router to take a question before it is refused
 DEPTH_TIMEOUT_S = 2.0  # for the Router's open count; the last one seen is used after
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
 ACCEPT_BATCH = 64
@@ -88,6 +89,7 @@ INVALID_PROMPT = "invalid prompt envelope"
 INVALID_CANCEL = "invalid cancel envelope"
 BUSY = "bridge is busy: too many connections; try again"
 RESTARTING = "bridge is restarting; try again"
+ADMIT_BUSY = "bridge is busy: too many questions waiting; try again"
 
 _SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -288,6 +290,23 @@ class Listener:
             if done:
                 return found
 
+    async def _admit(self, prompt: PromptEnvelope) -> str | None:
+        """The Router's verdict on a prompt. One it has not taken within ADMIT_TIMEOUT_S
+        is withdrawn and refused, so that an ack always means stored: the asker tries
+        again, as after any nack, and an identical resend is acked once stored (X2)."""
+        verdict: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+        self._router.tell(NewQuestion(prompt, verdict))
+        waiting = asyncio.wrap_future(verdict)
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), ADMIT_TIMEOUT_S)
+        except TimeoutError:
+            if verdict.cancel():  # not taken: it never will be
+                report(f"question {prompt.msg_id} was not taken within {ADMIT_TIMEOUT_S:g}s; "
+                       f"nacked it ({ADMIT_BUSY})")
+                return ADMIT_BUSY
+        # taken meanwhile: the Router sets its verdict in the same turn; it is on its way
+        return await asyncio.wait_for(waiting, REPLY_GRACE_S)
+
     async def reply_to(self, line: bytes) -> tuple[WireModel, Callable[[], None] | None]:
         """The reply for one line, and what to do once it is written: a prompt is acked
         once stored (an ack means it survives a crash); a cancel is acked first (C12)."""
@@ -307,12 +326,7 @@ class Listener:
             if isinstance(self._router, Slot) and self._router.ref is None:
                 error = RESTARTING  # the Router restarts: the asker tries again
             else:
-                try:
-                    error = await awaited(lambda reply: self._router.tell(
-                        NewQuestion(prompt, reply)), ADMIT_TIMEOUT_S)
-                except TimeoutError:
-                    report(f"question {prompt.msg_id} is queued but was not stored within "
-                           f"{ADMIT_TIMEOUT_S:g}s; acking it anyway")
+                error = await self._admit(prompt)
             if error is None:
                 try:
                     self._durable()

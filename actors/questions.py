@@ -182,8 +182,9 @@ class QuestionRouter(PooledChild):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case NewQuestion(envelope=envelope, reply=reply):
-                reply(self._admit(envelope))
+            case NewQuestion(envelope=envelope, verdict=verdict):
+                if verdict.set_running_or_notify_cancel():  # else its asker was nacked
+                    verdict.set_result(self._admit(envelope))
             case CancelQuestion(envelope=envelope):
                 question = self.open.get(envelope.ref_msg_id)  # C14: else acked, ignored
                 if question is not None:

@@ -7,6 +7,7 @@ docs/architecture.md, "The path of one question".
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -35,12 +36,14 @@ class UnknownMessage(TypeError):
 
 @dataclass(frozen=True, slots=True)
 class NewQuestion:
-    """A well-formed prompt arrived (its qid may still be invalid, C3). `reply` is called
+    """A well-formed prompt arrived (its qid may still be invalid, C3). `verdict` is set
     once it is handled: None once it is stored (the ack means "durable"), else the
-    nack's error, word for word. Called on the Router's turn: it must not block."""
+    nack's error, word for word. The Router takes it (`set_running_or_notify_cancel`)
+    before anything else: a listener that stopped waiting has cancelled it and nacked
+    the asker, so the question must then be neither stored nor asked."""
 
     envelope: PromptEnvelope
-    reply: Callable[[str | None], None]
+    verdict: concurrent.futures.Future[str | None]
 
 
 @dataclass(frozen=True, slots=True)

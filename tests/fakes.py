@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
-import functools
 import importlib.util
 import itertools
 import json
@@ -590,9 +590,10 @@ class RouterRig(WiredRig[QuestionRouter]):
         return self.started[qid][-1][2]
 
     def admit(self, envelope: PromptEnvelope) -> str | None:
-        """NewQuestion's reply: None once it is stored (acked), else the nack's error."""
-        reply: str | None = replied(self.ref, functools.partial(NewQuestion, envelope))
-        return reply
+        """NewQuestion's verdict: None once it is stored (acked), else the nack's error."""
+        verdict: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+        self.ref.tell(NewQuestion(envelope, verdict))
+        return verdict.result(5.0)
 
     def opened(self, envelope: PromptEnvelope) -> tuple[QuestionSpec, str, FakeRef]:
         """Admit `envelope` (acked): the spec, name and fake of the question it runs."""

@@ -63,7 +63,7 @@ def zero(query: QueueDepthQuery) -> None:
 
 
 def refuse(question: NewQuestion) -> None:
-    question.reply("no")
+    question.verdict.set_result("no")
 
 
 def refusing() -> FakeRef:
@@ -266,7 +266,7 @@ def test_waiting_clients_and_admissions_take_no_threads(serve: Callable[..., Ser
 
     def slow_admit(question: NewQuestion) -> None:
         with lock:
-            pending.append(question.reply)  # answered later, from the test's own thread
+            pending.append(question.verdict.set_result)  # answered later, from the test's own thread
 
     serve(max_connections=40, answers={NewQuestion: slow_admit}).listener.stop()  # the edge, warm
     edge_caught_up()  # shut: its socket path may be bound again
@@ -433,7 +433,7 @@ def test_a_new_question_reaches_the_router_and_is_acked_once_stored(
     handed = served.router.expect(NewQuestion)
     assert handed.envelope.msg_id == QID
     assert replies == []  # not acked before it is stored
-    handed.reply(None)  # the Router stored it
+    handed.verdict.set_result(None)  # the Router stored it
     sender.join(10)
     assert json.loads(replies[0]) == {"type": "ack", "msg_id": QID}
 
@@ -441,7 +441,7 @@ def test_a_new_question_reaches_the_router_and_is_acked_once_stored(
 def test_a_stored_question_is_acked_only_after_the_store_committed_it(
     serve: Callable[..., Served],
 ) -> None:  # W14: an ack means the question survives a crash
-    served = serve(answers={NewQuestion: lambda question: question.reply(None)})  # stored at once
+    served = serve(answers={NewQuestion: lambda question: question.verdict.set_result(None)})  # stored at once
     with connect(served.path) as conn:
 
         def written() -> bool:  # anything from the listener for us to read yet?
@@ -460,17 +460,44 @@ def test_a_stored_question_is_acked_only_after_the_store_committed_it(
     assert len(commits.flushes) == 2
 
 
-def test_a_question_not_stored_in_time_is_acked_anyway_and_said(
+def test_a_question_not_taken_in_time_is_withdrawn_refused_and_said(
     serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
-) -> None:  # W14: the Router is slow, not refusing
-    monkeypatch.setattr(peer_module, "ADMIT_TIMEOUT_S", 0.1)
-    served = serve(answers={NewQuestion: lambda question: None})  # never answers
+) -> None:  # W14: an ack means stored, so a question the Router is too busy to take is not acked
+    monkeypatch.setattr(peer_module, "ADMIT_TIMEOUT_S", 0)
+    held: list[NewQuestion] = []
+    served = serve(answers={NewQuestion: held.append})  # queued, not taken
     reply = json.loads(talk(served.path, prompt_envelope(QID).to_line()))
-    assert reply == {"type": "ack", "msg_id": QID}
+    assert reply == {"type": "nack", "msg_id": QID,
+                     "error": "bridge is busy: too many questions waiting; try again"}
+    assert [question.envelope.msg_id for question in held] == [QID]
+    # withdrawn: the Router, coming to it, finds it is not to be taken
+    assert held[0].verdict.set_running_or_notify_cancel() is False
     assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: question {QID} is queued but was not stored within 0.1s;"
-        " acking it anyway\n")
+        f"coms-hermes-bridge: question {QID} was not taken within 0s; nacked it"
+        " (bridge is busy: too many questions waiting; try again)\n")
+
+
+def test_a_question_taken_as_the_wait_ends_gets_its_verdict(
+    serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:  # W14: taken by the Router, it cannot be withdrawn; its verdict is the reply
+    monkeypatch.setattr(peer_module, "ADMIT_TIMEOUT_S", 0)
+    taken: list[NewQuestion] = []
+
+    def take(question: NewQuestion) -> None:
+        assert question.verdict.set_running_or_notify_cancel()
+        taken.append(question)
+
+    served = serve(answers={NewQuestion: take})
+    for verdict, reply in ((None, {"type": "ack", "msg_id": QID}),
+                           ("no", {"type": "nack", "msg_id": QID, "error": "no"})):
+        sender, replies = in_background(served.path, prompt_envelope(QID).to_line())
+        wait_for(lambda: bool(taken), what="the question taken")
+        taken.pop().verdict.set_result(verdict)  # after the listener stopped waiting: it was 0 s
+        sender.join(10)
+        assert json.loads(replies[0]) == reply
+    assert capfd.readouterr().err == ""
 
 
 def test_an_envelope_whose_text_is_not_unicode_is_nacked_naming_the_field(

@@ -178,14 +178,14 @@ def test_prompt_is_handed_on_as_new_question_and_acked(identity: PeerIdentity) -
     handed = rig.router.expect(NewQuestion)
     assert handed.envelope == prompt_envelope(sender_endpoint="/tmp/asker.sock")
     assert replies == []  # not acked before the Router's word
-    handed.reply(None)
+    handed.verdict.set_result(None)
     sender.join(5)
     assert replies == [ACKED]
 
 
 def test_a_refused_prompt_is_nacked_with_the_routers_words(identity: PeerIdentity) -> None:
     # W14, X2: the nack's error is the Router's reply, word for word
-    rig = start(identity, answers={NewQuestion: lambda question: question.reply(
+    rig = start(identity, answers={NewQuestion: lambda question: question.verdict.set_result(
         "bridge has 3 open questions; try later")})
     reply = json.loads(rig.ready().send(PROMPT_LINE))
     assert reply == {"type": "nack", "msg_id": QID,
@@ -210,7 +210,7 @@ def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # 
 
     def admit(question: NewQuestion) -> None:
         admitted.append(question.envelope.msg_id)
-        replies_to.append(question.reply)
+        replies_to.append(question.verdict.set_result)
         asked.set()
 
     rig = start(identity, answers={NewQuestion: admit}).ready()

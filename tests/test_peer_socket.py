@@ -99,7 +99,7 @@ class Running:
 
         def admit(question: NewQuestion) -> None:
             self.questions.inbox.put(question)  # recorded, and stored at once
-            question.reply(None)
+            question.verdict.set_result(None)
 
         self.questions = FakeRef("questions", answers={NewQuestion: admit, QueueDepthQuery: depth})
         self.rig = WiredRig(PeerActor, config=bridge_config(heartbeat_ms=heartbeat_ms),

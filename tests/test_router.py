@@ -9,6 +9,7 @@ unread mail to the Router as any question does.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import itertools
 import json
@@ -36,6 +37,7 @@ from coms_hermes_bridge.messages.commands import (
     ChildFailed,
     FileSignature,
     LogEvent,
+    NewQuestion,
     OfferAgain,
     QuestionClosed,
     QuestionSpec,
@@ -239,6 +241,19 @@ def test_a_store_that_cannot_take_a_question_is_nacked_in_our_words_and_said(
         f"coms-hermes-bridge: error: could not take question {QIDS[0]!r}: "
         "OperationalError('database or disk is full')\n")
     assert rig.ref.is_alive() and rig.depth() == 0
+
+
+def test_a_question_its_listener_withdrew_is_neither_stored_nor_asked(make: Make) -> None:  # W14
+    rig = make()
+    withdrawn: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+    assert withdrawn.cancel()  # the asker was nacked "try again" before the Router got to it
+    rig.ref.tell(NewQuestion(prompt_envelope(QIDS[0]), withdrawn))
+    assert rig.depth() == 0  # a sync: handled in turn, after it
+    assert rig.store.load() == ([], [])
+    assert QIDS[0] not in rig.started
+    rig.delivery.assert_nothing()
+    assert rig.admit(prompt_envelope(QIDS[0])) is None  # the asker's try again is taken
+    assert [spec.qid for spec in rig.store.load()[0]] == [QIDS[0]]
 
 
 # -- cancel and close (C12-C14, X2) ---------------------------------------------------
