@@ -322,11 +322,9 @@ class Listener:
                 prompt = PromptEnvelope.model_validate(body)
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
-            error: str | None = None
-            if isinstance(self._router, Slot) and self._router.ref is None:
-                error = RESTARTING  # the Router restarts: the asker tries again
-            else:
-                error = await self._admit(prompt)
+            # while the Router restarts, the asker tries again
+            restarting = isinstance(self._router, Slot) and self._router.ref is None
+            error = RESTARTING if restarting else await self._admit(prompt)
             if error is None:
                 try:
                     self._durable()

@@ -500,6 +500,23 @@ def test_a_question_taken_as_the_wait_ends_gets_its_verdict(
     assert capfd.readouterr().err == ""
 
 
+def test_a_question_taken_but_never_judged_gets_no_reply_and_its_connection_ends(
+    serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W14: neither an ack nor a nack can be true; the asker tries again (X2)
+    monkeypatch.setattr(peer_module, "ADMIT_TIMEOUT_S", 0)
+    monkeypatch.setattr(peer_module, "REPLY_GRACE_S", 0.1)
+    taken: list[NewQuestion] = []
+
+    def take(question: NewQuestion) -> None:
+        assert question.verdict.set_running_or_notify_cancel()
+        taken.append(question)  # and never judged
+
+    served = serve(answers={NewQuestion: take})
+    assert talk(served.path, prompt_envelope(QID).to_line()) == b""
+    wait_for(lambda: len(served.listener._clients) == 0, what="its connection ended")
+    assert len(taken) == 1
+
+
 def test_an_envelope_whose_text_is_not_unicode_is_nacked_naming_the_field(
     serve: Callable[..., Served],
 ) -> None:  # X12
