@@ -105,6 +105,38 @@ def bridge_dir(path: Path) -> None:
     private_dir(path, tighten=path.name == BRIDGE_DIR_NAME)
 
 
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """A regular file's bytes; None when `path` is anything else, cannot be opened, or
+    holds more than `limit` bytes (read no further). Files others put where we read must
+    not stall the reader or flood its memory: O_NONBLOCK opens a FIFO without waiting for
+    a writer, a device is refused before a byte is read, and O_NOCTTY keeps a terminal
+    from becoming ours. (The Watcher reads answer files its own way: it needs the
+    version read, see actors/hermes.py.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return read_at_most(fd, limit) if stat.S_ISREG(st.st_mode) and st.st_size <= limit \
+            else None
+    finally:
+        os.close(fd)
+
+
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """Up to `limit` bytes from `fd`; None if there are more (the file grew past it)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, limit + 1 - got)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+    return None
+
+
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Readers must never see half a file (W5, C8): write a temp file beside
     `path`, fsync it, then rename it over `path` in one step."""

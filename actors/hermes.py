@@ -47,7 +47,7 @@ from ..messages.contract import (
     unreadable_note,
 )
 from ..messages.wire import RejectReason
-from .files import private_dir
+from .files import private_dir, read_at_most
 from .runtime import (
     Episode,
     PooledChild,
@@ -457,7 +457,7 @@ class WatcherActor(PooledChild):
                     return None
                 content: bytes | None = None
                 if before.st_size <= ANSWER_FILE_LIMIT:
-                    content = _read_at_most(fd, ANSWER_FILE_LIMIT)
+                    content = read_at_most(fd, ANSWER_FILE_LIMIT)
                 after = os.fstat(fd)
             except OSError:
                 return None
@@ -588,15 +588,3 @@ class WatcherActor(PooledChild):
                 return
         os.remove(aside)
 
-
-def _read_at_most(fd: int, limit: int) -> bytes | None:
-    """Up to `limit` bytes from `fd`; None if there are more (the file grew past it)."""
-    chunks: list[bytes] = []
-    got = 0
-    while got <= limit:
-        chunk = os.read(fd, limit + 1 - got)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        got += len(chunk)
-    return None

@@ -21,11 +21,14 @@ from ulid import ULID
 
 from ..messages.contract import iso
 from ..messages.wire import RegistryEntry
-from .files import write_atomic
+from .files import read_regular, write_atomic
 
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
+ENTRY_LIMIT = 1024 * 1024
+"""Bytes of a registry entry we read at most: entries are a few hundred bytes, and a
+file past this among them is no entry (read no further)."""
 HEARTBEAT_MAX_AGE = timedelta(seconds=90)
 HEARTBEAT_MAX_SKEW = timedelta(seconds=5)
 PROBE_TIMEOUT_S = 0.25
@@ -138,10 +141,14 @@ def crashed_holder(entry: RegistryEntry) -> bool:
 
 
 def read_entry(path: Path) -> RegistryEntry | None:
-    """An entry file's content, or None when it is gone or not an entry."""
+    """An entry file's content, or None when it is gone or not an entry: not a regular
+    file (a FIFO would stall the reader), or past ENTRY_LIMIT."""
+    data = read_regular(path, ENTRY_LIMIT)
+    if data is None:
+        return None
     try:
-        return RegistryEntry.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError, ValueError):
+        return RegistryEntry.model_validate_json(data)
+    except (ValidationError, ValueError):
         return None
 
 

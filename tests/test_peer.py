@@ -26,9 +26,11 @@ from typing import Any
 import pytest
 
 from coms_hermes_bridge.actors import peer as peer_module
+from coms_hermes_bridge.actors import registry
 from coms_hermes_bridge.actors.daemon import unpublish_if_left
 from coms_hermes_bridge.actors.peer import Listener, PeerActor, ResponsePool
 from coms_hermes_bridge.actors.registry import (
+    ENTRY_LIMIT,
     IdentityError,
     PeerIdentity,
     crashed_holder,
@@ -838,6 +840,39 @@ def test_dead_and_silent_entries_are_pruned(coms_dir: Path) -> None:  # W9
     assert junk.exists()  # unparseable: skipped, not ours to judge
 
 
+def test_no_file_among_the_entries_can_stall_or_flood_the_claim(coms_dir: Path) -> None:  # W9
+    """A FIFO (whose open waits for a writer), a device behind a link (endless bytes) and
+    a file past ENTRY_LIMIT are no entries: each is skipped at once, read at most to the
+    limit, and the live entry beside them still holds its name."""
+    now = datetime.now(UTC)
+    held = plant(coms_dir, "user-remote", pid=os.getpid(), endpoint="", heartbeat_at=iso(now))
+    agents = held.parent
+    os.mkfifo(agents / "fifo.json")
+    os.symlink("/dev/zero", agents / "zero.json")
+    pad = "x" * ENTRY_LIMIT  # a valid entry but for its size
+    (agents / "huge.json").write_text(
+        held.read_text().replace('"name":', f'"pad": "{pad}", "name":', 1))
+    (agents / "padded.json").write_text(  # the same under the limit: an entry
+        held.read_text().replace('"name":', '"pad": "x", "name":', 1))
+    assert read_entry(agents / "padded.json") is not None
+    (agents / "padded.json").unlink()
+    for name in ("fifo", "zero", "huge"):
+        assert read_entry(agents / f"{name}.json") is None, name
+    assert read_entry(held) is not None
+    claimed: list[str] = []
+    claim = threading.Thread(target=lambda: claimed.append(resolve_identity(
+        coms_dir, "default", "user-remote", cwd="/", pid=1, now=now).name), daemon=True)
+    claim.start()
+    claim.join(timeout=10)
+    if claim.is_alive():  # let the stalled open go, so the test run can end
+        with open(agents / "fifo.json", "wb"):
+            pass
+        pytest.fail("claiming a name waited on a FIFO among the entries")
+    assert claimed == ["user-remote2"]
+    assert {p.name for p in agents.iterdir()} == {"user-remote.json", "fifo.json", "zero.json",
+                                                   "huge.json"}  # not ours to judge
+
+
 def entry(pid: int, endpoint: str = "", heartbeat_at: str | None = None) -> RegistryEntry:
     return RegistryEntry(session_id="s", name="n", pid=pid, endpoint=endpoint,
                          heartbeat_at=heartbeat_at)
@@ -1045,35 +1080,39 @@ def test_only_crashed_holders_of_the_claimed_name_are_taken_over(coms_dir: Path)
 
 
 @contextlib.contextmanager
-def vanishing(path: Path, entry: RegistryEntry) -> Iterator[None]:
-    """`path` gives `entry` to one reader and is gone before that reading ends: another
-    run that pruned or released the same file between our read and our unlink."""
-    os.mkfifo(path)
+def vanishing(path: Path, entry: RegistryEntry, monkeypatch: pytest.MonkeyPatch
+              ) -> Iterator[None]:
+    """`path` gives `entry` to one reader and is gone right after that read: another run
+    that pruned or released the same file between our read and our unlink."""
+    write_entry(path, entry)
+    reads: list[Path] = []
+    real = registry.read_regular
 
-    def serve() -> None:
-        fd = os.open(path, os.O_WRONLY)  # returns once the reader has opened it
-        os.write(fd, entry.to_file_text().encode())
-        os.unlink(path)
-        os.close(fd)  # only now does the reader see the end of the file
+    def read_then_vanish(read: Path, limit: int) -> bytes | None:
+        data = real(read, limit)
+        if read == path:
+            reads.append(read)
+            path.unlink()
+        return data
 
-    writer = threading.Thread(target=serve, daemon=True)
-    writer.start()
+    monkeypatch.setattr(registry, "read_regular", read_then_vanish)
     yield
-    writer.join(timeout=5)
-    assert not writer.is_alive(), "nobody read the entry"
+    assert reads == [path], "nobody read the entry"
 
 
-def test_an_entry_pruned_meanwhile_by_another_run_is_no_error(coms_dir: Path) -> None:  # W9
+def test_an_entry_pruned_meanwhile_by_another_run_is_no_error(  # W9
+        coms_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dead = RegistryEntry(session_id="s", name="other", pid=dead_pid(), endpoint="")
-    with vanishing(coms_dir / "other.json", dead):
+    with vanishing(coms_dir / "other.json", dead, monkeypatch):
         assert live_names(coms_dir, datetime.now(UTC), "user-remote") == set()
     assert list(coms_dir.iterdir()) == []
 
 
-def test_an_entry_removed_meanwhile_by_another_hand_is_not_ours_removed(coms_dir: Path) -> None:  # W8
+def test_an_entry_removed_meanwhile_by_another_hand_is_not_ours_removed(  # W8
+        coms_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = coms_dir / "user-remote.json"
     ours = RegistryEntry(session_id="01OURS", name="user-remote", pid=os.getpid(), endpoint="")
-    with vanishing(path, ours):
+    with vanishing(path, ours, monkeypatch):
         assert remove_entry_if_ours(path, "01OURS") is False
     assert not path.exists()
 

@@ -28,6 +28,7 @@ import pytest
 from inotify_simple import INotify
 
 from coms_hermes_bridge.actors import hermes
+from coms_hermes_bridge.actors.files import read_at_most
 from coms_hermes_bridge.actors.hermes import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
@@ -177,13 +178,13 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: list[int] = []
-    real = hermes._read_at_most
+    real = hermes.read_at_most
 
     def counted(fd: int, limit: int) -> bytes | None:
         reads.append(fd)
         return real(fd, limit)
 
-    monkeypatch.setattr(hermes, "_read_at_most", counted)
+    monkeypatch.setattr(hermes, "read_at_most", counted)
     clock = FakeClock()
     rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.sync()
@@ -1111,7 +1112,7 @@ def test_reads_stop_past_the_limit() -> None:  # a file that grows while read
         os.write(write_end, b"x" * size)
         os.close(write_end)
         try:
-            assert hermes._read_at_most(read_end, 100) == expected
+            assert read_at_most(read_end, 100) == expected
         finally:
             os.close(read_end)
 
@@ -1137,7 +1138,7 @@ def test_reads_in_pieces_are_joined_and_never_ask_past_one_byte_over_the_limit(
         os.write(write_end, b"0123456789"[:size])
         os.close(write_end)
         try:
-            assert hermes._read_at_most(read_end, limit) == expected
+            assert read_at_most(read_end, limit) == expected
         finally:
             os.close(read_end)
         assert all(got + n == limit + 1 for got, n in asked)
