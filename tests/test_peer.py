@@ -849,11 +849,14 @@ def test_no_file_among_the_entries_can_stall_or_flood_the_claim(coms_dir: Path) 
     agents = held.parent
     os.mkfifo(agents / "fifo.json")
     os.symlink("/dev/zero", agents / "zero.json")
-    pad = "x" * ENTRY_LIMIT  # a valid entry but for its size
-    (agents / "huge.json").write_text(
-        held.read_text().replace('"name":', f'"pad": "{pad}", "name":', 1))
-    (agents / "padded.json").write_text(  # the same under the limit: an entry
-        held.read_text().replace('"name":', '"pad": "x", "name":', 1))
+    base = held.read_text()
+
+    def padded(size: int) -> str:  # a valid entry of exactly `size` bytes
+        pad = "x" * (size - len(base) - len('"pad": "", '))
+        return base.replace('"name":', f'"pad": "{pad}", "name":', 1)
+
+    (agents / "huge.json").write_text(padded(ENTRY_LIMIT + 1))
+    (agents / "padded.json").write_text(padded(ENTRY_LIMIT))  # at the limit: an entry
     assert read_entry(agents / "padded.json") is not None
     (agents / "padded.json").unlink()
     for name in ("fifo", "zero", "huge"):
@@ -871,6 +874,20 @@ def test_no_file_among_the_entries_can_stall_or_flood_the_claim(coms_dir: Path) 
     assert claimed == ["user-remote2"]
     assert {p.name for p in agents.iterdir()} == {"user-remote.json", "fifo.json", "zero.json",
                                                    "huge.json"}  # not ours to judge
+
+
+def test_a_fifo_holding_a_whole_entry_is_no_entry(coms_dir: Path) -> None:  # W9
+    """Only a regular file is an entry: a FIFO's bytes are never read, even when a writer
+    has put a whole entry in it and holds it open (a read past them would fail)."""
+    held = plant(coms_dir, "other", pid=os.getpid(), endpoint="", heartbeat_at=None)
+    fifo = held.with_name("fifo.json")
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # both ends: open without waiting
+    try:
+        os.write(writer, held.read_bytes())
+        assert read_entry(fifo) is None
+    finally:
+        os.close(writer)
 
 
 def entry(pid: int, endpoint: str = "", heartbeat_at: str | None = None) -> RegistryEntry:
