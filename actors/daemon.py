@@ -119,7 +119,13 @@ def run(config: BridgeConfig) -> int:
     except OSError as exc:
         report(f"cannot open the state database {config.state_path}: {exc}", "error")
         return 1
-    tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
+    try:
+        tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
+    except Exception as exc:  # no thread to be had (a pids limit, say): no actor runs
+        report(f"cannot start the actors: {type(exc).__name__}: {exc}", "error")
+        with contextlib.suppress(Exception):
+            store.shutdown()
+        return 1
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
     while running(0.02):  # ready: published (W7), and the Router answers
         if not published(identity):

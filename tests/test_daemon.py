@@ -217,6 +217,31 @@ def test_a_state_database_that_cannot_be_opened_is_said(
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []  # never published
 
 
+def test_a_tree_that_cannot_start_is_one_line_and_exit_1(
+    base: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No thread to be had at start (a pids limit, say): said in one line, the state
+    database closed, nothing published, exit 1 for the service manager to retry."""
+    shut: list[str] = []
+    real_shutdown = daemon.Store.shutdown
+
+    def shutdown(store: daemon.Store) -> None:
+        shut.append(str(store.path))
+        real_shutdown(store)
+
+    def no_thread(**kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(daemon.Store, "shutdown", shutdown)
+    monkeypatch.setattr(daemon, "start_tree", no_thread)
+    config = config_in(base)
+    assert daemon.run(config) == 1
+    assert stderr_lines(capsys) == [
+        "error: cannot start the actors: RuntimeError: can't start new thread"]
+    assert shut == [str(config.state_path)]
+    assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+
+
 def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
     base: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
