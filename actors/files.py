@@ -10,6 +10,7 @@ and found-looser modes are tightened with one stderr line.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -137,9 +138,11 @@ def read_at_most(fd: int, limit: int) -> bytes | None:
     return None
 
 
-def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, *, replace: bool = True) -> None:
     """Readers must never see half a file (W5, C8): write a temp file beside
-    `path`, fsync it, then rename it over `path` in one step."""
+    `path`, fsync it, then rename it over `path` in one step. With `replace=False` a
+    file already at `path` stays, and FileExistsError says so: a check made before the
+    write could not promise that, as another writer may come between the two."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{ULID()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -147,8 +150,22 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)  # never over a file: EEXIST
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without hard links: checked, then renamed
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) \
+                    from None
+            os.replace(tmp, path)
+            return
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    with contextlib.suppress(OSError):  # the file is in place under its own name
+        tmp.unlink()

@@ -226,9 +226,9 @@ def answer(config: BridgeConfig, qid: str, text: str, answered_by: str) -> Writt
     target = directory / answer_name(qid)
     try:
         private_dir(directory, tighten=False)
-        if target.exists():
-            raise OpsError(f"an answer file for {qid} is already waiting: {target}")
-        write_atomic(target, body.to_json().encode("utf-8"))
+        write_atomic(target, body.to_json().encode("utf-8"), replace=False)
+    except FileExistsError:
+        raise OpsError(f"an answer file for {qid} is already waiting: {target}") from None
     except OSError as exc:
         raise OpsError(f"cannot write the answer file in {directory}: {exc}") from exc
     return Written(target, map_answer(text, spec.parsed.options), running_bridge(config))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors.files import private_dir
+from coms_hermes_bridge.actors import files
+from coms_hermes_bridge.actors.files import private_dir, write_atomic
 
 
 def mode(path: Path) -> int:
@@ -58,3 +60,27 @@ def test_a_link_to_a_directory_is_not_chmodded_through(tmp_path: Path) -> None:
     (tmp_path / "q").symlink_to(real)
     private_dir(tmp_path / "q")
     assert mode(real) == 0o755
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_a_write_that_must_not_replace_keeps_the_file_there(  # C8
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hard_links: bool,
+) -> None:
+    """The operator's answer never replaces the gateway's, even one written a moment
+    before: the file appears whole or not at all, and no temporary name is left behind,
+    on a filesystem without hard links too."""
+    if not hard_links:
+        def no_links(src: object, dst: object, **kwargs: object) -> None:
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(files.os, "link", no_links)
+    target = tmp_path / "a.json"
+    write_atomic(target, b"first", replace=False)
+    assert target.read_bytes() == b"first"
+    with pytest.raises(FileExistsError):
+        write_atomic(target, b"second", replace=False)
+    assert target.read_bytes() == b"first"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    assert target.stat().st_mode & 0o777 == 0o600
+    write_atomic(target, b"third")  # by default it replaces
+    assert target.read_bytes() == b"third"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
