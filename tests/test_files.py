@@ -76,11 +76,35 @@ def test_a_write_that_must_not_replace_keeps_the_file_there(  # C8
     target = tmp_path / "a.json"
     write_atomic(target, b"first", replace=False)
     assert target.read_bytes() == b"first"
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError) as refused:
         write_atomic(target, b"second", replace=False)
+    assert (refused.value.errno, refused.value.strerror) == (errno.EEXIST, "File exists")
+    assert str(target) in (refused.value.filename, refused.value.filename2)
     assert target.read_bytes() == b"first"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
     assert target.stat().st_mode & 0o777 == 0o600
     write_atomic(target, b"third")  # by default it replaces
     assert target.read_bytes() == b"third"
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_a_temp_file_that_cannot_be_removed_changes_no_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Removing the temporary name is tidying: a write that succeeded still succeeds,
+    and one that failed raises its own error, not the tidying's."""
+    def stuck(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    monkeypatch.setattr(Path, "unlink", stuck)
+    target = tmp_path / "a.json"
+    write_atomic(target, b"first", replace=False)
+    assert target.read_bytes() == b"first"
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(files.os, "fsync", failing)
+    with pytest.raises(OSError) as failed:
+        write_atomic(tmp_path / "b.json", b"second")
+    assert failed.value.errno == errno.EIO
