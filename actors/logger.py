@@ -47,6 +47,7 @@ class LoggerActor(PooledChild):
         self._fd: int | None = None
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._failing = Episode()  # batches cannot be written (a full disk, say)
+        self._torn: tuple[int, int] | None = None  # the file a batch was cut short in
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -89,17 +90,24 @@ class LoggerActor(PooledChild):
         data = "".join(self._batch).encode("utf-8")
         self._batch.clear()
         self._batch_size = 0
+        sent = 0
         try:
             fd = self._file_for_append()
-            while data:
-                data = data[os.write(fd, data) :]
+            if self._torn == self._file:  # the last batch stopped mid-line in this file
+                data = b"\n" + data
+            view = memoryview(data)
+            while sent < len(data):
+                sent += os.write(fd, view[sent:])
         except (OSError, ValueError) as exc:
             # A lost log line must not take the bridge down with it (C20 is
             # a record of what happened, not a precondition for doing it).
+            if sent and data[sent - 1] != 0x0A:  # cut mid-line (a full disk, say)
+                self._torn = self._file
             self._close()
             if self._failing.happened(cause=getattr(exc, "errno", None)):
                 report(f"cannot write {self.log_path}: {exc}")
             return
+        self._torn = None
         if lost := self._failing.over():
             report(f"writing {self.log_path} works again ({lost} batch(es) lost)")
 

@@ -153,6 +153,40 @@ def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
     assert capfd.readouterr().err.startswith(f"coms-hermes-bridge: cannot write {rig.log_path}: ")
 
 
+def test_a_batch_cut_short_by_a_full_disk_leaves_the_next_line_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # C20: a write that stops mid-line must not glue the next record to it
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    first, cut, after = (log_record(AT, QID, event) for event in
+                         ("question_received", "delivered", "answered"))
+    rig.logged(first)
+    log_inode = rig.log_path.stat().st_ino
+    real_write = os.write
+    full = [True]
+
+    def filling(fd: int, data: bytes) -> int:
+        if not full[0] or os.fstat(fd).st_ino != log_inode:
+            return real_write(fd, data)
+        full[0] = False  # the rest of this batch finds the disk full
+        monkeypatch.setattr(logger_module.os, "write", refusing)
+        return real_write(fd, bytes(data[:10]))
+
+    def refusing(fd: int, data: bytes) -> int:
+        if os.fstat(fd).st_ino != log_inode:
+            return real_write(fd, data)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(logger_module.os, "write", filling)
+    rig.logged(cut)
+    monkeypatch.setattr(logger_module.os, "write", real_write)  # room again
+    rig.logged(after)
+    assert rig.log_path.read_bytes() == (
+        lines([first]) + cut.to_line().encode()[:10] + b"\n" + lines([after]))
+    assert capfd.readouterr().err.splitlines() == [
+        f"coms-hermes-bridge: cannot write {rig.log_path}: [Errno 28] No space left on device",
+        f"coms-hermes-bridge: writing {rig.log_path} works again (1 batch(es) lost)"]
+
+
 def test_a_log_path_the_system_refuses_outright_is_said_once_and_the_logger_lives_on(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:  # C20: a ValueError from the OS call (no errno) is a failing write like any other
