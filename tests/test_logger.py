@@ -153,38 +153,66 @@ def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
     assert capfd.readouterr().err.startswith(f"coms-hermes-bridge: cannot write {rig.log_path}: ")
 
 
-def test_a_batch_cut_short_by_a_full_disk_leaves_the_next_line_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+class _FillingOs:
+    """`os` as the logger sees it: writes to the log file go `step` bytes at a time, and
+    once `room` bytes of it are written the disk is full (ENOSPC) until `room` is None."""
+
+    def __init__(self, log_path: Path, room: int | None, step: int | None = None) -> None:
+        self.inode = log_path.stat().st_ino
+        self.room, self.step = room, step
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def write(self, fd: int, data: bytes) -> int:
+        if os.fstat(fd).st_ino != self.inode:
+            return os.write(fd, data)
+        n = len(data) if self.step is None else min(self.step, len(data))
+        if self.room is not None:
+            if self.room == 0:
+                self.refused += 1
+                raise OSError(28, "No space left on device")
+            n = min(n, self.room)
+            self.room -= n
+        return os.write(fd, bytes(data[:n]))
+
+
+@pytest.mark.parametrize("where", ["mid-line", "at a line's end"])
+def test_a_batch_cut_short_by_a_full_disk_leaves_every_later_line_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+    where: str,
 ) -> None:  # C20: a write that stops mid-line must not glue the next record to it
     rig = LoggerRig(tmp_path / "log.ndjson")
-    first, cut, after = (log_record(AT, QID, event) for event in
-                         ("question_received", "delivered", "answered"))
+    first, cut, lost, after = (log_record(AT, QID, event) for event in
+                               ("question_received", "delivered", "answered", "timeout"))
     rig.logged(first)
-    log_inode = rig.log_path.stat().st_ino
-    real_write = os.write
-    full = [True]
-
-    def filling(fd: int, data: bytes) -> int:
-        if not full[0] or os.fstat(fd).st_ino != log_inode:
-            return real_write(fd, data)
-        full[0] = False  # the rest of this batch finds the disk full
-        monkeypatch.setattr(logger_module.os, "write", refusing)
-        return real_write(fd, bytes(data[:10]))
-
-    def refusing(fd: int, data: bytes) -> int:
-        if os.fstat(fd).st_ino != log_inode:
-            return real_write(fd, data)
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(logger_module.os, "write", filling)
-    rig.logged(cut)
-    monkeypatch.setattr(logger_module.os, "write", real_write)  # room again
+    room = 10 if where == "mid-line" else len(cut.to_line())
+    filling = _FillingOs(rig.log_path, room)
+    monkeypatch.setattr(logger_module, "os", filling)
+    with actors_held():  # one batch of two lines
+        rig.log(cut, lost)
+    wait_for(lambda: filling.refused > 0, what="the disk full")
+    filling.room = None  # room again
     rig.logged(after)
-    assert rig.log_path.read_bytes() == (
-        lines([first]) + cut.to_line().encode()[:10] + b"\n" + lines([after]))
+    torn = cut.to_line().encode()[:10] + b"\n" if where == "mid-line" else lines([cut])
+    assert rig.log_path.read_bytes() == lines([first]) + torn + lines([after])
     assert capfd.readouterr().err.splitlines() == [
         f"coms-hermes-bridge: cannot write {rig.log_path}: [Errno 28] No space left on device",
         f"coms-hermes-bridge: writing {rig.log_path} works again (1 batch(es) lost)"]
+
+
+def test_a_batch_the_system_takes_in_pieces_is_written_whole_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # C20: a short write is not an error; the rest follows it
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    first, *rest = (log_record(AT, QID, event) for event in
+                    ("question_received", "delivered", "answered"))
+    rig.logged(first)
+    monkeypatch.setattr(logger_module, "os", _FillingOs(rig.log_path, None, step=7))
+    with actors_held():  # one batch
+        rig.log(*rest)
+    rig.wait_for_lines([first, *rest], "every line once")
 
 
 def test_a_log_path_the_system_refuses_outright_is_said_once_and_the_logger_lives_on(
