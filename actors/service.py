@@ -24,6 +24,9 @@ from .runtime import Episode, report
 
 # A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
 PROBE_TIMEOUT_S = 2.0
+# Ticks at least daily, however long WATCHDOG_USEC: a thread cannot wait past about 292
+# years (OverflowError), and a ping sooner than asked is harmless.
+MAX_TICK_S = 86_400.0
 
 
 def _address(raw: str) -> str | None:
@@ -37,7 +40,8 @@ def _address(raw: str) -> str | None:
 
 
 def _watchdog_interval(env: Mapping[str, str], pid: int) -> float | None:
-    """Half of WATCHDOG_USEC in seconds (sd_watchdog_enabled(3)), or None when off.
+    """Half of WATCHDOG_USEC in seconds (sd_watchdog_enabled(3)), at most MAX_TICK_S, or
+    None when off.
 
     WATCHDOG_PID, when set, names the process the watchdog is for; a child
     that inherited the variables must not ping on its parent's behalf.
@@ -49,7 +53,7 @@ def _watchdog_interval(env: Mapping[str, str], pid: int) -> float | None:
         usec = int(env.get("WATCHDOG_USEC", ""))
     except ValueError:
         return None
-    return usec / 2_000_000 if usec > 0 else None
+    return min(usec / 2_000_000, MAX_TICK_S) if usec > 0 else None
 
 
 def _status(open_count: int) -> str:

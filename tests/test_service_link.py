@@ -118,6 +118,9 @@ def test_a_notify_socket_that_is_no_unix_address_is_ignored(
         ({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": ""}, 2.0),
         ({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}, None),  # another process's
         ({"WATCHDOG_USEC": "1"}, 0.0000005),
+        ({"WATCHDOG_USEC": "172800000000"}, 86_400.0),  # two days: a tick a day
+        ({"WATCHDOG_USEC": "172800000002"}, 86_400.0),  # longer: still a tick a day
+        ({"WATCHDOG_USEC": "18446744073709551615"}, 86_400.0),  # no thread waits that long
         ({"WATCHDOG_USEC": "0"}, None),
         ({"WATCHDOG_USEC": "-4000000"}, None),
         ({"WATCHDOG_USEC": "soon"}, None),
