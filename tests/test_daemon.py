@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -240,6 +241,24 @@ def test_a_tree_that_cannot_start_is_one_line_and_exit_1(
         "error: cannot start the actors: RuntimeError: can't start new thread"]
     assert shut == [str(config.state_path)]
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []
+
+
+def test_a_failed_start_whose_store_cannot_close_is_still_one_line_and_exit_1(
+    base: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The database closing badly too (a full disk at the last checkpoint) must not turn
+    the one-line refusal into a traceback: the start failure is the cause worth saying."""
+    def shutdown(store: daemon.Store) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    def no_thread(**kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(daemon.Store, "shutdown", shutdown)
+    monkeypatch.setattr(daemon, "start_tree", no_thread)
+    assert daemon.run(config_in(base)) == 1
+    assert stderr_lines(capsys) == [
+        "error: cannot start the actors: RuntimeError: can't start new thread"]
 
 
 def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
