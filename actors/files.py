@@ -153,19 +153,30 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, *, replace: boo
         if replace:
             os.replace(tmp, path)
             return
-        try:
-            os.link(tmp, path)  # never over a file: EEXIST
-        except FileExistsError:
-            raise
-        except OSError:  # a filesystem without hard links: checked, then renamed
-            if os.path.lexists(path):
-                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) \
-                    from None
-            os.replace(tmp, path)
-            return
+        if not link_new(tmp, path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     with contextlib.suppress(OSError):  # the file is in place under its own name
         tmp.unlink()
+
+
+def link_new(src: str | Path, dst: str | Path) -> bool:
+    """Give `src`'s file the name `dst` unless a file is there already; True if it now has it.
+
+    A rename would replace whatever arrived at `dst` since it was last looked at (an
+    answer written a moment ago), so the file is hard-linked, which never replaces.
+    Only a filesystem without hard links gets a check and then a rename: the best it
+    allows. `src` may still exist afterwards (after a link); the caller removes it.
+    """
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        return False
+    except OSError:  # a filesystem without hard links
+        if os.path.lexists(dst):
+            return False
+        os.rename(src, dst)
+    return True

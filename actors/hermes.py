@@ -47,7 +47,7 @@ from ..messages.contract import (
     unreadable_note,
 )
 from ..messages.wire import RejectReason
-from .files import private_dir, read_at_most
+from .files import link_new, private_dir, read_at_most
 from .runtime import (
     Episode,
     PooledChild,
@@ -578,13 +578,7 @@ class WatcherActor(PooledChild):
     def _put_back(aside: str, path: str) -> None:
         """A version not judged yet goes back, unless a newer one is there by now (then
         this one is superseded); its events bring it to be judged."""
-        try:
-            os.link(aside, path)  # never over a file that arrived meanwhile
-        except FileExistsError:
-            pass
-        except OSError:  # a filesystem without hard links
-            if not os.path.lexists(path):
-                os.rename(aside, path)
-                return
-        os.remove(aside)
+        link_new(aside, path)
+        with contextlib.suppress(FileNotFoundError):  # gone if renamed back (no hard links)
+            os.remove(aside)
 
