@@ -71,6 +71,7 @@ class ServiceLink:
         self._stop = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._unanswered = Episode()  # one line per bad spell, not one per tick
+        self._failing = Episode()  # a manager gone away: one line, not one per ping
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], pid: int | None = None) -> ServiceLink:
@@ -93,8 +94,11 @@ class ServiceLink:
                     self._socket.settimeout(1.0)
                 self._socket.sendto(payload, self.address)
             except OSError as exc:
-                report(f"cannot notify the service manager: {exc}", "warning")
+                if self._failing.happened(cause=exc.errno):
+                    report(f"cannot notify the service manager: {exc}", "warning")
                 return False
+            if failed := self._failing.over():
+                report(f"notifying the service manager works again ({failed} failed)", "info")
         return True
 
     def ready(self, open_count: int) -> None:

@@ -184,20 +184,32 @@ def test_a_probe_that_never_answers_never_holds_the_stop(coms_dir: Path) -> None
         link.close()
 
 
-def test_a_notify_that_cannot_go_is_said_and_the_next_one_goes(
+def test_a_notify_that_cannot_go_is_said_once_per_cause_and_its_end_too(
     coms_dir: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = coms_dir / "n.sock"
     link = ServiceLink.from_env({"NOTIFY_SOCKET": str(path)}, pid=os.getpid())
     try:
         assert link.notify("READY=1") is False
+        assert link.notify("WATCHDOG=1") is False  # the same cause: not said again
         assert capsys.readouterr().err == (
             "coms-hermes-bridge: warning: cannot notify the service manager: "
             "[Errno 2] No such file or directory\n")
+        path.write_bytes(b"")  # a new cause is news
+        assert link.notify("WATCHDOG=1") is False
+        assert capsys.readouterr().err == (
+            "coms-hermes-bridge: warning: cannot notify the service manager: "
+            "[Errno 111] Connection refused\n")
+        path.unlink()
         notify = NotifySocket(path)
         try:
             assert link.notify("READY=1") is True
-            assert notify.sync() == ["READY=1"]
+            assert capsys.readouterr().err == (
+                "coms-hermes-bridge: info: notifying the service manager works again "
+                "(3 failed)\n")
+            assert link.notify("WATCHDOG=1") is True
+            assert capsys.readouterr().err == ""
+            assert notify.sync() == ["READY=1", "WATCHDOG=1"]
         finally:
             notify.close()
     finally:
