@@ -157,6 +157,8 @@ def test_a_manager_that_reads_nothing_never_holds_the_daemon(
                 assert sent < 100_000, "the queue never filled"
             assert capsys.readouterr().err == (
                 "coms-hermes-bridge: warning: cannot notify the service manager: timed out\n")
+            # the most a send waits, as docs/operations.md promises (a second)
+            assert link._socket is not None and link._socket.gettimeout() == 1.0
         finally:
             link.close()
 
