@@ -420,24 +420,24 @@ class Store:
         comes all the same gets the human a word (X11) instead of silence.
         """
         with self._transaction() as conn:
-            gone = conn.execute(
-                "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
-            )
-            if gone.rowcount == 0:  # closed already, or someone else's now
-                return False
-            if response is not None:
-                conn.execute(
+            if response is not None:  # the asker's prompt is the row's, as stored when it
+                conn.execute(  # opened: copied, not serialised again (a burst's hot path)
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    " SELECT qid, owner, prompt, ?, ?, ? FROM open_questions"
+                    " WHERE qid = ? AND owner = ?",
                     (
-                        qid,
-                        owner,
-                        response.prompt.to_json(),
                         dumps(response.response),
                         response.error,
                         self._next_seq("outbox"),
+                        qid,
+                        owner,
                     ),
                 )
+            gone = conn.execute(
+                "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
+            )
+            if gone.rowcount == 0:  # closed already, or someone else's now: nothing
+                return False  # was copied either
             # X9: a reminder not yet sent is not sent once the question is closed
             conn.execute("DELETE FROM notes WHERE id = ?", (remind_note_id(qid),))
             if note is not None:
