@@ -417,7 +417,8 @@ class Store:
         the file until `settle` or `note_sent`, so a crash resends it rather than losing
         it. `answer_file` is remembered so a restart before its removal does not take it
         for a late answer; `undelivered_at` for UNDELIVERED_MEMORY_S, so an answer that
-        comes all the same gets the human a word (X11) instead of silence.
+        comes all the same gets the human a word (X11) instead of silence. Of `response`
+        only the response and error are read: the prompt owed an answer is the row's own.
         """
         with self._transaction() as conn:
             if response is not None:  # the asker's prompt is the row's, as stored when it
