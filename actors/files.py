@@ -175,7 +175,10 @@ def link_new(src: str | Path, dst: str | Path) -> bool:
         os.link(src, dst)
     except FileExistsError:
         return False
+    except FileNotFoundError:  # no `src` (or no directory for `dst`): never "taken"
+        raise
     except OSError:  # a filesystem without hard links
+        os.lstat(src)  # FileNotFoundError too, as a link would say
         if os.path.lexists(dst):
             return False
         os.rename(src, dst)

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import stat
 import time
 from collections import OrderedDict, deque
@@ -37,6 +38,7 @@ from ..messages.commands import (
 )
 from ..messages.contract import (
     ANSWER_FILE_LIMIT,
+    ANSWER_SUFFIX,
     UNREADABLE_REASONS,
     Rejected,
     delivery_error,
@@ -46,7 +48,7 @@ from ..messages.contract import (
     qid_of_name,
     unreadable_note,
 )
-from ..messages.wire import RejectReason
+from ..messages.wire import RejectReason, is_valid_qid
 from .files import link_new, private_dir, read_at_most
 from .runtime import (
     Episode,
@@ -181,6 +183,9 @@ NOTE_MEMORY = 1_000
 HEAL_REPORT_INTERVAL_S = 10.0
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _ASIDE = itertools.count(1)  # names for versions being removed (never answer names)
+# `.removing-<pid>-<n>`, and `-<qid>` for an answer's file: a version left aside by a
+# bridge killed mid-removal then knows its name, and goes back to be judged (`_recover`)
+_LEFT_ASIDE = re.compile(r"\.removing-\d+-\d+-(?P<qid>.+)")
 
 
 def _signature(st: os.stat_result) -> FileSignature:
@@ -434,7 +439,11 @@ class WatcherActor(PooledChild):
             # a writer's temporary name may be renamed any moment; a good name's file is
             # unsteady or unreadable for now: its next event or a rescan brings it back
             if isinstance(qid, Rejected) and self._grace_over(name):
-                self._reject(name, qid.reason, None, _signature(st))
+                left = _LEFT_ASIDE.fullmatch(name)
+                if left and is_valid_qid(left["qid"]):
+                    self._recover(name, left["qid"] + ANSWER_SUFFIX)
+                else:
+                    self._reject(name, qid.reason, None, _signature(st))
         elif not stat.S_ISDIR(st.st_mode) and self._grace_over(name):
             # a symlink, FIFO or socket is never an answer (and is not followed); a
             # directory is not ours to remove (nothing the gateway writes)
@@ -555,7 +564,9 @@ class WatcherActor(PooledChild):
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick
-        aside = f"{self._prefix}{self._aside}{next(_ASIDE)}"
+        qid = qid_of_name(name)
+        aside = f"{self._prefix}{self._aside}{next(_ASIDE)}" + (
+            "" if isinstance(qid, Rejected) else f"-{qid}")
         try:
             os.rename(path, aside)
             if _signature(os.lstat(aside)) != signature:
@@ -575,10 +586,29 @@ class WatcherActor(PooledChild):
         return True
 
     @staticmethod
-    def _put_back(aside: str, path: str) -> None:
+    def _put_back(aside: str, path: str) -> bool:
         """A version not judged yet goes back, unless a newer one is there by now (then
-        this one is superseded); its events bring it to be judged."""
-        link_new(aside, path)
+        this one is superseded); its events bring it to be judged. True if it went back."""
+        back = link_new(aside, path)
         with contextlib.suppress(FileNotFoundError):  # gone if renamed back (no hard links)
             os.remove(aside)
+        return back
+
+    def _recover(self, aside: str, name: str) -> None:
+        """A removal cut short (its bridge killed between renaming a version aside and
+        removing it) left that version here. It goes back under its name, unless a newer
+        file has it by now, and is judged as any other: the version already judged is
+        removed quietly (the store remembers it), a newer one is an answer, never lost."""
+        self._tracked.pop(aside, None)
+        try:
+            back = self._put_back(self._prefix + aside, self._prefix + name)
+        except FileNotFoundError:  # another bridge sharing the directory took it back
+            return
+        except OSError as exc:  # left as it is: tried again at the next rescan
+            if self._remove_failing.happened(cause=exc.errno):
+                report(f"{self.child_name}: cannot put back {aside}: {exc}")
+            return
+        report(f"{self.child_name}: {aside} was left by a removal cut short; "
+               + (f"put it back as {name}" if back else f"dropped it ({name} is newer)"),
+               "warning")
 

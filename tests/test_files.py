@@ -88,6 +88,27 @@ def test_a_write_that_must_not_replace_keeps_the_file_there(  # C8
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_a_file_already_gone_is_an_error_never_a_name_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hard_links: bool,
+) -> None:
+    """A caller that lost its file to another process (a bridge sharing the directory)
+    must not take the name's file for a newer one: the two mean different things."""
+    if not hard_links:
+        def no_links(src: object, dst: object, **kwargs: object) -> None:
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(files.os, "link", no_links)
+    there = tmp_path / "b"
+    there.write_bytes(b"there")
+    with pytest.raises(FileNotFoundError):
+        files.link_new(tmp_path / "a", there)
+    assert there.read_bytes() == b"there"
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]
+    (tmp_path / "a").write_bytes(b"new")
+    assert files.link_new(tmp_path / "a", tmp_path / "c") is True
+    assert (tmp_path / "c").read_bytes() == b"new"
+
 def test_a_temp_file_that_cannot_be_removed_changes_no_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -415,6 +415,139 @@ def test_the_events_of_its_own_removals_are_not_examined(
     assert {name for name in examined if name.startswith(".removing-")} == {other_aside}
 
 
+
+def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # C2, C15: a bridge killed mid-removal loses no answer, and says what it found
+    crashed = start(tmp_path)
+    crashed.sync()
+    signature = write(crashed.dir / NAME, ANSWER)
+    crashed.seen(ANSWER)
+    real_remove = os.remove
+    monkeypatch.setattr(os, "remove", lambda path: (_ for _ in ()).throw(RuntimeError("killed")))
+    crashed.ref.tell(RemoveAnswerFile(NAME, signature))  # renamed aside, then "killed"
+    wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
+    monkeypatch.setattr(os, "remove", real_remove)
+    [left] = os.listdir(crashed.dir)
+    assert left == f".removing-{os.getpid()}-{left.split('-')[2]}-{QID}"
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)  # the next bridge; grace 1000 ms
+    rig.sync()  # its first look: the aside may be a sibling's, mid-removal
+    assert os.listdir(rig.dir) == [left]
+    rig.router.assert_nothing()
+    clock.now += 1.1
+    rig.ref.tell(Rescan())
+    seen = rig.seen(ANSWER)
+    assert seen == AnswerFileSeen(NAME, ANSWER, signature)  # the very version, to be judged
+    assert os.listdir(rig.dir) == [NAME]
+    rig.sync()
+    rig.logger.assert_nothing()  # nothing rejected: not a bad name, a name to give back
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
+        f"put it back as {NAME}\n")
+
+
+def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # C2: the newer file is the one to judge; the older one is superseded
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig.sync()
+    left = f".removing-1-7-{QID}"
+    write(rig.dir / left, b"the older version")
+    newer = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.sync()
+    clock.now += 1.1
+    rig.ref.tell(Rescan())
+    rig.sync()
+    assert os.listdir(rig.dir) == [NAME]
+    assert signature_of(rig.dir / NAME) == newer and (rig.dir / NAME).read_bytes() == ANSWER
+    rig.router.assert_nothing()  # the older version is never offered
+    rig.logger.assert_nothing()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
+        f"dropped it ({NAME} is newer)\n")
+
+
+@pytest.mark.parametrize("left", [".removing-1-7", ".removing-1-7-NOTAQID", ".removing-x-7-" + QID,
+                                  "removing-1-7-" + QID])
+def test_a_name_that_only_looks_left_aside_is_rejected_as_any(
+    tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str]
+) -> None:  # C9, C10: only `.removing-<pid>-<n>-<qid>` names a version to give back
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig.sync()
+    write(rig.dir / left, ANSWER)
+    rig.sync()
+    clock.now += 1.1
+    rig.ref.tell(Rescan())
+    record = rig.logged()
+    assert (record.qid, record.event, record.detail) == (
+        NO_QID, "answer_rejected", {"reason": "invalid_path", "file": left})
+    assert os.listdir(rig.dir) == []
+    rig.router.assert_nothing()
+    assert "removal cut short" not in capsys.readouterr().err
+
+
+def test_a_version_left_aside_that_cannot_go_back_is_said_once_and_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # C15: bounded logs; the version stays until it can go back
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig.sync()
+    left = f".removing-1-7-{QID}"
+    signature = write(rig.dir / left, ANSWER)
+    rig.sync()
+    def refused(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "link", refused)
+    monkeypatch.setattr(os, "rename", refused)  # link_new's way without hard links
+    for _ in range(2):
+        clock.now += 1.1
+        rig.ref.tell(Rescan())
+        rig.sync()
+    assert os.listdir(rig.dir) == [left]
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot put back {left}: [Errno 30] Read-only file system\n")
+    monkeypatch.undo()
+    clock.now += 1.1
+    rig.ref.tell(Rescan())
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
+    assert os.listdir(rig.dir) == [NAME]
+    rig.sync()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
+        f"put it back as {NAME}\n")
+    rig.router.assert_nothing()
+    rig.logger.assert_nothing()
+
+
+def test_a_version_left_aside_and_taken_back_by_another_bridge_is_forgotten_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # two bridges sharing the directory: the one that lost the race says nothing
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig.sync()
+    left = f".removing-1-7-{QID}"
+    write(rig.dir / left, ANSWER)
+    rig.sync()
+    real_link = os.link
+
+    def sibling_first(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        os.rename(src, dst)  # the other bridge put it back a moment before
+        real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", sibling_first)
+    clock.now += 1.1
+    rig.ref.tell(Rescan())
+    rig.sync()
+    monkeypatch.setattr(os, "link", real_link)
+    assert os.listdir(rig.dir) == [NAME]
+    assert "removal cut short" not in capsys.readouterr().err
+    rig.logger.assert_nothing()
+
 def test_a_badly_named_file_gone_before_it_is_looked_at_is_forgotten_quietly(
     tmp_path: Path,
 ) -> None:  # a writer's temporary name, renamed away before its event is read
