@@ -599,7 +599,6 @@ class WatcherActor(PooledChild):
         removing it) left that version here. It goes back under its name, unless a newer
         file has it by now, and is judged as any other: the version already judged is
         removed quietly (the store remembers it), a newer one is an answer, never lost."""
-        self._tracked.pop(aside, None)
         try:
             back = self._put_back(self._prefix + aside, self._prefix + name)
         except FileNotFoundError:  # another bridge sharing the directory took it back

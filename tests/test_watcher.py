@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import queue
+import re
 import shutil
 import socket
 import threading
@@ -447,6 +448,32 @@ def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
         f"put it back as {NAME}\n")
 
 
+def test_a_bad_names_version_left_aside_by_a_removal_cut_short_is_rejected_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C9: no name to give back; an answer's name is never made up
+    clock = FakeClock()
+    crashed = start(tmp_path, poll_ms=500, clock=clock)
+    crashed.sync()
+    write(crashed.dir / "notes.txt", ANSWER)
+    crashed.sync()
+    clock.now += 1.1
+    monkeypatch.setattr(os, "remove", lambda path: (_ for _ in ()).throw(RuntimeError("killed")))
+    crashed.ref.tell(Rescan())  # rejected: renamed aside, then "killed"
+    wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
+    monkeypatch.undo()
+    [left] = os.listdir(crashed.dir)
+    assert re.fullmatch(rf"\.removing-{os.getpid()}-\d+", left), left
+    later = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=later)
+    rig.sync()
+    later.now += 1.1
+    rig.ref.tell(Rescan())
+    record = rig.logged()
+    assert (record.event, record.detail) == ("answer_rejected", {"reason": "invalid_path", "file": left})
+    assert os.listdir(rig.dir) == []
+    rig.router.assert_nothing()
+
+
 def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:  # C2: the newer file is the one to judge; the older one is superseded
@@ -490,29 +517,34 @@ def test_a_name_that_only_looks_left_aside_is_rejected_as_any(
     assert "removal cut short" not in capsys.readouterr().err
 
 
-def test_a_version_left_aside_that_cannot_go_back_is_said_once_and_tried_again(
+def test_a_version_left_aside_that_cannot_go_back_is_said_once_per_cause_and_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # C15: bounded logs; the version stays until it can go back
+) -> None:  # C15: bounded logs; the version stays, tried again at every rescan
     clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)
     rig.sync()
     left = f".removing-1-7-{QID}"
     signature = write(rig.dir / left, ANSWER)
     rig.sync()
+    clock.now += 1.1
+    tries: list[str] = []
+    causes = [(errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")]
+
     def refused(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        raise OSError(errno.EROFS, "Read-only file system")
+        tries.append(os.path.basename(dst))
+        raise OSError(*causes[len(tries) > 4])
 
     monkeypatch.setattr(os, "link", refused)
     monkeypatch.setattr(os, "rename", refused)  # link_new's way without hard links
-    for _ in range(2):
-        clock.now += 1.1
+    for _ in range(3):
         rig.ref.tell(Rescan())
         rig.sync()
+    assert tries == [NAME] * 6  # a link and, as without hard links, a rename each time
     assert os.listdir(rig.dir) == [left]
     assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: cannot put back {left}: [Errno 30] Read-only file system\n")
+        f"coms-hermes-bridge: watcher: cannot put back {left}: [Errno 30] Read-only file system\n"
+        f"coms-hermes-bridge: watcher: cannot put back {left}: [Errno 13] Permission denied\n")
     monkeypatch.undo()
-    clock.now += 1.1
     rig.ref.tell(Rescan())
     assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
     assert os.listdir(rig.dir) == [NAME]
