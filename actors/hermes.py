@@ -439,8 +439,10 @@ class WatcherActor(PooledChild):
             # a writer's temporary name may be renamed any moment; a good name's file is
             # unsteady or unreadable for now: its next event or a rescan brings it back
             if isinstance(qid, Rejected) and self._grace_over(name):
+                # (never one of this process's own: it is left only when its removal
+                # failed, and is tried again as a bad name, said once per cause)
                 left = _LEFT_ASIDE.fullmatch(name)
-                if left and is_valid_qid(left["qid"]):
+                if left and is_valid_qid(left["qid"]) and not name.startswith(self._aside):
                     self._recover(name, left["qid"] + ANSWER_SUFFIX)
                 else:
                     self._reject(name, qid.reason, None, _signature(st))
@@ -596,9 +598,10 @@ class WatcherActor(PooledChild):
 
     def _recover(self, aside: str, name: str) -> None:
         """A removal cut short (its bridge killed between renaming a version aside and
-        removing it) left that version here. It goes back under its name, unless a newer
-        file has it by now, and is judged as any other: the version already judged is
-        removed quietly (the store remembers it), a newer one is an answer, never lost."""
+        removing it) left that version here. It goes back under its name, unless a file
+        has it by now, and is judged as any other: the version that answered its question
+        is removed quietly (the store remembers it), a newer one is an answer, never lost;
+        one that was answered with a note gets it again (at least once)."""
         try:
             back = self._put_back(self._prefix + aside, self._prefix + name)
         except FileNotFoundError:  # another bridge sharing the directory took it back
@@ -608,6 +611,6 @@ class WatcherActor(PooledChild):
                 report(f"{self.child_name}: cannot put back {aside}: {exc}")
             return
         report(f"{self.child_name}: {aside} was left by a removal cut short; "
-               + (f"put it back as {name}" if back else f"dropped it ({name} is newer)"),
+               + (f"put it back as {name}" if back else f"dropped it ({name} is there)"),
                "warning")
 

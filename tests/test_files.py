@@ -88,7 +88,6 @@ def test_a_write_that_must_not_replace_keeps_the_file_there(  # C8
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
-
 @pytest.mark.parametrize("hard_links", [True, False])
 def test_a_file_already_gone_is_an_error_never_a_name_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hard_links: bool,

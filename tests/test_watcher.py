@@ -416,11 +416,12 @@ def test_the_events_of_its_own_removals_are_not_examined(
     assert {name for name in examined if name.startswith(".removing-")} == {other_aside}
 
 
-
 def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # C2, C15: a bridge killed mid-removal loses no answer, and says what it found
+    monkeypatch.setattr(os, "getpid", lambda: 4194304)  # the bridge that is killed
     crashed = start(tmp_path)
+    monkeypatch.undo()
     crashed.sync()
     signature = write(crashed.dir / NAME, ANSWER)
     crashed.seen(ANSWER)
@@ -430,7 +431,7 @@ def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
     wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
     monkeypatch.setattr(os, "remove", real_remove)
     [left] = os.listdir(crashed.dir)
-    assert left == f".removing-{os.getpid()}-{left.split('-')[2]}-{QID}"
+    assert left == f".removing-4194304-{left.split('-')[2]}-{QID}"
     clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)  # the next bridge; grace 1000 ms
     rig.sync()  # its first look: the aside may be a sibling's, mid-removal
@@ -474,6 +475,34 @@ def test_a_bad_names_version_left_aside_by_a_removal_cut_short_is_rejected_later
     rig.router.assert_nothing()
 
 
+def test_an_aside_this_bridge_could_not_delete_is_never_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # C2, C15: not judged again (no second note), and said once, not every rescan
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+
+    def failing(path: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "remove", failing)
+    rig.ref.tell(RemoveAnswerFile(NAME, signature))
+    rig.sync()
+    [left] = os.listdir(rig.dir)
+    assert left.startswith(f".removing-{os.getpid()}-") and left.endswith(f"-{QID}")
+    for _ in range(3):
+        clock.now += 1.1
+        rig.ref.tell(Rescan())
+        rig.sync()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot remove {NAME}: [Errno 5] Input/output error\n")
+    assert NAME not in os.listdir(rig.dir)  # never given back, so never judged again
+    rig.router.assert_nothing()
+    rig.logger.assert_nothing()
+
+
 def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:  # C2: the newer file is the one to judge; the older one is superseded
@@ -494,7 +523,7 @@ def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
     rig.logger.assert_nothing()
     assert capsys.readouterr().err == (
         f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
-        f"dropped it ({NAME} is newer)\n")
+        f"dropped it ({NAME} is there)\n")
 
 
 @pytest.mark.parametrize("left", [".removing-1-7", ".removing-1-7-NOTAQID", ".removing-x-7-" + QID,
