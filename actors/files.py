@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ulid import ULID
 
-from .runtime import report
+from .runtime import read_at_most, report
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -123,19 +123,6 @@ def read_regular(path: Path, limit: int) -> bytes | None:
             else None
     finally:
         os.close(fd)
-
-
-def read_at_most(fd: int, limit: int) -> bytes | None:
-    """Up to `limit` bytes from `fd`; None if there are more (the file grew past it)."""
-    chunks: list[bytes] = []
-    got = 0
-    while got <= limit:
-        chunk = os.read(fd, limit + 1 - got)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        got += len(chunk)
-    return None
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, *, replace: bool = True) -> None:

@@ -49,12 +49,13 @@ from ..messages.contract import (
     unreadable_note,
 )
 from ..messages.wire import RejectReason, is_valid_qid
-from .files import link_new, private_dir, read_at_most
+from .files import link_new, private_dir
 from .runtime import (
     Episode,
     PooledChild,
     ProcessResult,
     Spawned,
+    read_at_most,
     report,
     run_process,
     shared_edge,

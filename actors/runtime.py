@@ -285,6 +285,21 @@ def _kill_spawned(spawned: asyncio.Future[subprocess.Popen[bytes]]) -> None:
                 pipe.close()
 
 
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """Up to `limit` bytes from `fd`; None if there are more (the file grew past it). Kept
+    here, the module every actor's turn runs in, so that reading an answer file takes no
+    module of its own on a question's path (scripts/path_files.py)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, limit + 1 - got)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+    return None
+
+
 def _drain(loop: asyncio.AbstractEventLoop, fd: int, tail: bytearray, reads: int) -> None:
     for _ in range(reads):
         try:
