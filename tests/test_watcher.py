@@ -416,10 +416,16 @@ def test_the_events_of_its_own_removals_are_not_examined(
     assert {name for name in examined if name.startswith(".removing-")} == {other_aside}
 
 
+@pytest.mark.parametrize("killed", ["another pid", "the same pid"])
 def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    killed: str,
 ) -> None:  # C2, C15: a bridge killed mid-removal loses no answer, and says what it found
-    monkeypatch.setattr(os, "getpid", lambda: 4194304)  # the bridge that is killed
+    # the bridge that is killed: another process, with another pid, or with this pid
+    # (the next start in a container often has the same one)
+    pid = 4194304 if killed == "another pid" else os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: pid)
+    monkeypatch.setattr(hermes, "_RUN", "0123abcd")
     crashed = start(tmp_path)
     monkeypatch.undo()
     crashed.sync()
@@ -431,7 +437,7 @@ def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
     wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
     monkeypatch.setattr(os, "remove", real_remove)
     [left] = os.listdir(crashed.dir)
-    assert left == f".removing-4194304-{left.split('-')[2]}-{QID}"
+    assert re.fullmatch(rf"\.removing-{pid}\.0123abcd-\d+-{QID}", left), left
     clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)  # the next bridge; grace 1000 ms
     rig.sync()  # its first look: the aside may be a sibling's, mid-removal
@@ -463,7 +469,7 @@ def test_a_bad_names_version_left_aside_by_a_removal_cut_short_is_rejected_later
     wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
     monkeypatch.undo()
     [left] = os.listdir(crashed.dir)
-    assert re.fullmatch(rf"\.removing-{os.getpid()}-\d+", left), left
+    assert re.fullmatch(rf"\.removing-{os.getpid()}\.{hermes._RUN}-\d+", left), left
     later = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=later)
     rig.sync()
@@ -491,7 +497,7 @@ def test_an_aside_this_bridge_could_not_delete_is_never_given_back(
     rig.ref.tell(RemoveAnswerFile(NAME, signature))
     rig.sync()
     [left] = os.listdir(rig.dir)
-    assert left.startswith(f".removing-{os.getpid()}-") and left.endswith(f"-{QID}")
+    assert re.fullmatch(rf"\.removing-{os.getpid()}\.{hermes._RUN}-\d+-{QID}", left), left
     for _ in range(3):
         clock.now += 1.1
         rig.ref.tell(Rescan())
