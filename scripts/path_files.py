@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -57,12 +56,13 @@ def logged(tree: Any, qid: str, event: str) -> None:
 def path_files() -> dict[str, int]:
     """Files of ours that ran while one question was asked, delivered and answered."""
     global recording
+    seen.clear()
     threading.setprofile(_profile)
     sys.setprofile(_profile)
     try:
         with running_tree() as tree:
-            tree.ask("warm-up")  # the first question pays for imports and first starts
-            time.sleep(0.5)
+            # the first question pays for imports and first starts
+            logged(tree, tree.ask("warm-up"), "delivered")
             recording = True
             qid = tree.ask("Ship it?")
             logged(tree, qid, "delivered")
