@@ -237,6 +237,7 @@ class WatcherActor(PooledChild):
         self._last_heal_report = float("-inf")
         self._scan_cut = Episode()  # more entries than one rescan looks at
         self._remove_failing = Episode()  # files cannot be removed (read-only, immutable)
+        self._put_back_failing = Episode()  # versions left aside cannot go back
         self._beat: asyncio.TimerHandle | None = None
         self._deep_queued = False  # one deep rescan queued at a time
 
@@ -612,9 +613,10 @@ class WatcherActor(PooledChild):
         except FileNotFoundError:  # another bridge sharing the directory took it back
             return
         except OSError as exc:  # left as it is: tried again at the next rescan
-            if self._remove_failing.happened(cause=exc.errno):
+            if self._put_back_failing.happened(cause=exc.errno):
                 report(f"{self.child_name}: cannot put back {aside}: {exc}")
             return
+        self._put_back_failing.over()  # the line below says it works
         report(f"{self.child_name}: {aside} was left by a removal cut short; "
                + (f"put it back as {name}" if back else f"dropped it ({name} is there)"),
                "warning")

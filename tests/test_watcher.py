@@ -591,6 +591,50 @@ def test_a_version_left_aside_that_cannot_go_back_is_said_once_per_cause_and_tri
     rig.logger.assert_nothing()
 
 
+def test_a_put_back_failing_is_its_own_episode_apart_from_removals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # C15: each failure said when it begins, even with a cause the other had
+    clock = FakeClock()
+    rig = start(tmp_path, poll_ms=500, clock=clock)
+    rig.sync()
+    signature = write(rig.dir / OTHER, ANSWER)
+    rig.seen(ANSWER)
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "rename", read_only)
+    rig.ref.tell(RemoveAnswerFile(OTHER, signature))
+    rig.sync()
+    monkeypatch.undo()
+    first, second = f".removing-1-7-{QID}", f".removing-1-8-{QID}"
+    write(rig.dir / first, ANSWER)
+    rig.sync()
+    clock.now += 1.1
+    monkeypatch.setattr(os, "link", read_only)
+    monkeypatch.setattr(os, "rename", read_only)
+    rig.ref.tell(Rescan())
+    rig.sync()
+    monkeypatch.undo()
+    rig.ref.tell(Rescan())  # it goes back; the episode is over
+    rig.seen(ANSWER)
+    (rig.dir / NAME).unlink()
+    write(rig.dir / second, ANSWER)
+    rig.sync()
+    clock.now += 1.1
+    monkeypatch.setattr(os, "link", read_only)
+    monkeypatch.setattr(os, "rename", read_only)
+    rig.ref.tell(Rescan())
+    rig.sync()
+    monkeypatch.undo()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot remove {OTHER}: [Errno 30] Read-only file system\n"
+        f"coms-hermes-bridge: watcher: cannot put back {first}: [Errno 30] Read-only file system\n"
+        f"coms-hermes-bridge: warning: watcher: {first} was left by a removal cut short; "
+        f"put it back as {NAME}\n"
+        f"coms-hermes-bridge: watcher: cannot put back {second}: [Errno 30] Read-only file system\n")
+
+
 def test_a_version_left_aside_and_taken_back_by_another_bridge_is_forgotten_quietly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # two bridges sharing the directory: the one that lost the race says nothing
