@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -152,13 +153,17 @@ def test_a_manager_that_reads_nothing_never_holds_the_daemon(
                                     pid=os.getpid())
         try:
             sent = 0
-            while link.notify("WATCHDOG=1"):
+            while True:
+                began = time.monotonic()
+                if not link.notify("WATCHDOG=1"):
+                    break
                 sent += 1
                 assert sent < 100_000, "the queue never filled"
+            waited = time.monotonic() - began
             assert capsys.readouterr().err == (
                 "coms-hermes-bridge: warning: cannot notify the service manager: timed out\n")
-            # the most a send waits, as docs/operations.md promises (a second)
-            assert link._socket is not None and link._socket.gettimeout() == 1.0
+            # the most a send waits, as docs/operations.md promises: a second
+            assert 0.9 <= waited < 2.0, waited
         finally:
             link.close()
 
