@@ -190,7 +190,7 @@ _ASIDE = itertools.count(1)  # names for versions being removed (never answer na
 # A pid is reused (the next start in a container, other pid namespaces): a leftover
 # would pass for one's own, or be renamed over. The older form without a run still goes back.
 _RUN = secrets.token_hex(4)
-_LEFT_ASIDE = re.compile(r"\.removing-\d+(?:\.[0-9a-f]+)?-\d+-(?P<qid>.+)")
+_LEFT_ASIDE = re.compile(r"\.removing-\d+(?:\.[0-9a-f]{8})?-\d+-(?P<qid>.+)")
 
 
 def _signature(st: os.stat_result) -> FileSignature:

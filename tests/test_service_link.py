@@ -163,7 +163,7 @@ def test_a_manager_that_reads_nothing_never_holds_the_daemon(
             assert capsys.readouterr().err == (
                 "coms-hermes-bridge: warning: cannot notify the service manager: timed out\n")
             # the most a send waits, as docs/operations.md promises: a second
-            assert 0.9 <= waited < 2.0, waited
+            assert 0.9 <= waited < 2.5, waited
         finally:
             link.close()
 

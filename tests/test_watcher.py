@@ -507,6 +507,15 @@ def test_an_aside_this_bridge_could_not_delete_is_never_given_back(
     assert NAME not in os.listdir(rig.dir)  # never given back, so never judged again
     rig.router.assert_nothing()
     rig.logger.assert_nothing()
+    rig.ref.stop()  # nor by the watcher restarted in this process (same pid, same run)
+    again = start(tmp_path, poll_ms=500, clock=clock)
+    again.sync()
+    clock.now += 1.1
+    again.ref.tell(Rescan())
+    again.sync()
+    assert NAME not in os.listdir(again.dir)
+    again.router.assert_nothing()
+    assert "removal cut short" not in capsys.readouterr().err
 
 
 def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
@@ -532,11 +541,14 @@ def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
         f"dropped it ({NAME} is there)\n")
 
 
-@pytest.mark.parametrize("left", [".removing-1-7", ".removing-1-7-NOTAQID", ".removing-x-7-" + QID,
-                                  "removing-1-7-" + QID])
+@pytest.mark.parametrize("left", [
+    ".removing-1-7", ".removing-1-7-NOTAQID", ".removing-x-7-" + QID, "removing-1-7-" + QID,
+    ".removing-1.0123abcd-7", ".removing-1.-7-" + QID, ".removing-1.0123ABCD-7-" + QID,
+    ".removing-1.0123abc-7-" + QID, ".removing-1.0123abcd.0123abcd-7-" + QID,
+    ".removing-1.ghijklmn-7-" + QID])
 def test_a_name_that_only_looks_left_aside_is_rejected_as_any(
     tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str]
-) -> None:  # C9, C10: only `.removing-<pid>-<n>-<qid>` names a version to give back
+) -> None:  # C9, C10: only `.removing-<pid>[.<run>]-<n>-<qid>` names a version to give back
     clock = FakeClock()
     rig = start(tmp_path, poll_ms=500, clock=clock)
     rig.sync()
