@@ -185,12 +185,13 @@ NOTE_MEMORY = 1_000
 HEAL_REPORT_INTERVAL_S = 10.0
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _ASIDE = itertools.count(1)  # names for versions being removed (never answer names)
-# `.removing-<pid>.<run>-<n>`, and `-<qid>` for an answer's file: a version left aside by
+# `.removing-<pid>-<run><n>`, and `-<qid>` for an answer's file: a version left aside by
 # a bridge killed mid-removal then knows its name, and goes back to be judged (`_recover`).
-# A pid is reused (the next start in a container, other pid namespaces): a leftover
-# would pass for one's own, or be renamed over. The older form without a run still goes back.
-_RUN = secrets.token_hex(4)
-_LEFT_ASIDE = re.compile(r"\.removing-\d+(?:\.[0-9a-f]{8})?-\d+-(?P<qid>.+)")
+# A pid is reused (the next start in a container, other pid namespaces): without the run
+# (10 digits, drawn once per process) a leftover would pass for one's own, or be renamed
+# over. Digits only, so the bridges of the older form read this one too.
+_RUN = f"{secrets.randbelow(10**10):010d}"
+_LEFT_ASIDE = re.compile(r"\.removing-\d+-\d+-(?P<qid>.+)")
 
 
 def _signature(st: os.stat_result) -> FileSignature:
@@ -223,7 +224,7 @@ class WatcherActor(PooledChild):
         self.w = wiring
         self.questions_dir = wiring.config.questions_dir
         self._prefix = os.path.join(self.questions_dir, "")
-        self._aside = f".removing-{os.getpid()}.{_RUN}-"  # + a count: where this process removes
+        self._aside = f".removing-{os.getpid()}-{_RUN}"  # + a count: where this process removes
         self.poll_ms = wiring.config.poll_ms
         self.reoffer_s = reoffer_s
         self.clock = clock
