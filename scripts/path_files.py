@@ -56,7 +56,6 @@ def logged(tree: Any, qid: str, event: str) -> None:
 def path_files() -> dict[str, int]:
     """Files of ours that ran while one question was asked, delivered and answered."""
     global recording
-    seen.clear()
     threading.setprofile(_profile)
     sys.setprofile(_profile)
     try:

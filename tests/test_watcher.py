@@ -636,25 +636,22 @@ def test_a_put_back_failing_is_its_own_episode_apart_from_removals(
     rig.sync()
     monkeypatch.undo()
     first, second = f".removing-1-7-{QID}", f".removing-1-8-{QID}"
-    write(rig.dir / first, ANSWER)
-    rig.sync()
-    clock.now += 1.1
-    monkeypatch.setattr(os, "link", read_only)
-    monkeypatch.setattr(os, "rename", read_only)
-    rig.ref.tell(Rescan())
-    rig.sync()
-    monkeypatch.undo()
+
+    def cannot_put_back(left: str) -> None:  # left aside, past the grace, on a read-only fs
+        write(rig.dir / left, ANSWER)
+        rig.sync()
+        clock.now += 1.1
+        monkeypatch.setattr(os, "link", read_only)
+        monkeypatch.setattr(os, "rename", read_only)
+        rig.ref.tell(Rescan())
+        rig.sync()
+        monkeypatch.undo()
+
+    cannot_put_back(first)
     rig.ref.tell(Rescan())  # it goes back; the episode is over
     rig.seen(ANSWER)
     (rig.dir / NAME).unlink()
-    write(rig.dir / second, ANSWER)
-    rig.sync()
-    clock.now += 1.1
-    monkeypatch.setattr(os, "link", read_only)
-    monkeypatch.setattr(os, "rename", read_only)
-    rig.ref.tell(Rescan())
-    rig.sync()
-    monkeypatch.undo()
+    cannot_put_back(second)
     assert capsys.readouterr().err == (
         f"coms-hermes-bridge: watcher: cannot remove {OTHER}: [Errno 30] Read-only file system\n"
         f"coms-hermes-bridge: watcher: cannot put back {first}: [Errno 30] Read-only file system\n"
