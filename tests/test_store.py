@@ -371,6 +371,29 @@ def test_garbage_file_is_moved_aside_and_store_starts_empty(
     assert f"moved it to {aside} and started empty" in err
 
 
+def test_a_fifo_by_the_state_files_name_is_moved_aside_not_waited_on(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # only the daemon's user (or root) can plant it: the daemon still comes up
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    opened: list[Store] = []
+    opening = threading.Thread(target=lambda: opened.append(Store.open(path)), daemon=True)
+    opening.start()
+    opening.join(10.0)
+    assert not opening.is_alive(), "Store.open waited on the FIFO"
+    [store] = opened
+    try:
+        assert store.load() == ([], [])
+        store.put_open(spec(), owner="q")  # and it is usable
+    finally:
+        store.shutdown()
+    [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    assert stat.S_ISFIFO(os.lstat(aside).st_mode) and stat.S_ISREG(os.lstat(path).st_mode)
+    err = capsys.readouterr().err
+    assert f"state database {path} was unreadable (cannot open: " in err
+    assert f"moved it to {aside} and started empty" in err
+
+
 def test_newer_schema_version_is_moved_aside(
     path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
