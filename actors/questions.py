@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,7 +81,7 @@ from .runtime import (
     later,
     report,
 )
-from .store import CLOSED_MEMORY, remind_note_id, sibling_of
+from .store import remind_note_id, sibling_of
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
@@ -137,7 +136,6 @@ class QuestionRouter(PooledChild):
         self.policy = RestartPolicy(question_restarts, window_s, monotonic, schedule,
                                     per_child=True)
         self.open: dict[str, OpenQuestion] = {}
-        self.closed: OrderedDict[str, State] = OrderedDict()
         self._run_tag = f"{wiring.run_tag}.{incarnation}"
         self._serial = itertools.count(1)
 
@@ -148,8 +146,6 @@ class QuestionRouter(PooledChild):
         and answer files queue meanwhile, so answers written while the daemon was down
         find their questions and no prompt is admitted against a half-built table."""
         specs, closed = self.w.store.load()
-        for qid, state in closed:
-            self._remember_closed(qid, state)
         first = self.incarnation == 0
         if first:  # owed by the last run: decided then, never handed over
             for owed in self.w.store.outbox():
@@ -196,12 +192,10 @@ class QuestionRouter(PooledChild):
                 reply(len(self.open))
             case AnswerFileSeen(name=name, content=content, signature=signature):
                 self._route_answer(name, content, signature)
-            case QuestionClosed(qid=qid, state=state, child=child):
+            case QuestionClosed(child=child):  # its close is in the store: the one memory
                 question = self._question(child)
                 if question is not None:
                     self._forget(question)
-                    if state is not None:  # C18: a failed delivery leaves no trace of the qid
-                        self._remember_closed(qid, state)
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
                 self._crashed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
@@ -233,7 +227,8 @@ class QuestionRouter(PooledChild):
             self.w.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
             return None
         current = self.open.get(qid)
-        verdict = admission(envelope, current.prompt if current else None, qid in self.closed)
+        verdict = admission(envelope, current.prompt if current else None,
+                            self.w.store.closed(qid) is not None)
         if verdict == "retry":  # its asker retrying: ack, nothing more
             return None
         if verdict != "admit":
@@ -339,12 +334,6 @@ class QuestionRouter(PooledChild):
         self.policy.forget(question.child)
         question.slot.retire()
 
-    def _remember_closed(self, qid: str, state: State) -> None:
-        self.closed[qid] = state
-        self.closed.move_to_end(qid)
-        while len(self.closed) > CLOSED_MEMORY:
-            self.closed.popitem(last=False)
-
     # -- answers ------------------------------------------------------------
 
     def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
@@ -360,9 +349,10 @@ class QuestionRouter(PooledChild):
 
     def _not_open(self, name: str, signature: FileSignature, qid: str) -> None:
         """Closed here (late, C15), ours undelivered (X11), a sibling's (X6), or foreign."""
-        state = self.closed.get(qid)
-        if state is not None:
-            if self.w.store.answered_by(qid) == (name, signature):
+        closed = self.w.store.closed(qid)
+        if closed is not None:
+            state, answered_by = closed
+            if answered_by == (name, signature):
                 # the very file that answered it, offered again before its removal
                 self.w.watcher.tell(RemoveAnswerFile(name, signature))
             else:
@@ -455,8 +445,8 @@ class QuestionActor(PooledChild):
                         self._close()
                         self.w.peer.tell(owed)
                         self.w.watcher.tell(RemoveAnswerFile(name, signature))
-                else:  # closed under it: the Router judges it again, late (C15) by one path
-                    self.w.router.tell(AnswerFileSeen(name, None, signature))
+                else:  # closed under it: read and judged again, late (C15) by one path
+                    self.w.watcher.tell(OfferAgain(name))
             case CancelRequested():
                 note = self._note(cancel_note(self.qid), "cancel_note")
                 if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},
@@ -540,5 +530,5 @@ class QuestionActor(PooledChild):
         """The end is told first, so the open count (ping, C21) is right before anyone
         hears of it; the effects follow in the same turn, then the actor stops."""
         self.release()
-        self.w.router.tell(QuestionClosed(self.qid, self.state, self.child_name))
+        self.w.router.tell(QuestionClosed(self.qid, self.child_name))
         self.stop()

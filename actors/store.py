@@ -583,19 +583,20 @@ class Store:
             "outbox", "a response owed for", _owed,
             "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY rowid")
 
-    def answered_by(self, qid: str) -> tuple[str, FileSignature] | None:
-        """The answer file (name and version) that answered `qid`, if it was answered."""
+    def closed(self, qid: str) -> tuple[State, tuple[str, FileSignature] | None] | None:
+        """How `qid` ended and the answer file (name and version) that answered it, if it
+        is among the closed questions remembered: the one memory of them (C15, X2)."""
         with self._transaction() as conn:
             row = conn.execute(
-                "SELECT answer_file FROM closed_questions WHERE qid = ?", (qid,)
+                "SELECT state, answer_file FROM closed_questions WHERE qid = ?", (qid,)
             ).fetchone()
-        if row is None or row[0] is None:
+        if row is None or row[0] not in _STATES:
             return None
         try:
-            name, inode, size, mtime_ns = json.loads(row[0])
-            return str(name), FileSignature(int(inode), int(size), int(mtime_ns))
-        except Exception:  # a damaged memory only makes the file look late
-            return None
+            name, inode, size, mtime_ns = json.loads(row[1])
+            return row[0], (str(name), FileSignature(int(inode), int(size), int(mtime_ns)))
+        except Exception:  # none, or damaged: a damaged memory only makes the file look late
+            return row[0], None
 
     def load(self) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
         """What a restarted daemon resumes: open questions in arrival order, closed oldest first.

@@ -90,10 +90,9 @@ class RemindDue:
 
 @dataclass(frozen=True, slots=True)
 class QuestionClosed:
-    """The question ended; `state` is None when delivery failed (C18, C19)."""
+    """The question ended, its close stored (how it ended is the store's to say)."""
 
     qid: str
-    state: State | None
     child: str
 
 
@@ -154,8 +153,7 @@ class AnswerFileSeen:
     """An answer file whose name carries a valid qid, and what it held when read.
 
     `content` is None when the file was over ANSWER_FILE_LIMIT and so was not
-    read at all (`signature.size` says how big it was), and when a question closed
-    under it hands it back to be judged late (C15).
+    read at all (`signature.size` says how big it was).
     """
 
     name: str
@@ -175,8 +173,9 @@ class RemoveAnswerFile:
 
 @dataclass(frozen=True, slots=True)
 class OfferAgain:
-    """Router -> Watcher: the question this file went to restarted while handling it;
-    hand the file on again now (the watcher otherwise waits its re-offer age)."""
+    """-> Watcher: the question this file went to restarted while handling it (from the
+    Router), or closed under it (from the question: then it is judged late, C15); read
+    and hand the file on again now (the watcher otherwise waits its re-offer age)."""
 
     name: str
 

@@ -35,11 +35,12 @@ from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     NewQuestion,
+    QuestionClosed,
     QuestionSpec,
     QueueDepthQuery,
 )
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
-from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
+from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry, State
 
 T = TypeVar("T")
 A = TypeVar("A", bound=pykka.Actor)
@@ -604,6 +605,12 @@ class RouterRig(WiredRig[QuestionRouter]):
         """QueueDepthQuery's reply; handled in turn, so also a sign all told before is
         handled, and all it told meanwhile is in the FakeRefs."""
         return replied(self.ref, QueueDepthQuery)
+
+    def close(self, qid: str, state: State | None, child: str, **stored: Any) -> None:
+        """What a question does as it ends: its close stored (the one memory of how it
+        ended), then said to the Router."""
+        self.store.close(qid, state, owner=child, **stored)
+        self.ref.tell(QuestionClosed(qid, child))
 
 
 class _FakeChild:

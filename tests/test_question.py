@@ -26,12 +26,12 @@ from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
-    AnswerFileSeen,
     CancelRequested,
     ChildFailed,
     FileSignature,
     HermesRan,
     LogEvent,
+    OfferAgain,
     QuestionClosed,
     QuestionSpec,
     RemindDue,
@@ -172,7 +172,7 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "hermes send failed (3): chat not found", NAME
     )
-    assert rig.router.next() == QuestionClosed(QID, None, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
     rig.router.assert_nothing()  # closed exactly once
     assert store.load() == ([], [])  # C18: no trace of the qid as closed
@@ -202,7 +202,7 @@ def test_answer_closes_the_question(
     assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
     assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None, NAME)
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
-    assert rig.router.next() == QuestionClosed(QID, "answered", NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
     rig.router.assert_nothing()
     # it let go of its timers once (at its close): its stop found nothing more to do
@@ -222,7 +222,7 @@ def test_cancel_sends_the_note_and_no_response(start: Start, delivered: bool) ->
     assert note.purpose == "cancel_note" and note.reply_to is None
     assert note.note_id == f"{NAME}:cancel_note"
     assert note.text == f"✖ [HUB-Q:{QID}] The question was cancelled — it was answered from the console."
-    assert rig.router.next() == QuestionClosed(QID, "cancelled", NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
     rig.peer.assert_nothing()
 
@@ -241,7 +241,7 @@ def test_timer_expiry(start: Start, delivered: bool) -> None:
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "no remote answer within 250ms", NAME
     )
-    assert rig.router.next() == QuestionClosed(QID, "timeout", NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
 
 
 @pytest.mark.parametrize(
@@ -255,13 +255,13 @@ def test_answer_after_each_terminal_state_is_late(start: Start, closing: Any, st
     with actors_held():  # both queued at once
         rig.slot.tell(closing)
         rig.slot.tell(answer("2"))  # queued before the actor stops itself
-    # told after its close, so the Router judges the file knowing the question is closed:
-    # late (C15), by the one path that owes the note
-    assert rig.router.next() == QuestionClosed(QID, state, NAME)  # type: ignore[arg-type]
-    assert rig.router.next() == AnswerFileSeen(f"{QID}.answer.json", None, SIG)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
-    told = rig.rest("watcher")
-    assert not [m for m in told if isinstance(m, RemoveAnswerFile) and m.verdict]  # no verdict here
+    # told after its close, so the file is read and the Router judges it knowing the
+    # question is closed: late (C15), by the one path that owes the note
+    name = f"{QID}.answer.json"
+    used = [RemoveAnswerFile(name, SIG)] if state == "answered" else []  # answer 1's file
+    assert rig.rest("watcher") == [*used, OfferAgain(name)]
     rig.router.assert_nothing()  # closed exactly once
 
 
@@ -324,7 +324,7 @@ def test_the_owed_response_is_durable_before_the_peer_is_told(
     closed = [] if ending == "delivery_error" else [(QID, ending)]
     assert store.load() == ([], closed)
     if ending == "answered":
-        assert store.answered_by(QID) == (f"{QID}.answer.json", SIG)
+        assert store.closed(QID) == ("answered", (f"{QID}.answer.json", SIG))
 
 
 @pytest.mark.parametrize("event", [TimedOut(), ran()])
@@ -338,7 +338,7 @@ def test_a_replaced_question_does_nothing_more(start: Start, store: Store,
     store.put_open(successor, owner="question:x:2")
     rig.slot.tell(event)
     # its supervisor forgets it (nothing to restart, nothing to watch over)
-    assert rig.router.next() == QuestionClosed(QID, None, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
     rig.logger.assert_nothing()
     rig.peer.assert_nothing()
@@ -352,7 +352,7 @@ def test_a_replaced_question_does_nothing_more(start: Start, store: Store,
 def test_restart_in_a_terminal_state_closes_at_once(start: Start, state: State) -> None:
     # crashed after its end but before reporting it: it must not linger as open
     rig = start(state=state)
-    assert rig.router.next() == QuestionClosed(QID, state, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
     rig.logger.assert_nothing()
     rig.router.assert_nothing()

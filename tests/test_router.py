@@ -197,7 +197,7 @@ def test_a_resend_by_the_asker_changes_nothing_and_a_replay_is_refused(make: Mak
     rig.delivery.assert_nothing()
     assert rig.depth() == 1
     # once closed, the qid stays refused, even to its asker
-    rig.ref.tell(QuestionClosed(QID, "answered", child))
+    rig.close(QID, "answered", child)
     assert rig.depth() == 0  # read after the close, in turn
     assert rig.admit(original) == f"qid {QID} is already in use"
     assert rig.logger.expect(LogEvent).record.detail == {"from": "agent-a", "reason": "closed"}
@@ -212,7 +212,7 @@ def test_one_asker_past_its_limit_is_refused_and_others_are_not(make: Make) -> N
     assert rig.admit(prompt_envelope(QIDS[3], sender_name="reviewer")) is None
     assert list(rig.started) == [QIDS[0], QIDS[1], QIDS[3]]
     assert rig.admit(prompt_envelope(QIDS[1])) is None  # its own resend: acked (X2)
-    rig.ref.tell(QuestionClosed(QIDS[1], "answered", second))
+    rig.close(QIDS[1], "answered", second)
     assert rig.admit(prompt_envelope(QIDS[4])) is None  # room again once one closed
     assert list(rig.started) == [QIDS[0], QIDS[1], QIDS[3], QIDS[4]]
 
@@ -281,26 +281,28 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(
     rig = make()
     _spec, child, question = rig.opened(prompt_envelope(QIDS[0]))
     slot = rig.actor.open[QIDS[0]].slot
-    rig.ref.tell(QuestionClosed(QIDS[0], "answered", "question:someone-else"))
+    rig.ref.tell(QuestionClosed(QIDS[0], "question:someone-else"))
     assert rig.depth() == 1
-    rig.ref.tell(QuestionClosed(QIDS[0], "answered", child))
+    rig.close(QIDS[0], "answered", child)
     assert rig.depth() == 0
-    assert rig.actor.closed == {QIDS[0]: "answered"}
     question.assert_nothing()  # a closed question stops itself: the Router does not again
     slot.tell(CancelRequested())
     question.assert_nothing()  # its slot is retired: nothing reaches it any more
 
 
-def test_the_memory_of_closed_questions_is_bounded_and_keeps_the_latest(
+def test_the_closed_qids_remembered_are_the_stores_and_no_others(
     make: Make, monkeypatch: pytest.MonkeyPatch
-) -> None:  # bounded: CLOSED_MEMORY qids remembered (for late files and reused qids)
-    monkeypatch.setattr("coms_hermes_bridge.actors.questions.CLOSED_MEMORY", 2)
+) -> None:  # X2, bounded: a qid the store still has is refused, one it let go is new again
+    monkeypatch.setattr("coms_hermes_bridge.actors.store.CLOSED_MEMORY", 2)
+    monkeypatch.setattr("coms_hermes_bridge.actors.store.CLOSED_TRIM_BATCH", 1)
     rig = make()
     for qid in QIDS[:3]:
         _spec, child, _question = rig.opened(prompt_envelope(qid))
-        rig.ref.tell(QuestionClosed(qid, "answered", child))
-    rig.depth()
-    assert list(rig.actor.closed) == QIDS[1:3]
+        rig.close(qid, "answered", child)
+    assert rig.depth() == 0
+    assert rig.admit(prompt_envelope(QIDS[1])) == f"qid {QIDS[1]} is already in use"
+    assert rig.admit(prompt_envelope(QIDS[0])) is None  # let go: a new question
+    assert [spec.qid for spec in rig.store.load()[0]] == [QIDS[0]]
 
 
 # -- answers (C9, C15, X6, X11) -------------------------------------------------------
@@ -372,7 +374,7 @@ def test_a_late_answer_owes_its_note_when_judged(make: Make) -> None:
     # Watcher then never offers that version again: one note per version)
     rig = make()
     _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
-    rig.ref.tell(QuestionClosed(QIDS[0], "cancelled", child))
+    rig.close(QIDS[0], "cancelled", child)
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(seen(QIDS[0]))
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
@@ -391,7 +393,7 @@ def test_each_late_file_gets_its_own_note_and_log_line(make: Make) -> None:
     rig = make()
     for qid, state in ((QIDS[0], "cancelled"), (QIDS[1], "timeout")):
         _spec, child, _question = rig.opened(prompt_envelope(qid))
-        rig.ref.tell(QuestionClosed(qid, state, child))  # type: ignore[arg-type]
+        rig.close(qid, state, child)  # type: ignore[arg-type]
     for qid in QIDS[:2]:
         rig.ref.tell(seen(qid))
     assert [rig.watcher.expect(RemoveAnswerFile) for _ in range(2)] == [
@@ -431,8 +433,7 @@ def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: 
     rig.ref.tell(seen(QIDS[0]))
     assert isinstance(question.next(), AnswerArrived)
     # the question closes its row with the file that answered, then says so
-    rig.store.close(QIDS[0], "answered", owner=child, answer_file=(name, SIG))
-    rig.ref.tell(QuestionClosed(QIDS[0], "answered", child))
+    rig.close(QIDS[0], "answered", child, answer_file=(name, SIG))
     rig.ref.tell(seen(QIDS[0]))  # offered again
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
     rig.depth()  # that turn is over
@@ -481,8 +482,7 @@ def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Make)
     # Watcher then never offers that version again: one note per version)
     rig = make()
     _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
-    rig.store.close(QIDS[0], None, owner=child, undelivered_at=time.time())
-    rig.ref.tell(QuestionClosed(QIDS[0], None, child))
+    rig.close(QIDS[0], None, child, undelivered_at=time.time())
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(seen(QIDS[0]))
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
@@ -511,8 +511,7 @@ def test_siblings_are_not_read_when_our_own_memory_decides(make: Make) -> None: 
 
     rig = make(sibling=sibling)
     _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
-    rig.store.close(QIDS[0], None, owner=child, undelivered_at=time.time())
-    rig.ref.tell(QuestionClosed(QIDS[0], None, child))
+    rig.close(QIDS[0], None, child, undelivered_at=time.time())
     rig.ref.tell(seen(QIDS[0]))
     assert rig.watcher.expect(RemoveAnswerFile).name == f"{QIDS[0]}.answer.json"  # X11's way
     rig.ref.tell(seen(QIDS[1]))
@@ -771,7 +770,7 @@ def test_a_poison_question_is_closed_with_an_error_and_the_rest_lives_on(
     assert (record.qid, record.event, record.detail) == (
         QID, "question_failed", {"error": "RuntimeError: boom"})
     assert record.at == "2026-11-30T12:00:00.000Z"
-    assert c.rig.depth() == 0 and c.rig.actor.closed == {}  # no state it closed in (C19)
+    assert c.rig.depth() == 0 and c.rig.store.closed(QID) is None  # no state it closed in (C19)
     policy = c.rig.actor.policy  # nothing of the question is kept once it is gone for good
     assert c.child not in policy._each and c.child not in policy.backoff._state
     assert capsys.readouterr().err == (
@@ -904,7 +903,7 @@ def test_a_question_whose_row_is_gone_is_not_restarted_and_takes_no_more_mail(
     c.rig.store.put_open(c.starts[0][0], owner="question:someone-else")
     c.slot.tell(Boom())
     assert c.reported.expect(ChildFailed).child == c.child
-    assert c.rig.depth() == 0 and c.rig.actor.closed == {}
+    assert c.rig.depth() == 0 and c.rig.store.closed(QID) is None
     assert len(c.starts) == 1  # not started again
     c.slot.tell("late")
     assert c.slot._held == []  # retired: nothing waits for a successor
@@ -925,24 +924,23 @@ def test_word_from_a_question_it_no_longer_runs_changes_nothing(
     assert before is not None
     c.slot.tell(Hold(release))
     c.slot.tell(Boom())
-    c.rig.store.close(QID, "answered", owner=c.child)
-    c.rig.ref.tell(QuestionClosed(QID, "answered", c.child))
+    c.rig.close(QID, "answered", c.child)
     assert c.rig.depth() == 1
     release.set()
     assert c.reported.expect(ChildFailed).child == c.child  # crashed after its close
     for message in (
         RestartChild(c.child, ("x",)),
-        QuestionClosed(QID, "timeout", c.child),
+        QuestionClosed(QID, c.child),
         ChildFailed(f"question:{QIDS[1]}:an-older-child", "RuntimeError: boom"),
         RestartChild(f"question:{QIDS[1]}:an-older-child"),
-        QuestionClosed(QIDS[1], "answered", f"question:{QIDS[1]}:an-older-child"),
+        QuestionClosed(QIDS[1], f"question:{QIDS[1]}:an-older-child"),
         ChildFailed(f"question:{QIDS[5]}:t.0.9", "RuntimeError: boom"),
         ChildFailed("no-question-at-all", "RuntimeError: boom"),
     ):
         c.rig.ref.tell(message)
     assert c.rig.depth() == 1
     assert c.rig.ref.is_alive() and c.rig.actor.open[QIDS[1]].child == other
-    assert c.rig.actor.closed == {QID: "answered"}
+    assert c.rig.store.closed(QID) == ("answered", None)
     c.let_be(starts=2, err=capsys.readouterr().err)
 
 
@@ -952,13 +950,12 @@ def test_a_put_off_restart_that_comes_after_its_question_closed_changes_nothing(
     c = crashing
     c.slot.tell(Short())
     wait_for(lambda: c.schedule.delays, what="the restart put off")
-    assert c.rig.store.close(QID, "cancelled", owner=c.child)
-    c.rig.ref.tell(QuestionClosed(QID, "cancelled", c.child))
+    c.rig.close(QID, "cancelled", c.child)
     assert c.rig.depth() == 0
     capsys.readouterr()
     logged = c.rig.logger.inbox.qsize()
     c.schedule.fire()  # its RestartChild, after the backoff
-    assert c.rig.depth() == 0 and c.rig.actor.closed == {QID: "cancelled"}
+    assert c.rig.depth() == 0 and c.rig.store.closed(QID) == ("cancelled", None)
     assert c.rig.logger.inbox.qsize() == logged
     c.let_be(starts=1, err=capsys.readouterr().err)
 

@@ -667,12 +667,12 @@ def test_the_answer_file_used_is_remembered(store: Store) -> None:
     store.close(QID, "answered", owner="q", answer_file=(f"{QID}.answer.json", sig))
     store.put_open(spec(QID2), owner="q")
     store.close(QID2, "timeout", owner="q")
-    assert store.answered_by(QID) == (f"{QID}.answer.json", sig)
-    assert store.answered_by(QID2) is None  # closed without an answer
+    assert store.closed(QID) == ("answered", (f"{QID}.answer.json", sig))
+    assert store.closed(QID2) == ("timeout", None)  # closed without an answer
     with sqlite3.connect(store.path) as conn:  # and none is written (older versions read it)
         assert conn.execute("SELECT answer_file FROM closed_questions WHERE qid = ?",
                             (QID2,)).fetchone() == (None,)
-    assert store.answered_by("01HZY3K4M5N6P7Q8R9S0T1V2ZZ") is None  # never seen
+    assert store.closed("01HZY3K4M5N6P7Q8R9S0T1V2ZZ") is None  # never seen
 
 
 def test_a_damaged_memory_of_the_answer_file_is_no_answer_file(store: Store) -> None:
@@ -682,7 +682,11 @@ def test_a_damaged_memory_of_the_answer_file_is_no_answer_file(store: Store) -> 
     with sqlite3.connect(store.path) as conn:
         conn.execute("UPDATE closed_questions SET answer_file = '[\"x\", 1]'")
     conn.close()
-    assert store.answered_by(QID) is None
+    assert store.closed(QID) == ("answered", None)
+    with sqlite3.connect(store.path) as conn:  # a state no version writes: not a closed qid
+        conn.execute("UPDATE closed_questions SET state = 'bogus'")
+    conn.close()
+    assert store.closed(QID) is None
 
 
 def test_rows_are_guarded_by_owner(store: Store) -> None:
@@ -754,7 +758,7 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
         specs, closed = store.load()
         assert [(s.qid, s.state) for s in specs] == [(QID, "delivered")]
         assert closed == [(QID2, "answered")]
-        assert store.outbox() == [] and store.answered_by(QID2) is None
+        assert store.outbox() == [] and store.closed(QID2) == ("answered", None)
         # nothing moved aside; the only line says the file made 0644 was tightened (9.4)
         lines = capsys.readouterr().err.splitlines()
         assert all(line.endswith("; tightened to 0600") for line in lines), lines
