@@ -1,6 +1,7 @@
-"""The actor runtime: one event loop, in one thread, runs every actor's turns and every wait.
+"""The actor runtime: one event loop, in one thread, runs every actor's turns (but the root
+supervisor's, which has a thread of its own) and every wait.
 
-Questions are many and mostly idle, so no actor holds a thread of its own: a
+Questions are many and mostly idle, so no other actor holds a thread of its own: a
 `PooledActor` is a pykka actor (mailbox, ref, registry, `on_start`/`on_stop`/
 `on_failure` as pykka means them) whose mailbox asks the loop for a turn
 whenever it has mail. Whatever waits on the world (sockets, hermes, inotify,

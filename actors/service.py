@@ -23,7 +23,7 @@ import pykka.debug
 from .runtime import Episode, report
 
 # A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
-PROBE_TIMEOUT_S = 2.0
+WATCHDOG_PROBE_S = 2.0
 # Ticks at least daily, however long WATCHDOG_USEC: a thread cannot wait past about 292
 # years (OverflowError), and a ping sooner than asked is harmless.
 MAX_TICK_S = 86_400.0
@@ -125,7 +125,7 @@ class ServiceLink:
     def _watch(self, probe: Callable[[float], int]) -> None:
         assert self.watchdog_s is not None
         interval = self.watchdog_s
-        timeout = min(PROBE_TIMEOUT_S, interval / 2)
+        timeout = min(WATCHDOG_PROBE_S, interval / 2)
         while not self._stop.wait(interval):
             try:
                 count = probe(timeout)

@@ -23,7 +23,7 @@ from ..messages.commands import Address, ChildFailed, QueueDepthQuery, RestartCh
 from .config import BridgeConfig
 from .hermes import DeliveryActor, WatcherActor
 from .logger import LoggerActor
-from .peer import PeerActor
+from .peer import DEPTH_TIMEOUT_S, PeerActor
 from .questions import QuestionRouter
 from .runtime import (
     GiveUp,
@@ -39,7 +39,6 @@ from .runtime import utc_now as _utc_now
 from .store import Store
 
 CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
-DEPTH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,8 @@ class WatchEnded:
 
 @dataclass(frozen=True, slots=True)
 class WatchLost:
-    """The inotify helper died: the Watcher must fail so that it is restarted whole."""
+    """Reading the inotify descriptor failed: the Watcher must fail so that it is restarted
+    whole, with a new one."""
 
     error: str
 

@@ -225,6 +225,16 @@ class Bridge:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             return int(db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
+    def no_response(self, *others: Asker) -> None:
+        """No asker was or will be sent a response for what the daemon has decided so far
+        (call it once the decisive event is logged): the ping is answered in a Router turn
+        after what came before it; a response owed stays in the outbox until its asker
+        acks it, and an asker holds a response before it acks. No waiting on the clock."""
+        self.ping()
+        wait_for(lambda: self.owed() == 0, what="nothing owed to an asker")
+        for asker in (self.asker, *others):
+            asker.no_response(within=0)
+
     def events(self, qid: str) -> list[str]:
         return [r["event"] for r in self.log_records() if r["qid"] == qid]
 

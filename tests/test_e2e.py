@@ -109,7 +109,7 @@ def test_cancel_then_late_answer(bridge: Bridge) -> None:
     assert bridge.sent_texts()[2] == (
         f"ℹ [HUB-Q:{qid}] This question is already closed; the late answer was ignored."
     )
-    bridge.asker.no_response()
+    bridge.no_response()
     assert bridge.events(qid) == ["question_received", "delivered", "cancelled", "late_answer"]
 
 
@@ -261,7 +261,7 @@ def test_queue_depth_and_burst(bridge: Bridge) -> None:
 
 
 def test_sigterm_cleans_up(bridge: Bridge) -> None:
-    # W8, issue: exit 0 within 2 s even with questions pending
+    # W8: exit 0 within 2 s even with questions pending
     bridge.start()
     bridge.ask("Pending?")
     endpoint = Path(bridge.endpoint)

@@ -66,7 +66,7 @@ def test_replayed_qid_is_refused_and_the_answer_goes_to_its_asker(
     bridge.answer(qid, "yes")
     env = bridge.asker.response()
     assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "yes"}
-    other.no_response()
+    bridge.no_response(other)
     # once closed, the qid is not reusable either (its human may still be answering)
     bridge.wait_log("answered", qid)
     again = bridge.asker.prompt_envelope("Deploy again?", qid)
@@ -93,7 +93,7 @@ def test_identical_resend_by_its_asker_is_acked_and_changes_nothing(bridge: Brid
     assert env["msg_id"] == qid and env["response"] == {"kind": "freeform", "text": "ship"}
     bridge.wait_log("answered", qid)
     assert bridge.events(qid) == ["question_received", "delivered", "answered"]
-    bridge.asker.no_response()  # one response
+    bridge.no_response()  # one response
 
 
 # only the asker cancels --------------------------------------------
@@ -119,7 +119,7 @@ def test_cancel_from_another_sender_is_ignored_and_the_askers_own_works(bridge: 
     wait_for(lambda: any(t.startswith(f"✖ [HUB-Q:{mine}]") for t in bridge.sent_texts()),
              what="cancel note")
     assert bridge.ping()["agent_card"]["queue_depth"] == 0
-    bridge.asker.no_response()
+    bridge.no_response()
 
 
 # only the bridge writes markers ----------------------------------
@@ -204,8 +204,11 @@ def test_reply_timeout_ms_is_the_questions_timeout(bridge: Bridge) -> None:
     assert bridge.wait_log("timeout", quick)["detail"] == {"timeout_ms": 400}
     wait_for(lambda: f"⌛ [HUB-Q:{quick}] The question timed out after 400ms."
              in bridge.sent_texts(), what="timeout note")
-    # the other question keeps the default timeout
-    bridge.asker.no_response(within=0.6)
+    # the other question keeps the default timeout (C17: 30 minutes), and no response
+    with contextlib.closing(sqlite3.connect(f"file:{bridge.state_path()}?mode=ro", uri=True)) as db:
+        assert db.execute("SELECT timeout_ms FROM open_questions WHERE qid = ?",
+                          (patient,)).fetchall() == [(1_800_000.0,)]
+    bridge.no_response()
     assert bridge.ping()["agent_card"]["queue_depth"] == 1
     assert "timeout" not in bridge.events(patient)
 

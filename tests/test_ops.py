@@ -218,7 +218,7 @@ def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
     assert bridge.sent_texts()[2] == (
         f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
     )
-    bridge.asker.no_response()
+    bridge.no_response()
     (report,) = json.loads(bridge.verb("status", "--json").stdout)["projects"]
     assert [q["qid"] for q in report["open"]] == [other]
     assert report["closed"][0]["qid"] == qid and report["closed"][0]["state"] == "cancelled"

@@ -69,7 +69,7 @@ def test_directory_is_private_whatever_the_umask(bridge: Bridge) -> None:
         bridge.start()  # the daemon inherits umask 000
     finally:
         os.umask(old)
-    # the watcher starts in its own thread, not necessarily before readiness
+    # made by the watcher as it starts, or at a later beat if it could not be made then
     wait_for(bridge.questions.is_dir, what="the questions directory")
     assert bridge.questions.stat().st_mode & 0o777 == 0o700
 

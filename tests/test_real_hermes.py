@@ -200,7 +200,7 @@ def test_cancel_note_then_late_answer_note(bridge: RealBridge, telegram: FakeTel
         f"ℹ [HUB-Q:{qid}] This question is already closed; the late answer was ignored."
     )
     assert sends(telegram)[2:] == [("sendMessage", 200, "MarkdownV2")] * 2
-    bridge.asker.no_response()
+    bridge.no_response()
 
 
 def test_timeout_note(bridge: RealBridge, telegram: FakeTelegram) -> None:
@@ -261,7 +261,7 @@ def test_a_429_is_waited_out_and_the_question_arrives_once(
     assert sends(telegram) == [
         ("sendMessage", 429, "HTML"), ("sendMessage", 400, "HTML"), ("sendMessage", 200, None),
     ]
-    bridge.asker.no_response()
+    bridge.no_response()
 
 
 def test_telegram_answering_after_hermes_gave_up(
@@ -284,7 +284,7 @@ def test_telegram_answering_after_hermes_gave_up(
         f"ℹ [HUB-Q:{qid}] This question could not be confirmed delivered; its asker was "
         "told it failed, so this answer was not passed on."
     )
-    bridge.asker.no_response()
+    bridge.no_response()
 
 
 def test_telegram_unreachable(bridge: RealBridge, telegram: FakeTelegram) -> None:

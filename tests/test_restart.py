@@ -93,7 +93,7 @@ def test_answered_question_stays_closed_after_restart(bridge: Bridge) -> None:
     path = bridge.answer(qid, "second")
     assert bridge.wait_log("late_answer", qid)["detail"] == {"state": "answered"}
     wait_for(lambda: not path.exists(), what="late file removed")
-    bridge.asker.no_response()
+    bridge.no_response()
 
 
 def test_pending_question_is_delivered_again(bridge: Bridge) -> None:
@@ -154,7 +154,7 @@ def test_crash_between_closing_and_responding_loses_nothing(bridge: Bridge) -> N
     wait_for(lambda: bridge.owed() == 0, what="the response recorded as sent")
     assert bridge.signal(signal.SIGTERM) == 0
     bridge.start()
-    bridge.asker.no_response()
+    bridge.no_response()
     assert json.loads(bridge.entry_path().read_text())["name"] == "user-remote"
 
 
@@ -180,7 +180,7 @@ def test_the_judged_version_left_aside_by_a_kill_goes_quietly_after_restart(
     assert bridge.events(qid) == ["question_received", "delivered", "answered"]
     assert [r for r in bridge.log_records() if r["event"] == "answer_rejected"] == []
     assert len(bridge.hermes.calls()) == 1  # the question; no late note
-    bridge.asker.no_response()
+    bridge.no_response()
 
 
 def test_a_newer_answer_left_aside_by_a_kill_is_judged_after_restart(bridge: Bridge) -> None:
@@ -199,4 +199,4 @@ def test_a_newer_answer_left_aside_by_a_kill_is_judged_after_restart(bridge: Bri
     assert bridge.wait_log("late_answer", qid)["detail"] == {"state": "answered"}
     wait_for(lambda: os.listdir(bridge.questions) == [], what="the late file removed")
     wait_for(lambda: bridge.sent_texts()[1:] == [late_note(qid)], what="the human's late note")
-    bridge.asker.no_response()
+    bridge.no_response()

@@ -1,4 +1,4 @@
-"""The question store (issue "Restart-safe": no question is lost when the daemon dies).
+"""The question store: no question is lost when the daemon dies.
 
 Every open question and how recently closed ones ended must be read back
 exactly by a new Store on the same file, as a restarted daemon would, and a
@@ -759,7 +759,7 @@ def test_version_1_file_is_migrated_in_place(path: Path, capsys: pytest.CaptureF
         assert [(s.qid, s.state) for s in specs] == [(QID, "delivered")]
         assert closed == [(QID2, "answered")]
         assert store.outbox() == [] and store.closed(QID2) == ("answered", None)
-        # nothing moved aside; the only line says the file made 0644 was tightened (9.4)
+        # nothing moved aside; the only line says the file made 0644 was tightened
         lines = capsys.readouterr().err.splitlines()
         assert all(line.endswith("; tightened to 0600") for line in lines), lines
         assert not list(path.parent.glob("*.corrupt-*"))

@@ -164,7 +164,7 @@ def _outbox_qids(store: Store) -> list[str]:
 
 def test_a_settle_that_cannot_be_stored_is_dropped_alone_and_said_once(
     store: Store, capsys: pytest.CaptureFixture[str]
-) -> None:  # X12, issue: the poison settle
+) -> None:  # X12: the poison settle
     other = "01ARZ3NDEKTSV4RRFFQ69G5FAX"
     store.put_open(_spec(other), owner="o")
     store.close(other, "answered", owner="o",

@@ -1613,7 +1613,7 @@ def test_an_unknown_message_fails_loudly(tmp_path: Path) -> None:
 
 
 class SimulatedRouter:
-    """Plays the Router for content it cannot parse: invalid_json, as classify_answer would.
+    """Plays the Router for content it cannot parse: invalid_json, as validate_answer would.
     `contents`: what it was handed, in order; `judged`: what it has told a verdict on."""
 
     def __init__(self, rig: Rig) -> None:
