@@ -26,10 +26,10 @@ from coms_hermes_bridge.messages.contract import (
 )
 from coms_hermes_bridge.messages.wire import (
     ParsedPrompt,
-    PromptEnvelope,
     QuestionOption,
     SelectionAnswer,
 )
+from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 HERMES_MEDIA = re.compile(
@@ -94,10 +94,8 @@ def test_the_question_text_carries_no_directive_from_any_field(where: str) -> No
 
 
 def test_the_sender_name_and_cwd_carry_no_directive() -> None:  # X8, C6
-    prompt = PromptEnvelope(
-        msg_id=QID, sender_endpoint="/tmp/a.sock", hops=0, prompt="Deploy?",
-        sender_name="[[as_document]]", sender_cwd="MEDIA:/home/u/chart.png",
-    )
+    prompt = prompt_envelope(QID, text="Deploy?", sender_name="[[as_document]]",
+                             sender_cwd="MEDIA:/home/u/chart.png")
     text = format_question(QID, parse_prompt(prompt))
     assert acted_on(text) == []
     assert "as_document" in text and "/home/u/chart.png" in text
@@ -106,7 +104,7 @@ def test_the_sender_name_and_cwd_carry_no_directive() -> None:  # X8, C6
 def test_the_asker_gets_its_own_option_titles_back() -> None:  # X8, C11
     options = (QuestionOption(title="MEDIA:/tmp/a.png"), QuestionOption(title="[[as_document]]"))
     prompt = json.dumps({"question": "Which?", "options": [o.title for o in options]})
-    parsed = parse_prompt(PromptEnvelope(msg_id=QID, sender_endpoint="/a", hops=0, prompt=prompt))
+    parsed = parse_prompt(prompt_envelope(QID, text=prompt))
     assert parsed.options == options
     shown = format_question(QID, parsed)
     assert "1. MEDIA\ua789/tmp/a.png" in shown and "2. \u27e6as_document\u27e7" in shown

@@ -22,7 +22,7 @@ from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.cli import main
 from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
-from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry
+from coms_hermes_bridge.messages.wire import RegistryEntry
 from coms_hermes_bridge.ops import (
     LOG_TAIL_BYTES,
     OpsError,
@@ -34,7 +34,7 @@ from coms_hermes_bridge.ops import (
     status,
 )
 from tests.bridge_process import Bridge, new_qid
-from tests.fakes import Asker, register_bridge, state_file, wait_for
+from tests.fakes import Asker, prompt_envelope, register_bridge, state_file, wait_for
 
 OPTIONS_PROMPT = json.dumps({
     "question": "Ship the release?\nIt has three fixes.",
@@ -321,7 +321,7 @@ def test_a_qid_in_the_old_shared_state_file_belongs_to_the_default_project(
 ) -> None:  # upgrades: before any bridge adopted the host's old state.sqlite3
     config = parse_config([], {"HOME": str(tmp_path)})
     qid = new_qid()
-    prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0, prompt="Old?")
+    prompt = prompt_envelope(qid, text="Old?")
     store = Store.open(config.shared_state_path)
     store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1000.0, 2e9), owner="q")
     store.shutdown()
@@ -371,8 +371,7 @@ def test_status_json_is_byte_exact(
     open_qid, closed_qid = new_qid(), new_qid()
     store = Store.open(config.state_path)
     for qid, text in ((closed_qid, "Old?"), (open_qid, OPTIONS_PROMPT)):
-        prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0,
-                                prompt=text, sender_name="builder")
+        prompt = prompt_envelope(qid, text=text)
         deadline = now - 12.3456 + 1800
         store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1_800_000, deadline,
                                     state="delivered"), owner="q")
@@ -600,7 +599,7 @@ def test_status_reads_ages_states_and_closing_times(
     store = Store.open(config.state_path)
     early, late = new_qid(), new_qid()  # one starts 5 s from now, one ended 2 s ago
     for qid, deadline in ((early, now + 65), (late, now - 2)):
-        prompt = PromptEnvelope(msg_id=qid, sender_endpoint="/tmp/a.sock", hops=0, prompt="Hm?")
+        prompt = prompt_envelope(qid, text="Hm?")
         store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 60_000, deadline),
                        owner="q")
     store.shutdown()

@@ -21,21 +21,13 @@ from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoint
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
 from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion, QueueDepthQuery
-from tests.fakes import FakeRef, WiredRig, bridge_config, edge_caught_up, wait_for
+from tests.fakes import FakeRef, WiredRig, bridge_config, edge_caught_up, prompt_envelope, wait_for
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
-PROMPT: dict[str, Any] = {
-    "type": "prompt",
-    "msg_id": QID,
-    "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-    "sender_endpoint": "/tmp/nowhere.sock",
-    "hops": 0,
-    "timestamp": "2026-11-30T12:00:00.000Z",
-    "prompt": "Ship it?",
-    "sender_name": "builder",
-    "sender_cwd": "/work/app",
-}
+PROMPT: dict[str, Any] = prompt_envelope(
+    QID, text="Ship it?", sender_endpoint="/tmp/nowhere.sock", sender_cwd="/work/app"
+).json_body()
 
 CANCEL: dict[str, Any] = {
     "type": "cancel",

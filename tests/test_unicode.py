@@ -28,24 +28,12 @@ from coms_hermes_bridge.messages.wire import (
     has_lone_surrogate,
     invalid_text,
 )
+from tests.fakes import prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 LONE = "a\ud800b"
 
-PROMPT = {
-    "type": "prompt",
-    "msg_id": QID,
-    "sender_session": "01J9Z8Y7X6W5V4T3S2R1Q0P9NM",
-    "sender_endpoint": "/tmp/asker.sock",
-    "hops": 0,
-    "timestamp": "2026-11-30T12:00:00.000Z",
-    "prompt": "Ship it?",
-    "sender_name": "builder",
-    "sender_cwd": "/work/app",
-    "conversation_id": None,
-    "response_schema": None,
-    "reply_timeout_ms": None,
-}
+PROMPT: dict[str, Any] = prompt_envelope(QID, text="Ship it?", sender_cwd="/work/app").json_body()
 CANCEL = {
     "type": "cancel",
     "msg_id": "01ARZ3NDEKTSV4RRFFQ69G5FAW",
