@@ -228,7 +228,7 @@ class QuestionRouter(PooledChild):
             return None
         current = self.open.get(qid)
         verdict = admission(envelope, current.prompt if current else None,
-                            self.w.store.closed(qid) is not None)
+                            current is None and self.w.store.closed(qid) is not None)
         if verdict == "retry":  # its asker retrying: ack, nothing more
             return None
         if verdict != "admit":
@@ -304,7 +304,8 @@ class QuestionRouter(PooledChild):
         """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. An
         answer it was handling may have died with it: its file, if any, is offered again
         now (the Watcher hands a version on once; a second sighting of the file that
-        answered comes back from the closed question and is removed, not noted)."""
+        answered reaches the closed question, is offered again by it and, judged by the
+        Router, removed, not noted)."""
         spec = self.w.store.open_spec(question.qid, question.child)
         if spec is None:
             self._forget(question)
@@ -375,7 +376,8 @@ class QuestionRouter(PooledChild):
                detail: dict[str, Any]) -> None:
         """An answer not passed on that gets the human a note (C15, X11): the note is owed
         (stored) the moment it is decided, and the file removed. The one path for the
-        late rule: a question that closed under its answer sends the file back here."""
+        late rule: a question that closed under its answer has the Watcher offer that
+        version again, and it comes here."""
         self.w.store.owe_note(note)
         self.w.watcher.tell(RemoveAnswerFile(name, signature))
         self._log(log_record(self.w.now(), note.qid, event, detail))
@@ -446,7 +448,7 @@ class QuestionActor(PooledChild):
                         self.w.peer.tell(owed)
                         self.w.watcher.tell(RemoveAnswerFile(name, signature))
                 else:  # closed under it: read and judged again, late (C15) by one path
-                    self.w.watcher.tell(OfferAgain(name))
+                    self.w.watcher.tell(OfferAgain(name, signature))
             case CancelRequested():
                 note = self._note(cancel_note(self.qid), "cancel_note")
                 if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},

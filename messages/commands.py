@@ -173,11 +173,15 @@ class RemoveAnswerFile:
 
 @dataclass(frozen=True, slots=True)
 class OfferAgain:
-    """-> Watcher: the question this file went to restarted while handling it (from the
-    Router), or closed under it (from the question: then it is judged late, C15); read
-    and hand the file on again now (the watcher otherwise waits its re-offer age)."""
+    """-> Watcher: hand the file on again now (the watcher otherwise waits its re-offer
+    age). From the Router, with no signature: the question it went to restarted while
+    handling it, and whatever is there now is offered. From a question, with the version
+    it got: it closed under it, and that version, if it is still there and not judged,
+    is judged again as things are now (late, C15; or an answer, if the qid is open again);
+    a newer one is on its way already, or comes with its own event."""
 
     name: str
+    signature: FileSignature | None = None
 
 
 @dataclass(frozen=True, slots=True)

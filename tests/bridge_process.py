@@ -226,10 +226,12 @@ class Bridge:
             return int(db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
     def no_response(self, *others: Asker) -> None:
-        """No asker was or will be sent a response for what the daemon has decided so far
-        (call it once the decisive event is logged): the ping is answered in a Router turn
-        after what came before it; a response owed stays in the outbox until its asker
-        acks it, and an asker holds a response before it acks. No waiting on the clock."""
+        """No asker was or will be sent a response for what the daemon decided before the
+        decisive event the test waited for in the log: the log line is written after the
+        store's commit, a response owed stays in the outbox until its asker acks it, and
+        an asker holds a response before it acks. No waiting on the clock. (The ping adds
+        a Router turn when the Router answers within 2 s. Not covered: the one response
+        never stored, C3's to a prompt whose msg_id is no qid.)"""
         self.ping()
         wait_for(lambda: self.owed() == 0, what="nothing owed to an asker")
         for asker in (self.asker, *others):

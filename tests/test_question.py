@@ -58,6 +58,7 @@ QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 NAME = "question:x:1"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 SIG = FileSignature(inode=7, size=80, mtime_ns=1)
+NEWER = FileSignature(inode=8, size=81, mtime_ns=2)  # a second version of the same name
 PROMPT = prompt_envelope(QID, text=json.dumps(
     {"question": "Ship?", "options": [{"title": "Approve", "description": "go"}, "Stop"]}
 ))
@@ -131,9 +132,9 @@ def ran(error: str | None = None, qid: str = QID) -> HermesRan:
     return HermesRan(SendText(qid, "❓ Ship?", "question"), error)
 
 
-def answer(text: str) -> AnswerArrived:
+def answer(text: str, signature: FileSignature = SIG) -> AnswerArrived:
     body = AnswerFile(qid=QID, answer=text, answered_by="telegram:alice", at="2026-11-30T12:01:00Z")
-    return AnswerArrived(body, f"{QID}.answer.json", SIG)
+    return AnswerArrived(body, f"{QID}.answer.json", signature)
 
 
 def _row_state(store: Store) -> Any:
@@ -254,14 +255,14 @@ def test_answer_after_each_terminal_state_is_late(start: Start, closing: Any, st
     rig.sync()
     with actors_held():  # both queued at once
         rig.slot.tell(closing)
-        rig.slot.tell(answer("2"))  # queued before the actor stops itself
+        rig.slot.tell(answer("2", NEWER))  # queued before the actor stops itself
     assert rig.router.next() == QuestionClosed(QID, NAME)
     rig.stopped()
-    # told after its close, so the file is read and the Router judges it knowing the
-    # question is closed: late (C15), by the one path that owes the note
+    # told after its close, so that version is read again and the Router judges it
+    # knowing the question is closed: late (C15), by the one path that owes the note
     name = f"{QID}.answer.json"
     used = [RemoveAnswerFile(name, SIG)] if state == "answered" else []  # answer 1's file
-    assert rig.rest("watcher") == [*used, OfferAgain(name)]
+    assert rig.rest("watcher") == [*used, OfferAgain(name, NEWER)]
     rig.router.assert_nothing()  # closed exactly once
 
 

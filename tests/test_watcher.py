@@ -296,6 +296,30 @@ def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:
     rig.router.assert_nothing()
 
 
+def test_a_question_closed_under_a_version_has_that_version_offered_again_only(
+    tmp_path: Path, refused_renames: list[bool]
+) -> None:  # C15: one judgement, one note per version, whichever way it comes back
+    refused_renames[0] = False
+    rig = start(tmp_path, clock=FakeClock(), reoffer_s=30)
+    rig.sync()
+    first = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(OfferAgain(NAME, first))  # still there, not judged: judged again
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, first)
+    newer = ANSWER.replace(b'"yes"', b'"no"')
+    second = write(rig.dir / NAME, newer)
+    assert rig.seen(newer).signature == second  # on its way by its own event
+    rig.ref.tell(OfferAgain(NAME, first))  # the version that closed the question is gone
+    rig.ref.tell(OfferAgain(OTHER, first))  # and this name never was
+    rig.sync()
+    rig.router.assert_nothing()  # never a second hand-over of the newer one
+    refused_renames[0] = True
+    rig.ref.tell(RemoveAnswerFile(NAME, second))  # judged; it cannot go for now
+    rig.ref.tell(OfferAgain(NAME, second))
+    rig.sync()
+    rig.router.assert_nothing()  # judged once: not offered for a second judgement
+
+
 def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # C9, C10: never an answer, whatever its name, and never followed or read
