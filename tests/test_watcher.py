@@ -320,6 +320,29 @@ def test_a_question_closed_under_a_version_has_that_version_offered_again_only(
     rig.router.assert_nothing()  # judged once: not offered for a second judgement
 
 
+def test_a_version_offered_again_that_cannot_be_read_now_is_read_at_the_next_rescan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # C15: offered again means not handed on, until it is read
+    rig = start(tmp_path, clock=FakeClock(), reoffer_s=30)
+    rig.sync()
+    signature = write(rig.dir / NAME, ANSWER)
+    rig.seen(ANSWER)
+    real_open, refused = os.open, [1]
+
+    def open_once_refused(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(NAME) and refused:
+            refused.pop()
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_once_refused)
+    rig.ref.tell(OfferAgain(NAME, signature))  # its read fails: not handed on
+    rig.sync()
+    rig.router.assert_nothing()
+    rig.ref.tell(Rescan())  # so the next look reads it, long before the re-offer age
+    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
+
+
 def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # C9, C10: never an answer, whatever its name, and never followed or read
