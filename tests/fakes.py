@@ -26,9 +26,9 @@ import pykka
 from ulid import ULID
 
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
-from coms_hermes_bridge.actors.peer import MODEL
+from coms_hermes_bridge.actors.peer import MODEL, Listener, PeerActor
 from coms_hermes_bridge.actors.questions import QuestionRouter
-from coms_hermes_bridge.actors.registry import agents_dir, write_entry
+from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir, write_entry
 from coms_hermes_bridge.actors.runtime import Edge, Slot, Supervised, shared_edge, utc_now
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Wiring
@@ -38,6 +38,7 @@ from coms_hermes_bridge.messages.commands import (
     QuestionClosed,
     QuestionSpec,
     QueueDepthQuery,
+    SendResponse,
 )
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope, RegistryEntry, State
@@ -787,3 +788,87 @@ class NotifySocket:
         while (text := self.next()[1]) != "MARK":
             seen.append(text)
         return seen
+
+
+class Settles(Commits):
+    """The store as the Peer uses it: each `settle` (the response is no longer owed)
+    recorded as (qid, owner), or refused with `fails`."""
+
+    def __init__(self, fails: Exception | None = None, **commits: Any) -> None:
+        super().__init__(**commits)
+        self.settled: list[tuple[str, str | None]] = []
+        self.settle_fails = fails
+
+    def settle(self, qid: str, owner: str | None = None) -> None:
+        if self.settle_fails is not None:
+            raise self.settle_fails
+        self.settled.append((qid, owner))
+
+
+class PeerRig(WiredRig[PeerActor]):
+    """A PeerActor on `identity`, its collaborators FakeRefs (`rig.router`, `rig.logger`,
+    `rig.supervisor`), its store a Settles (`rig.store`). The router answers each
+    QueueDepthQuery at once with `depth` (None: it records them, for the test to answer)
+    and what else `answers` says (FakeRef's `answers`, overriding the depth's)."""
+
+    def __init__(self, identity: PeerIdentity, *, depth: int | None = 2,
+                 answers: Mapping[type, Callable[[Any], None]] | None = None,
+                 heartbeat_ms: float = 30_000, store: Settles | None = None,
+                 addresses: dict[str, Address] | None = None, **options: Any) -> None:
+        self.identity = identity
+        self.store = store or Settles()
+        told: dict[type, Callable[[Any], None]] = {}
+        if depth is not None:
+            count = depth
+            told[QueueDepthQuery] = lambda query: query.reply(count)
+        router = FakeRef("router", answers={**told, **(answers or {})})
+        super().__init__(PeerActor, store=self.store,
+                         config=bridge_config(heartbeat_ms=heartbeat_ms),
+                         addresses={"router": router, **(addresses or {})},
+                         identity=identity, **options)
+
+    def ready(self) -> PeerRig:
+        """Once the entry is published: the socket answers from then on (W7)."""
+        wait_for(self.identity.entry_path.exists, what="registry entry")
+        return self
+
+    @property
+    def endpoint(self) -> Path:
+        return self.identity.endpoint
+
+    def send(self, data: bytes) -> bytes:
+        return exchange(self.identity.endpoint, data)
+
+    def respond(self, endpoint: Path | str, response: Any, error: str | None = None,
+                owner: str | None = None) -> None:
+        prompt = prompt_envelope(sender_endpoint=str(endpoint))
+        self.ref.tell(SendResponse(prompt, response, error, owner=owner))
+
+    @property
+    def listener(self) -> Listener:
+        listener = self.actor._listener
+        assert listener is not None
+        return listener
+
+
+def exchange(endpoint: Path | str, data: bytes, *, half_close: bool = False) -> bytes:
+    """Send `data`, read until the peer closes: the whole reply, so extra lines would show."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        conn.connect(str(endpoint))
+        try:
+            conn.sendall(data)
+            if half_close:
+                conn.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the peer may drop an oversize sender mid-write; its reply is already queued
+        reply = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                return reply
+            reply += chunk
+        return reply

@@ -18,7 +18,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import pytest
 from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors import registry
 from coms_hermes_bridge.actors.daemon import unpublish_if_left
-from coms_hermes_bridge.actors.peer import Listener, PeerActor, ResponsePool
+from coms_hermes_bridge.actors.peer import PeerActor, ResponsePool
 from coms_hermes_bridge.actors.registry import (
     ENTRY_LIMIT,
     IdentityError,
@@ -47,7 +47,6 @@ from coms_hermes_bridge.actors.registry import (
 from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
-    Address,
     CancelQuestion,
     ChildFailed,
     Heartbeat,
@@ -61,11 +60,11 @@ from coms_hermes_bridge.messages.contract import iso
 from coms_hermes_bridge.messages.wire import RegistryEntry
 from tests.fakes import (
     Asker,
-    Commits,
-    FakeRef,
+    PeerRig,
+    Settles,
     WiredRig,
-    bridge_config,
     edge_caught_up,
+    exchange,
     prompt_envelope,
     said,
     wait_for,
@@ -83,80 +82,12 @@ def identity(coms_dir: Path) -> PeerIdentity:
     )
 
 
-class Settles(Commits):
-    """The store as the Peer uses it: each `settle` (the response is no longer owed)
-    recorded as (qid, owner), or refused with `fails`."""
-
-    def __init__(self, fails: Exception | None = None, **commits: Any) -> None:
-        super().__init__(**commits)
-        self.settled: list[tuple[str, str | None]] = []
-        self.settle_fails = fails
-
-    def settle(self, qid: str, owner: str | None = None) -> None:
-        if self.settle_fails is not None:
-            raise self.settle_fails
-        self.settled.append((qid, owner))
-
-
-class PeerRig(WiredRig[PeerActor]):
-    """A PeerActor on `identity`, its collaborators FakeRefs (`rig.router`, `rig.logger`,
-    `rig.supervisor`), its store a Settles (`rig.store`). The router answers each
-    QueueDepthQuery at once with `depth` (None: it records them, for the test to answer)
-    and what else `answers` says (FakeRef's `answers`, overriding the depth's)."""
-
-    def __init__(self, identity: PeerIdentity, *, depth: int | None = 2,
-                 answers: Mapping[type, Callable[[Any], None]] | None = None,
-                 heartbeat_ms: float = 30_000, store: Settles | None = None,
-                 addresses: dict[str, Address] | None = None, **options: Any) -> None:
-        self.identity = identity
-        self.store = store or Settles()
-        told: dict[type, Callable[[Any], None]] = {}
-        if depth is not None:
-            count = depth
-            told[QueueDepthQuery] = lambda query: query.reply(count)
-        router = FakeRef("router", answers={**told, **(answers or {})})
-        super().__init__(PeerActor, store=self.store,
-                         config=bridge_config(heartbeat_ms=heartbeat_ms),
-                         addresses={"router": router, **(addresses or {})},
-                         identity=identity, **options)
-
-    def ready(self) -> PeerRig:
-        """Once the entry is published: the socket answers from then on (W7)."""
-        wait_for(self.identity.entry_path.exists, what="registry entry")
-        return self
-
-    def send(self, data: bytes) -> bytes:
-        return send_line(self.identity.endpoint, data)
-
-    def respond(self, endpoint: Path | str, response: Any, error: str | None = None,
-                owner: str | None = None) -> None:
-        prompt = prompt_envelope(sender_endpoint=str(endpoint))
-        self.ref.tell(SendResponse(prompt, response, error, owner=owner))
-
-    @property
-    def listener(self) -> Listener:
-        listener = self.actor._listener
-        assert listener is not None
-        return listener
-
-
 def start(identity: PeerIdentity, **options: Any) -> PeerRig:
     return PeerRig(identity, **options)
 
 
-def send_line(endpoint: Path | str, data: bytes) -> bytes:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(5)
-        conn.connect(str(endpoint))
-        conn.sendall(data)
-        reply = b""
-        while chunk := conn.recv(4096):
-            reply += chunk
-        return reply
-
-
 def ping(endpoint: Path) -> dict[str, Any]:
-    reply: dict[str, Any] = json.loads(send_line(endpoint, b'{"type":"ping","msg_id":"p"}\n'))
+    reply: dict[str, Any] = json.loads(exchange(endpoint, b'{"type":"ping","msg_id":"p"}\n'))
     return reply
 
 

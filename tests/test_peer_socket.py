@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from typing import Any
 import pytest
 
 from coms_hermes_bridge.actors import peer as peer_module
-from coms_hermes_bridge.actors.peer import EndpointInUse, PeerActor, bind_endpoint
+from coms_hermes_bridge.actors.peer import EndpointInUse, bind_endpoint
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
 from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion, QueueDepthQuery
-from tests.fakes import FakeRef, WiredRig, bridge_config, edge_caught_up, prompt_envelope, wait_for
+from tests.fakes import FakeRef, PeerRig, edge_caught_up, exchange, prompt_envelope
 
 QID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
@@ -57,83 +56,52 @@ def pong(msg_id: str, depth: int, name: str = "user-remote") -> bytes:
     ).encode()
 
 
-def exchange(endpoint: Path, data: bytes, *, half_close: bool = False) -> bytes:
-    """Send `data`, read until the peer closes: the whole reply, so extra lines would show."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(5)
-        conn.connect(str(endpoint))
-        try:
-            conn.sendall(data)
-            if half_close:
-                conn.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the peer may drop an oversize sender mid-write; its reply is already queued
-        reply = b""
-        while True:
-            try:
-                chunk = conn.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                return reply
-            reply += chunk
-        return reply
-
-
-class Running:
-    """A PeerActor serving on `identity`: what it hands on (prompts and cancels) is told
-    to `questions`, the Router's address; every prompt is stored at once, and `depth`
-    answers each QueueDepthQuery."""
-
-    def __init__(self, identity: PeerIdentity, *, depth: Callable[[QueueDepthQuery], None],
-                 heartbeat_ms: float = 30_000) -> None:
-        self.identity = identity
-
-        def admit(question: NewQuestion) -> None:
-            self.questions.inbox.put(question)  # recorded, and stored at once
-            question.verdict.set_result(None)
-
-        self.questions = FakeRef("questions", answers={NewQuestion: admit, QueueDepthQuery: depth})
-        self.rig = WiredRig(PeerActor, config=bridge_config(heartbeat_ms=heartbeat_ms),
-                            addresses={"router": self.questions}, identity=identity)
-        wait_for(identity.entry_path.exists, what="registry entry")
-
-    @property
-    def endpoint(self) -> Path:
-        return self.identity.endpoint
-
-
 def identity_in(coms_dir: Path) -> PeerIdentity:
     return resolve_identity(
         coms_dir, "default", "user-remote", cwd="/work", pid=os.getpid(), now=datetime.now(UTC)
     )
 
 
+def serving(identity: PeerIdentity, **options: Any) -> PeerRig:
+    """A Peer whose Router takes every prompt at once, recorded in `rig.router` as what
+    else it is told."""
+    router: list[FakeRef] = []
+
+    def admit(question: NewQuestion) -> None:  # (only told once the rig is ready)
+        router[0].inbox.put(question)
+        question.verdict.set_result(None)
+
+    rig = PeerRig(identity, answers={NewQuestion: admit, **options.pop("answers", {})},
+                  **options)
+    router.append(rig.router)
+    return rig.ready()
+
+
 @pytest.fixture
-def peer(coms_dir: Path) -> Running:
-    return Running(identity_in(coms_dir), depth=lambda query: query.reply(3))
+def peer(coms_dir: Path) -> PeerRig:
+    return serving(identity_in(coms_dir), depth=3)
 
 
 # -- replies ------------------------------------------------------------------
 
 
-def test_prompt_is_acked_with_its_msg_id(peer: Running) -> None:  # W12, W14
+def test_prompt_is_acked_with_its_msg_id(peer: PeerRig) -> None:  # W12, W14
     assert exchange(peer.endpoint, line(PROMPT)) == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
-    assert peer.questions.expect(NewQuestion).envelope.msg_id == QID
+    assert peer.router.expect(NewQuestion).envelope.msg_id == QID
 
 
-def test_cancel_is_acked(peer: Running) -> None:  # W12, W16
+def test_cancel_is_acked(peer: PeerRig) -> None:  # W12, W16
     reply = exchange(peer.endpoint, line(CANCEL))
     assert reply == b'{"type":"ack","msg_id":"01ARZ3NDEKTSV4RRFFQ69G5FAW"}\n'
-    assert peer.questions.expect(CancelQuestion).envelope.ref_msg_id == QID
+    assert peer.router.expect(CancelQuestion).envelope.ref_msg_id == QID
 
 
-def test_ping_gets_pong_with_agent_card(peer: Running) -> None:  # W12, W17
+def test_ping_gets_pong_with_agent_card(peer: PeerRig) -> None:  # W12, W17
     assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"p1"}\n') == pong("p1", 3)
 
 
 def test_the_one_off_commands_send_their_line_as_the_pool_does(
-    peer: Running, coms_dir: Path
+    peer: PeerRig, coms_dir: Path
 ) -> None:  # W12: `doctor` reads the reply line, `cancel` the verdict on it
     ping = b'{"type":"ping","msg_id":"p1"}\n'
     assert peer_module.exchange(str(peer.endpoint), ping, 5) == pong("p1", 3)
@@ -145,11 +113,11 @@ def test_the_one_off_commands_send_their_line_as_the_pool_does(
         peer_module.exchange(str(coms_dir / "mute.sock"), ping, 0.2)
 
 
-def test_ping_without_msg_id_is_answered_with_empty_id(peer: Running) -> None:  # W17
+def test_ping_without_msg_id_is_answered_with_empty_id(peer: PeerRig) -> None:  # W17
     assert exchange(peer.endpoint, b'{"type":"ping"}\n') == pong("", 3)
 
 
-def test_extra_fields_are_ignored(peer: Running) -> None:  # W18
+def test_extra_fields_are_ignored(peer: PeerRig) -> None:  # W18
     body = {**PROMPT, "trace": {"span": 1}, "future": [1, 2]}
     assert exchange(peer.endpoint, line(body)) == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
 
@@ -157,16 +125,16 @@ def test_extra_fields_are_ignored(peer: Running) -> None:  # W18
 # -- refusals -----------------------------------------------------------------
 
 
-def test_invalid_json_is_nacked(peer: Running) -> None:  # W13
+def test_invalid_json_is_nacked(peer: PeerRig) -> None:  # W13
     assert exchange(peer.endpoint, b"{not json\n") == nack("", "invalid json")
 
 
-def test_non_utf8_is_invalid_json(peer: Running) -> None:  # W12, W13
+def test_non_utf8_is_invalid_json(peer: PeerRig) -> None:  # W12, W13
     assert exchange(peer.endpoint, b'\xff\xfe{"type":"ping"}\n') == nack("", "invalid json")
 
 
 @pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1E+999"])
-def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running, constant: bytes) -> None:  # W13
+def test_nan_is_invalid_json_as_for_a_node_peer(peer: PeerRig, constant: bytes) -> None:  # W13
     assert exchange(peer.endpoint, b'{"type":"ping","msg_id":%s}\n' % constant) == nack(
         "", "invalid json")
     # a prompt otherwise valid, its number NaN (or past a double, read by JavaScript as
@@ -176,7 +144,7 @@ def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running, constant: bytes) 
     assert exchange(peer.endpoint, prompt) == nack("", "invalid json")
     schema = line(PROMPT).replace(b'"hops": 0', b'"hops": 0, "response_schema": {"max": %s}' % constant)
     assert exchange(peer.endpoint, schema) == nack("", "invalid json")
-    peer.questions.assert_nothing()
+    peer.router.assert_nothing()
 
 
 @pytest.mark.parametrize(
@@ -191,16 +159,16 @@ def test_nan_is_invalid_json_as_for_a_node_peer(peer: Running, constant: bytes) 
     ],
 )
 def test_unknown_type_is_nacked_naming_what_we_take(
-    peer: Running, body: Any, msg_id: str
+    peer: PeerRig, body: Any, msg_id: str
 ) -> None:  # W13
     assert exchange(peer.endpoint, line(body)) == nack(msg_id, NOT_TAKEN)
 
 
-def test_prompt_missing_hops_is_nacked(peer: Running) -> None:  # W14
+def test_prompt_missing_hops_is_nacked(peer: PeerRig) -> None:  # W14
     body = {k: v for k, v in PROMPT.items() if k != "hops"}
     assert exchange(peer.endpoint, line(body)) == nack(QID, "invalid prompt envelope")
     edge_caught_up()  # the connection's task is over, what it does after the reply too
-    peer.questions.assert_nothing()
+    peer.router.assert_nothing()
 
 
 @pytest.mark.parametrize(
@@ -208,29 +176,29 @@ def test_prompt_missing_hops_is_nacked(peer: Running) -> None:  # W14
     [{"hops": "0"}, {"prompt": 5}, {"sender_endpoint": None}, {"msg_id": None}],
 )
 def test_prompt_with_wrong_field_types_is_nacked(
-    peer: Running, change: dict[str, Any]
+    peer: PeerRig, change: dict[str, Any]
 ) -> None:  # W14
     body = {**PROMPT, **change}
     msg_id = body["msg_id"] if isinstance(body["msg_id"], str) else ""
     assert exchange(peer.endpoint, line(body)) == nack(msg_id, "invalid prompt envelope")
 
 
-def test_cancel_with_empty_ref_msg_id_is_nacked(peer: Running) -> None:  # W16
+def test_cancel_with_empty_ref_msg_id_is_nacked(peer: PeerRig) -> None:  # W16
     body = {**CANCEL, "ref_msg_id": ""}
     assert exchange(peer.endpoint, line(body)) == nack(CANCEL["msg_id"], "invalid cancel envelope")
     edge_caught_up()  # the connection's task is over, what it does after the reply too
-    peer.questions.assert_nothing()
+    peer.router.assert_nothing()
 
 
-def test_oversize_line_without_newline_is_refused(peer: Running) -> None:  # W13
+def test_oversize_line_without_newline_is_refused(peer: PeerRig) -> None:  # W13
     assert exchange(peer.endpoint, b"a" * 65537) == nack("", "line too large")
 
 
-def test_oversize_line_with_newline_is_refused(peer: Running) -> None:  # W13
+def test_oversize_line_with_newline_is_refused(peer: PeerRig) -> None:  # W13
     assert exchange(peer.endpoint, b"a" * 100_000 + b"\n") == nack("", "line too large")
 
 
-def test_line_of_exactly_64_kib_is_taken(peer: Running) -> None:  # W13 boundary
+def test_line_of_exactly_64_kib_is_taken(peer: PeerRig) -> None:  # W13 boundary
     ping = b'{"type":"ping","msg_id":"big"}'
     padded = ping + b" " * (65536 - len(ping)) + b"\n"
     assert exchange(peer.endpoint, padded) == pong("big", 3)
@@ -239,11 +207,11 @@ def test_line_of_exactly_64_kib_is_taken(peer: Running) -> None:  # W13 boundary
 # -- framing ------------------------------------------------------------------
 
 
-def test_blank_lines_are_skipped(peer: Running) -> None:  # W12
+def test_blank_lines_are_skipped(peer: PeerRig) -> None:  # W12
     assert exchange(peer.endpoint, b"\n  \r\n" + b'{"type":"ping","msg_id":"b"}\n') == pong("b", 3)
 
 
-def test_blank_lines_up_to_64_kib_are_skipped_and_past_it_refused(peer: Running) -> None:  # W12, W13
+def test_blank_lines_up_to_64_kib_are_skipped_and_past_it_refused(peer: PeerRig) -> None:  # W12, W13
     ping = b'{"type":"ping","msg_id":"b"}\n'
     assert exchange(peer.endpoint, b"\n" * 65536 + ping) == pong("b", 3)
     assert exchange(peer.endpoint, b" \n" * 32768 + b"\n" + ping) == nack("", "line too large")
@@ -252,27 +220,27 @@ def test_blank_lines_up_to_64_kib_are_skipped_and_past_it_refused(peer: Running)
     assert exchange(peer.endpoint, ping) == pong("b", 3)
 
 
-def test_eof_without_newline_is_a_line(peer: Running) -> None:  # W12
+def test_eof_without_newline_is_a_line(peer: PeerRig) -> None:  # W12
     reply = exchange(peer.endpoint, b'{"type":"ping","msg_id":"e"}', half_close=True)
     assert reply == pong("e", 3)
 
 
-def test_only_the_first_line_is_answered(peer: Running) -> None:  # W12
+def test_only_the_first_line_is_answered(peer: PeerRig) -> None:  # W12
     data = b'{"type":"ping","msg_id":"one"}\n{"type":"ping","msg_id":"two"}\n'
     assert exchange(peer.endpoint, data) == pong("one", 3)
 
 
-def test_a_client_that_says_nothing_gets_nothing(peer: Running) -> None:  # W12
+def test_a_client_that_says_nothing_gets_nothing(peer: PeerRig) -> None:  # W12
     assert exchange(peer.endpoint, b"", half_close=True) == b""
 
 
-def test_a_silent_client_does_not_block_others(peer: Running) -> None:  # W12
+def test_a_silent_client_does_not_block_others(peer: PeerRig) -> None:  # W12
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
         silent.connect(str(peer.endpoint))
         assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"s"}\n') == pong("s", 3)
 
 
-def test_fifty_concurrent_connections_are_all_answered(peer: Running) -> None:  # W12
+def test_fifty_concurrent_connections_are_all_answered(peer: PeerRig) -> None:  # W12
     ids = [f"01ARZ3NDEKTSV4RRFFQ69G{n:04d}" for n in range(50)]
     replies: dict[str, bytes] = {}
     barrier = threading.Barrier(50)
@@ -294,7 +262,7 @@ def test_fifty_concurrent_connections_are_all_answered(peer: Running) -> None:  
     for thread in threads:
         thread.join(10)
     assert replies == {i: f'{{"type":"ack","msg_id":"{i}"}}\n'.encode() for i in ids}
-    handed_on = {peer.questions.expect(NewQuestion).envelope.msg_id for _ in ids}
+    handed_on = {peer.router.expect(NewQuestion).envelope.msg_id for _ in ids}
     assert handed_on == set(ids)
 
 
@@ -311,7 +279,8 @@ def test_pong_reports_the_last_depth_when_the_router_does_not_answer(
             query.reply(answers.pop())
         # else: the Router is busy and never answers in time
 
-    peer = Running(identity_in(coms_dir), depth=depth, heartbeat_ms=3_600_000)
+    peer = serving(identity_in(coms_dir), depth=None, answers={QueueDepthQuery: depth},
+                   heartbeat_ms=3_600_000)
     assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"1"}\n') == pong("1", 4)
     assert exchange(peer.endpoint, b'{"type":"ping","msg_id":"2"}\n') == pong("2", 4)
 
