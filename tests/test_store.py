@@ -352,23 +352,30 @@ def corrupt_files(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f"{path.name}.corrupt-*"))
 
 
-def test_garbage_file_is_moved_aside_and_store_starts_empty(
-    path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    garbage = b"this is not a database\x00\xff" * 100
-    path.parent.mkdir(parents=True)
-    path.write_bytes(garbage)
-    store = Store.open(path)
+def started_empty(store: Store, path: Path, capsys: pytest.CaptureFixture[str]
+                  ) -> tuple[Path, str]:
+    """A store opened over a bad file: empty and usable, the file moved aside and said. The
+    file aside, and what was said."""
     try:
         assert store.load() == ([], [])
         store.put_open(spec(), owner="q")  # and it is usable
     finally:
         store.shutdown()
     [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
-    assert aside.read_bytes() == garbage
     err = capsys.readouterr().err
-    assert f"state database {path} was unreadable" in err
     assert f"moved it to {aside} and started empty" in err
+    return aside, err
+
+
+def test_garbage_file_is_moved_aside_and_store_starts_empty(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = b"this is not a database\x00\xff" * 100
+    path.parent.mkdir(parents=True)
+    path.write_bytes(garbage)
+    aside, err = started_empty(Store.open(path), path, capsys)
+    assert aside.read_bytes() == garbage
+    assert f"state database {path} was unreadable" in err
 
 
 def test_a_fifo_by_the_state_files_name_is_moved_aside_not_waited_on(
@@ -381,17 +388,9 @@ def test_a_fifo_by_the_state_files_name_is_moved_aside_not_waited_on(
     opening.start()
     opening.join(10.0)
     assert not opening.is_alive(), "Store.open waited on the FIFO"
-    [store] = opened
-    try:
-        assert store.load() == ([], [])
-        store.put_open(spec(), owner="q")  # and it is usable
-    finally:
-        store.shutdown()
-    [aside] = [p for p in corrupt_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    aside, err = started_empty(opened[0], path, capsys)
     assert stat.S_ISFIFO(os.lstat(aside).st_mode) and stat.S_ISREG(os.lstat(path).st_mode)
-    err = capsys.readouterr().err
     assert f"state database {path} was unreadable (cannot open: " in err
-    assert f"moved it to {aside} and started empty" in err
 
 
 def test_newer_schema_version_is_moved_aside(
