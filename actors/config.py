@@ -192,7 +192,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         log_path=questions.parent / "log.ndjson",
         # one file per project, so that bridges of two projects sharing the
         # questions directory never restore each other's questions
-        state_path=questions.parent / f"state-{args.project}.sqlite3",
+        state_path=questions.parent / state_file_name(args.project, args.name),
         coms_dir=coms_dir,
         max_open=max_open,
         max_open_per_asker=per_asker,
@@ -200,6 +200,13 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         heartbeat_ms=_heartbeat_ms(env),
         notices=notices,
     )
+
+
+def state_file_name(project: str, name: str) -> str:
+    """The default name's file is the project's (as before names counted); another name
+    is another peer, with state of its own (X13). `@` is in no project and no name."""
+    peer = project if name == DEFAULT_NAME else f"{project}@{name}"
+    return f"state-{peer}.sqlite3"
 
 
 def home_dir(env: Mapping[str, str]) -> Path:

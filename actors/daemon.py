@@ -23,11 +23,17 @@ import pykka
 from .config import BridgeConfig, UsageError, parse_config
 from .peer import PeerActor
 from .registry import (
+    EXIT_ALREADY_RUNNING,
+    AlreadyRunning,
     IdentityError,
     PeerIdentity,
+    instance_lock_path,
     read_entry,
     remove_entry_if_ours,
     resolve_identity,
+    take_instance_lock,
+    validate_name,
+    validate_project,
 )
 from .runtime import report, utc_now
 from .service import ServiceLink, dump_thread_stacks
@@ -69,7 +75,32 @@ def unpublish_if_left(identity: PeerIdentity) -> bool:
 
 
 def run(config: BridgeConfig) -> int:
-    """Run the daemon until a signal or a fatal failure; return the exit code."""
+    """Run the daemon until a signal or a fatal failure; return the exit code. Only as
+    the one bridge of its project and name (X13): the lock comes before the registry
+    and the state are touched, and is held until the very end."""
+    try:
+        validate_project(config.project)
+        validate_name(config.name)
+        lock = take_instance_lock(instance_lock_path(config.coms_dir, config.project,
+                                                     config.name))
+    except IdentityError as exc:
+        report(str(exc))
+        return 1
+    except AlreadyRunning as exc:
+        holder = f"pid {exc.pid}" if exc.pid is not None else "its pid not written yet"
+        report(f"{config.name}@{config.project} already has a bridge running ({holder});"
+               f" not starting a second one (lock {exc.path})", "error")
+        return EXIT_ALREADY_RUNNING
+    except OSError as exc:
+        report(f"cannot take the bridge's lock in {config.coms_dir}: {exc}", "error")
+        return 1
+    try:
+        return _serve(config)
+    finally:
+        os.close(lock)  # the kernel would let go at exit; an in-process run lets go here
+
+
+def _serve(config: BridgeConfig) -> int:
     fatal = threading.Event()  # set from the supervisor's thread
     exit_code = [0]
     # A handler runs on this thread between any two bytecodes, even inside Event.wait

@@ -9,9 +9,12 @@ peers' entries.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +24,7 @@ from ulid import ULID
 
 from ..messages.contract import iso
 from ..messages.wire import RegistryEntry
-from .files import read_regular, write_atomic
+from .files import open_private, private_dir, read_regular, write_atomic
 
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -34,8 +37,23 @@ HEARTBEAT_MAX_SKEW = timedelta(seconds=5)
 PROBE_TIMEOUT_S = 0.25
 
 
+EXIT_ALREADY_RUNNING = 3
+"""The daemon's exit status when its project and name already have a bridge (X13): a
+service manager must not restart it (the unit's RestartPreventExitStatus=)."""
+_HOLDER_READS = 50  # tries at reading the holder's pid, which it writes just after locking
+
+
 class IdentityError(ValueError):
     """The operator asked for a project or name the pool would refuse (W2)."""
+
+
+class AlreadyRunning(Exception):
+    """Another bridge holds this project and name (X13); `pid` is its pid, if it said."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        super().__init__(path, pid)
+        self.path = path
+        self.pid = pid
 
 
 @dataclass(frozen=True)
@@ -224,6 +242,51 @@ def resolve_identity(
         pid=pid,
         started_at=iso(now),
     )
+
+
+# -- one bridge per project and name (X13) ------------------------------------
+
+
+def instance_lock_path(coms_dir: Path, project: str, name: str) -> Path:
+    """Keyed on what makes a peer (its pool, project and name), not on the state file:
+    two bridges with different `--questions-dir` are still one peer, and SQLite drops
+    its own locks whenever it closes a handle. (project@name: `@` is in neither.)"""
+    return coms_dir / "hermes-bridge" / "locks" / f"{project}@{name}.lock"
+
+
+def take_instance_lock(path: Path) -> int:
+    """Hold the bridge's lock for the life of the process and return its fd.
+
+    flock, so the kernel lets go of it with the last fd, however the process ends: a
+    killed bridge's successor takes it at once. O_CLOEXEC (open_private), so no child,
+    `hermes` among them, keeps a stopped bridge's lock. AlreadyRunning when it is held;
+    the holder's pid is read from the file, where it writes it once it holds the lock.
+    """
+    private_dir(path.parent)
+    fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        try:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise AlreadyRunning(path, _holder(fd)) from None
+        finally:
+            os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _holder(fd: int) -> int | None:
+    """The pid the holder wrote; it writes it right after taking the lock, so an empty
+    file is read again for a moment (two bridges started at the same instant)."""
+    for _ in range(_HOLDER_READS):
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.01)
+    return None
 
 
 # -- writing our own entry (W5, W6, W8) ---------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from coms_hermes_bridge.actors.registry import EXIT_ALREADY_RUNNING
 from tests.bridge_process import ROOT
 
 TEMPLATE = ROOT / "contrib" / "systemd" / "coms-hermes-bridge@.service"
@@ -34,6 +35,7 @@ def test_unit_promises_notify_watchdog_restart_and_hardening() -> None:
     assert unit["NotifyAccess"] == ["main"]
     assert unit["WatchdogSec"] == ["30s"]
     assert unit["Restart"] == ["on-failure"]
+    assert unit["RestartPreventExitStatus"] == [str(EXIT_ALREADY_RUNNING)]  # X13
     assert unit["NoNewPrivileges"] == ["yes"]
     assert unit["ProtectSystem"] == ["strict"]
     assert "%h/.pi" in unit["ReadWritePaths"]
