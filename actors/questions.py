@@ -64,6 +64,7 @@ from ..messages.contract import (
     parse_prompt,
     remind_after_s,
     remind_note,
+    resumed_deadline,
     timeout_error,
     timeout_note,
     transition,
@@ -400,6 +401,9 @@ class QuestionActor(PooledChild):
     # -- life ---------------------------------------------------------------
 
     def begin(self) -> None:
+        # (a fresh question's deadline is its timeout away already: unchanged)
+        self.spec = dataclasses.replace(self.spec, deadline=resumed_deadline(
+            self.spec.deadline, self.spec.timeout_ms, self.w.clock()))
         if self.state is None:
             if not self._move("question_received", {"from": self.spec.prompt.sender_name}):
                 return

@@ -116,6 +116,14 @@ def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
     return js_number(min(raw, MAX_REPLY_TIMEOUT_MS))
 
 
+def resumed_deadline(deadline: float, timeout_ms: float, now: float) -> float:
+    """C16/X5 across a restart: the stored deadline, but never more than the question's
+    own timeout from now. One further out can only come from a wall clock that moved
+    (asked while it ran fast, then set right), and would keep the question open for as
+    long as the clock was wrong, whatever its timeout."""
+    return min(deadline, now + timeout_ms / 1000)
+
+
 # -- ownership (X2) -----------------------------------------------------------
 
 

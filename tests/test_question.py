@@ -92,11 +92,11 @@ class Rig(WiredRig[QuestionActor]):
               ) -> pykka.ActorRef[QuestionActor]:
         return actor_class.start(self.wiring, self.spec, self.name)
 
-    def events(self, count: int) -> list[tuple[str, Any]]:
+    def events(self, count: int, timeout: float = 5.0) -> list[tuple[str, Any]]:
         """The next `count` log events as (event, detail)."""
         out: list[tuple[str, Any]] = []
         for _ in range(count):
-            record = self.logger.expect(LogEvent).record
+            record = self.logger.expect(LogEvent, timeout).record
             assert record.qid == QID and record.at == "2026-11-30T12:00:00.000Z"
             out.append((record.event, record.detail))
         return out
@@ -272,6 +272,23 @@ def test_restart_from_delivered_keeps_the_deadline_and_does_not_resend(start: St
     assert rig.events(1) == [("timeout", {"timeout_ms": 200})]
     note = rig.delivery.expect(SendText)
     assert note.purpose == "timeout_note"
+
+
+def test_a_deadline_set_by_a_clock_that_ran_fast_is_cut_to_the_timeout(store: Store) -> None:
+    # C16, X5: asked while the wall clock ran an hour fast, restarted once it is right: the
+    # stored deadline is an hour and a bit away, yet it times out within its own 0.3 s
+    asked = time.time()
+    spec = question_spec(timeout_s=0.3, deadline=asked + 3600.3, state="delivered")
+    rig = Rig(spec, store)
+    assert rig.events(1) == [("timeout", {"timeout_ms": 300})]
+    assert time.time() - asked < 5  # far from the hour
+
+
+def test_a_deadline_within_the_timeout_is_kept_across_a_restart(store: Store) -> None:
+    # C16: the cut never lengthens a question: the stored deadline, nearer, still decides
+    rig = Rig(question_spec(timeout_s=3600, deadline=time.time() + 0.2, state="delivered"),
+              store)
+    assert rig.events(1, timeout=5) == [("timeout", {"timeout_ms": 3600000})]
 
 
 def test_restart_with_passed_deadline_times_out_at_once(start: Start) -> None:
