@@ -92,7 +92,8 @@ def run(config: BridgeConfig) -> int:
                f" not starting a second one (lock {exc.path})", "error")
         return EXIT_ALREADY_RUNNING
     except OSError as exc:
-        report(f"cannot take the bridge's lock in {config.coms_dir}: {exc}", "error")
+        report(f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}",
+               "error")
         return 1
     try:
         return _serve(config)
