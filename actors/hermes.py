@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inotify_simple import INotify, flags
+from ulid import ULID
 
 from ..messages.commands import (
     Address,
     AnswerFileSeen,
+    EarlierSendsEnded,
     FilesChanged,
     FileSignature,
     HermesRan,
@@ -54,13 +56,23 @@ from .files import link_new, private_dir
 from .runtime import (
     Episode,
     PooledChild,
-    ProcessResult,
     Spawned,
     read_at_most,
     report,
-    run_process,
     shared_edge,
     tell_quietly,
+)
+from .sends import (
+    UNKEPT,
+    Outcome,
+    finished,
+    forget,
+    run_send,
+    send_key,
+    send_paths,
+    sends_dir,
+    under_way,
+    wait_done,
 )
 from .store import StoreClosedError
 
@@ -70,15 +82,33 @@ if TYPE_CHECKING:
 
 class DeliveryActor(PooledChild):
     """Sends run one at a time, in the order asked, so a note never overtakes the question
-    it follows in the chat; a wedged hermes costs at most one send timeout (its whole
-    process group is killed)."""
+    it follows in the chat; a wedged hermes costs at most one send timeout (its waiter
+    kills its whole process group). Each runs under a waiter that outlives this actor and
+    the daemon (actors/sends.py): a stop or crash mid-send neither kills hermes nor sends
+    again; the outcome is taken up by whoever runs next."""
 
     def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "delivery") -> None:
         super().__init__(name, supervisor)
         self.w = wiring
+        self.sends = sends_dir(wiring.config.state_path)
         self._jobs: deque[SendText] = deque()
         # the job hermes is running for, and that run: only one at a time
-        self._running: tuple[SendText, Spawned[ProcessResult]] | None = None
+        self._running: tuple[SendText, str, Spawned[Outcome]] | None = None
+        self._earlier: Spawned[bool] | None = None  # sends an earlier run left under way
+
+    def begin(self) -> None:
+        """Sends left under way (by the last run, or this actor before a crash) end before
+        any other starts, in order; what they and the finished ones did goes to the store,
+        where the jobs told again find it instead of sending twice."""
+        running = under_way(self.sends)
+        if running:
+            report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
+            self._earlier = shared_edge().spawn(
+                wait_done(running, self.w.config.send_timeout_ms / 1000 + 10))
+            self._earlier.add_done_callback(
+                lambda _: tell_quietly(self.actor_ref, EarlierSendsEnded()))
+        else:
+            self._take_finished()
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -86,19 +116,24 @@ class DeliveryActor(PooledChild):
                 self._jobs.append(message)
                 self._next()
             case HermesRan(job=job, error=error):  # of the current job: only it runs
-                self._running = None
+                self._ended(error)
                 self._settle(job, error)
+                self._next()
+            case EarlierSendsEnded():
+                self._earlier = None
+                self._take_finished()
                 self._next()
             case _:
                 raise UnknownMessage(self.child_name, message)
 
     def release(self) -> None:
-        if self._running is not None:
-            self._running[1].cancel()  # hermes' group is killed; the job goes on in taken()
+        for waiting in (self._earlier, self._running[2] if self._running else None):
+            if waiting is not None:  # only the waiting stops: hermes runs on
+                waiting.cancel()
 
     def taken(self) -> tuple[SendText, ...]:
-        """On a crash: the send cut short, then the queue. The cut-short one may have
-        reached the chat; it is sent again (at least once) rather than risk never."""
+        """On a crash: the send under way, then the queue. The successor waits for the one
+        under way and takes its outcome: it is not sent twice."""
         return (*([self._running[0]] if self._running is not None else []), *self._jobs)
 
     def argv(self, text: str) -> list[str]:
@@ -107,33 +142,72 @@ class DeliveryActor(PooledChild):
         profile = ["--profile", c.hermes_profile] if c.hermes_profile else []
         return [c.hermes, *profile, "send", "--to", c.target, text]
 
+    def _take_finished(self) -> None:
+        """Into the store, then gone: an outcome no job is told again for is forgotten by
+        the store at the next start."""
+        done = list(finished(self.sends))
+        if not done:
+            return
+        for outcome, _, _ in done:
+            if outcome is not None and not outcome.key.startswith(UNKEPT):
+                self.w.store.record_sent(outcome.key, self._judge(outcome))
+        with contextlib.suppress(StoreClosedError):  # else kept: the next start takes them
+            self.w.store.flush()
+            for _, lock, path in done:
+                forget(lock, path)
+
     def _next(self) -> None:
-        while self._running is None and self._jobs:
+        while self._running is None and self._earlier is None and self._jobs:
             job = self._jobs.popleft()
             if self._withdrawn(job):
+                continue
+            key = send_key(job)
+            known = self.w.store.sent_outcome(key) if key is not None else None
+            if known is not None:  # hermes ran it before a restart: never twice
+                self._settle(job, known[0])
                 continue
             try:
                 self.w.store.flush()  # what the text tells the human is committed first
             except StoreClosedError:  # it is not: the daemon ends, and the rows stand
                 self._jobs.appendleft(job)
                 return
-            run = shared_edge().spawn(
-                run_process(self.argv(job.text), self.w.config.send_timeout_ms / 1000))
-            self._running = job, run
+            key = key or f"{UNKEPT}{ULID()}"
+            run = shared_edge().spawn(run_send(self.sends, key, self.argv(job.text),
+                                               self.w.config.send_timeout_ms / 1000))
+            self._running = job, key, run
             run.add_done_callback(functools.partial(self._ran, job))
 
-    def _ran(self, job: SendText, done: Spawned[ProcessResult]) -> None:
-        if not done.cancelled():  # (cancelled by release: the successor has the job)
-            tell_quietly(self.actor_ref, HermesRan(job, self._judge(done)))
-
-    def _judge(self, done: Spawned[ProcessResult]) -> str | None:
-        """None when hermes said it sent, else C18's error text."""
+    def _ran(self, job: SendText, done: Spawned[Outcome]) -> None:
+        if done.cancelled():  # this actor stopped: its successor takes the outcome
+            return
         exc = done.exception()
-        if isinstance(exc, OSError | ValueError):
-            return delivery_error(None, str(exc))
-        if exc is not None:
-            return delivery_error(None, f"{type(exc).__name__}: {exc}")
-        result = done.result()
+        if exc is None:
+            error = self._judge(done.result())
+        elif isinstance(exc, OSError | ValueError):
+            error = delivery_error(None, str(exc))
+        else:
+            error = delivery_error(None, f"{type(exc).__name__}: {exc}")
+        tell_quietly(self.actor_ref, HermesRan(job, error))
+
+    def _ended(self, error: str | None) -> None:
+        """The outcome goes into the store before its files go, and before anyone acts on
+        it (who then forgets it in the same transaction as the act)."""
+        assert self._running is not None
+        _, key, _ = self._running
+        self._running = None
+        try:
+            if not key.startswith(UNKEPT):
+                self.w.store.record_sent(key, error)
+            self.w.store.flush()
+        except StoreClosedError:  # kept on disk: the next start takes it from there
+            return
+        forget(*send_paths(self.sends, key))
+
+    def _judge(self, outcome: Outcome) -> str | None:
+        """None when hermes said it sent, else C18's error text."""
+        if outcome.error is not None:
+            return delivery_error(None, outcome.error)
+        result = outcome.result
         if result.returncode is None:
             ms = js_number(self.w.config.send_timeout_ms)
             return delivery_error(None, f"timed out after {ms}ms")

@@ -32,8 +32,6 @@ import contextlib
 import errno
 import functools
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -243,47 +241,12 @@ async def awaited(send: Callable[[Callable[[T], None]], None], timeout: float) -
 
 # -- processes ------------------------------------------------------------------
 
-OUTPUT_TAIL = 4096  # bytes of each stream kept: the end says why it failed
-_READ_CHUNK = 65536
-_REAP_S = 2.0  # how long a killed process may take to be gone
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessResult:
-    """Its exit status (None: killed at its timeout) and the tail of each stream."""
-
-    returncode: int | None
-    stdout: str
-    stderr: str
-
-
-def kill_group(pid: int) -> None:
-    """Kill a process and anything it spawned: it leads a session of its own."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _popen(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-
-
 @functools.cache
-def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+def spawner() -> concurrent.futures.ThreadPoolExecutor:
     """The one thread that starts processes (made at the first start): Popen blocks until
     the child has exec'd, and on the loop that stalled every socket meanwhile (acks 1.12x
-    slower, measured)."""
+    slower, measured). (actors/sends.py starts hermes' waiters on it.)"""
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
-
-
-def _kill_spawned(spawned: asyncio.Future[subprocess.Popen[bytes]]) -> None:
-    if not spawned.cancelled() and spawned.exception() is None:
-        proc = spawned.result()
-        kill_group(proc.pid)
-        proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
 
 def read_at_most(fd: int, limit: int) -> bytes | None:
@@ -299,74 +262,6 @@ def read_at_most(fd: int, limit: int) -> bytes | None:
         chunks.append(chunk)
         got += len(chunk)
     return None
-
-
-def _drain(loop: asyncio.AbstractEventLoop, fd: int, tail: bytearray, reads: int) -> None:
-    for _ in range(reads):
-        try:
-            chunk = os.read(fd, _READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            loop.remove_reader(fd)
-            return
-        tail += chunk
-        del tail[:-OUTPUT_TAIL]
-
-
-async def run_process(argv: list[str], timeout_s: float) -> ProcessResult:
-    """Run `argv` (no shell, its own session, no stdin) until it exits or `timeout_s`
-    passes, then kill its whole group. Raises OSError or ValueError if it cannot start.
-
-    The exit, read from a pidfd, decides: pipes a grandchild still holds are not
-    waited on. Only each stream's tail is kept. Cancelled, it is killed with its group.
-    """
-    loop = asyncio.get_running_loop()
-    spawned = loop.run_in_executor(_spawner(), functools.partial(_popen, argv))
-    try:
-        proc = await asyncio.shield(spawned)
-    except asyncio.CancelledError:  # given up while it started: it must not run on
-        spawned.add_done_callback(_kill_spawned)
-        raise
-    tails: dict[int, bytearray] = {}  # stdout's, then stderr's
-    pidfd: int | None = None
-    exited = asyncio.Event()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        loop.add_reader(pidfd, exited.set)
-        for pipe in (proc.stdout, proc.stderr):
-            assert pipe is not None
-            fd = pipe.fileno()
-            os.set_blocking(fd, False)
-            tails[fd] = bytearray()
-            loop.add_reader(fd, _drain, loop, fd, tails[fd], 1)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await exited.wait()
-        except TimeoutError:
-            kill_group(proc.pid)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_REAP_S):  # gone at once, unless stuck in the kernel
-                    await exited.wait()
-            return ProcessResult(None, "", "")
-        proc.wait()  # it exited: collecting its status does not wait
-        for fd, tail in tails.items():
-            _drain(loop, fd, tail, 64)  # what is in the pipes already; never wait for more
-        out, err = (bytes(tail).decode("utf-8", "replace") for tail in tails.values())
-        return ProcessResult(proc.returncode, out, err)
-    finally:
-        if proc.poll() is None:  # cancelled, or stuck past its kill: never left running
-            kill_group(proc.pid)
-        for fd in tails:
-            loop.remove_reader(fd)
-        if pidfd is not None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
 
 # -- actor turns on the loop ----------------------------------------------------

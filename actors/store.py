@@ -36,7 +36,7 @@ from .runtime import Edge, report
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CLOSED_MEMORY = 1000
 # The closed table is trimmed back to CLOSED_MEMORY once per this many closes
 # (and at every start), not on every close: it holds at most the sum.
@@ -49,7 +49,8 @@ _BUSY_TIMEOUT_S = 5.0
 # Version 1 had meta, open_questions (up to `seq`) and closed_questions (up to `seq`);
 # 2 added the owners, the memory of the answer file used and the outbox; 3 the notes
 # owed (kept until hermes has run them); 4 the failed deliveries remembered for an
-# hour (X11) and each open question's reminder mark (X9). Every version only added
+# hour (X11) and each open question's reminder mark (X9); 5 the outcomes of sends not
+# yet acted on (actors/sends.py). Every version only added
 # tables and nullable columns at the end of a table, so an older file is brought up
 # to date in place by adding what it lacks (`_connect`), never moved aside.
 # A table's order is its rowid (SQLite gives a new row one past the largest; an upsert
@@ -93,7 +94,14 @@ CREATE TABLE IF NOT EXISTS notes (
     seq INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sent (key TEXT PRIMARY KEY, error TEXT);
 """
+# A send's outcome is owed to its question while the question has not moved on, and to a
+# note while the note is owed; any other is forgotten at start.
+_SENT_STALE = (
+    "DELETE FROM sent WHERE key NOT IN (SELECT 'question:' || qid FROM open_questions"
+    " WHERE state IS NULL OR state = 'pending') AND key NOT IN (SELECT 'note:' || id FROM notes)"
+)
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 _UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
@@ -394,6 +402,8 @@ class Store:
                 "UPDATE open_questions SET state = ? WHERE qid = ? AND owner = ?",
                 (state, qid, owner),
             )
+            if done.rowcount > 0 and state != "pending":  # its send's outcome is acted on
+                conn.execute("DELETE FROM sent WHERE key = ?", (f"question:{qid}",))
             return done.rowcount > 0
 
     def close(
@@ -441,6 +451,8 @@ class Store:
                 return False  # was copied either
             # X9: a reminder not yet sent is not sent once the question is closed
             conn.execute("DELETE FROM notes WHERE id = ?", (remind_note_id(qid),))
+            conn.execute("DELETE FROM sent WHERE key IN (?, ?)",
+                         (f"question:{qid}", f"note:{remind_note_id(qid)}"))
             if note is not None:
                 self._owe_note(conn, note)
             if undelivered_at is not None:
@@ -516,6 +528,20 @@ class Store:
         """hermes has run the note (sent, or failed for good and logged): no longer owed."""
         with self._transaction() as conn:
             conn.execute("DELETE FROM notes WHERE id = ?", (note_id,))
+            conn.execute("DELETE FROM sent WHERE key = ?", (f"note:{note_id}",))
+
+    def record_sent(self, key: str, error: str | None) -> None:
+        """A send's outcome (None: hermes sent it, else C18's error), kept until what it
+        was sent for acts on it (`set_state`, `close`, `note_sent`): a restart in between
+        takes it from here instead of sending again."""
+        with self._transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO sent (key, error) VALUES (?, ?)", (key, error))
+
+    def sent_outcome(self, key: str) -> tuple[str | None] | None:
+        """The outcome kept for the send known as `key` (the error, in a tuple), if any."""
+        with self._transaction() as conn:
+            row = conn.execute("SELECT error FROM sent WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (None if row[0] is None else str(row[0]),)
 
     def owed_notes(self) -> list[SendText]:
         """Notes decided but not yet run by hermes, oldest first (sent again at start)."""
@@ -607,6 +633,7 @@ class Store:
         """
         with self._transaction() as conn:
             self._trim_closed(conn)
+            conn.execute(_SENT_STALE)
         specs = self._read_or_drop(
             "open_questions", "open question", _spec,
             "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state, reminded"

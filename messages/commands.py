@@ -194,6 +194,12 @@ class HermesRan:
 
 
 @dataclass(frozen=True, slots=True)
+class EarlierSendsEnded:
+    """The sends an earlier run (or a crashed Delivery) left under way have ended, or
+    waiting for them was given up: their outcomes can be taken, and sending goes on."""
+
+
+@dataclass(frozen=True, slots=True)
 class FilesChanged:
     """inotify saw these names change in the questions directory."""
 

@@ -26,7 +26,7 @@ def _forget_shared_services() -> None:
     """
     runtime._SHARED_LOCK = threading.Lock()
     runtime._SHARED_EDGE = None
-    runtime._spawner.cache_clear()
+    runtime.spawner.cache_clear()
     peer.shared_responses.cache_clear()
 
 

@@ -95,13 +95,13 @@ def test_a_fork_of_a_process_that_ran_tests_gets_shared_services_of_its_own() ->
 
     pool, edge = shared_responses(), runtime.shared_edge()
     assert edge.spawn(asyncio.sleep(0, "ran")).result(5) == "ran"
-    runtime._spawner()
+    runtime.spawner()
     pid = os.fork()
     if pid == 0:  # the child: says what it found by its exit code, and nothing else
         code = 1
         try:
             fresh = runtime.shared_edge()
-            if fresh is not edge and runtime._spawner.cache_info().currsize == 0:
+            if fresh is not edge and runtime.spawner.cache_info().currsize == 0:
                 code = 2
                 child_pool = shared_responses()
                 if child_pool is not pool and child_pool.edge is fresh:

@@ -10,14 +10,11 @@ import asyncio
 import concurrent.futures
 import errno
 import functools
-import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace, TracebackType
 from typing import Any, cast
 
@@ -25,20 +22,15 @@ import pykka
 import pytest
 from pykka._envelope import Envelope
 
-from coms_hermes_bridge.actors import runtime
 from coms_hermes_bridge.actors.runtime import (
-    OUTPUT_TAIL,
     Edge,
     PooledActor,
     PooledChild,
     PoolInbox,
-    ProcessResult,
     Slot,
     StopFlag,
     awaited,
-    kill_group,
     later,
-    run_process,
     shared_edge,
 )
 from coms_hermes_bridge.messages.commands import ChildFailed
@@ -58,20 +50,6 @@ def edge() -> Iterator[Edge]:
     own = Edge("test-edge")
     yield own
     close_edge(own)
-
-
-@pytest.fixture
-def started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
-    """Every process run_process starts, in order, as the spawner made it."""
-    made: list[subprocess.Popen[bytes]] = []
-    real = runtime._popen
-
-    def popen(argv: list[str]) -> subprocess.Popen[bytes]:
-        made.append(real(argv))
-        return made[-1]
-
-    monkeypatch.setattr(runtime, "_popen", popen)
-    return made
 
 
 def after(edge: Edge, delay: float, fn: Callable[..., object], *args: Any) -> None:
@@ -277,253 +255,6 @@ def test_a_reply_after_the_loop_closed_is_dropped_quietly() -> None:
     passed(own)
     close_edge(own)
     replies[0](1)  # nobody waits any more: no error
-
-
-# -- processes (hermes) ---------------------------------------------------------------
-
-
-def _script(tmp_path: Path, body: str) -> list[str]:
-    path = tmp_path / "prog.py"
-    path.write_text(body)
-    return [sys.executable, str(path)]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    return status == "Z"  # killed, waiting for its parent (init) to collect it
-
-
-def test_a_process_exit_status_and_the_tails_of_its_streams(edge: Edge, tmp_path: Path) -> None:
-    # C18: the exit code and the end of hermes' own stderr name the failure
-    argv = _script(tmp_path, "import sys\nsys.stdout.write('o' * 100000 + 'END')\n"
-                             "sys.stderr.write('why')\nsys.exit(3)\n")
-    result = edge.spawn(run_process(argv, 10)).result(15)
-    assert result.returncode == 3
-    assert result.stdout == ("o" * 100000 + "END")[-OUTPUT_TAIL:]
-    assert result.stderr == "why"
-
-
-def test_a_process_past_its_timeout_is_killed_with_its_group_and_gives_no_output(
-    edge: Edge, tmp_path: Path
-) -> None:
-    pids = tmp_path / "pids"
-    argv = _script(tmp_path, "import os, subprocess, sys, time\n"
-                             "child = subprocess.Popen([sys.executable, '-c', "
-                             "'import time; time.sleep(60)'])\n"
-                             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-                             "print('partial', flush=True)\n"
-                             "time.sleep(60)\n")
-    began = time.monotonic()
-    result = edge.spawn(run_process(argv, 0.5)).result(15)
-    assert result == ProcessResult(None, "", "")
-    assert time.monotonic() - began < 5
-    child, grandchild = (int(pid) for pid in pids.read_text().split())
-    wait_for(lambda: _gone(grandchild), what="the grandchild killed with the group")
-    assert _gone(child)
-
-
-def test_a_process_that_outlives_its_kill_is_given_up_after_the_reap_time(
-    edge: Edge, started: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # as one stuck in the kernel: the kill does not take, and the send must end anyway
-    monkeypatch.setattr(runtime, "kill_group", lambda pid: None)
-    try:
-        began = time.monotonic()
-        result = edge.spawn(run_process(["sleep", "60"], 0.1)).result(15)
-        assert result == ProcessResult(None, "", "")
-        assert 0.1 + runtime._REAP_S <= time.monotonic() - began < 10
-        assert started[0].poll() is None  # still there: it was given up, not waited on
-    finally:
-        for proc in started:
-            proc.kill()
-            proc.wait()
-
-
-def test_pipes_a_grandchild_holds_are_not_waited_on(edge: Edge, tmp_path: Path) -> None:
-    # the exit decides: a daemonised grandchild keeping stdout open does not hold the send
-    argv = _script(tmp_path, "import os, subprocess, sys, time\n"
-                             "subprocess.Popen([sys.executable, '-c', "
-                             "'import time; time.sleep(30)'], start_new_session=True)\n"
-                             "print('sent')\n")
-    began = time.monotonic()
-    result = edge.spawn(run_process(argv, 20)).result(25)
-    assert (result.returncode, result.stdout) == (0, "sent\n")
-    assert time.monotonic() - began < 10
-
-
-def test_what_is_in_the_pipes_at_the_exit_is_read_and_decoded_leniently(
-    edge: Edge, tmp_path: Path
-) -> None:
-    # The loop is held while the process writes more than one read takes and exits:
-    # the exit and the output are seen at once, and the rest is read after the exit.
-    go, ready = tmp_path / "go", tmp_path / "ready"
-    argv = _script(tmp_path, "import fcntl, os, time\n"
-                             "fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
-                             f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
-                             f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
-                             "os.write(1, b'a' * 500_000 + b'b' * 4096)\n"
-                             "os.write(2, b'bad \\xff byte')\n"
-                             "os._exit(0)\n")
-    running = edge.spawn(run_process(argv, 10))
-    wait_for(lambda: ready.exists() and ready.read_text(), what="the process started")
-    pid = int(ready.read_text())
-    passed(edge)  # its pipes and its exit are watched by now
-    hold = threading.Event()
-    edge.call(hold.wait, 10)
-    go.touch()
-    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z",
-             what="the process exited, not yet collected")
-    hold.set()
-    result = running.result(15)
-    assert result.returncode == 0
-    assert result.stdout == "b" * OUTPUT_TAIL
-    assert result.stderr == "bad \ufffd byte"
-
-
-def test_processes_start_on_one_spawner_thread_and_read_no_stdin(
-    edge: Edge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # starting one blocks, so it happens on the one thread kept for that, whatever the
-    # load (the daemon's thread count is bounded); hermes must never wait on (or eat)
-    # the daemon's own stdin, whatever it is
-    runtime._spawner.cache_clear()  # made afresh for this test
-    starters: list[str] = []
-    release = threading.Event()
-    real = runtime._popen
-
-    def held_start(argv: list[str]) -> subprocess.Popen[bytes]:
-        starters.append(threading.current_thread().name)
-        release.wait(10)
-        return real(argv)
-
-    monkeypatch.setattr(runtime, "_popen", held_start)
-    argv = _script(tmp_path, "import sys\nprint(repr(sys.stdin.read()))\n")
-    read_end, write_end = os.pipe()  # a stdin that never ends
-    saved = os.dup(0)
-    os.dup2(read_end, 0)
-    try:
-        runs = [edge.spawn(run_process(argv, 10)) for _ in range(3)]
-        wait_for(lambda: starters and runtime._spawner()._work_queue.qsize() == 2,
-                 what="the other two starts asked for while the first one runs")
-        release.set()
-        results = [run.result(15) for run in runs]
-    finally:
-        os.dup2(saved, 0)
-        for fd in (saved, read_end, write_end):
-            os.close(fd)
-        release.set()
-        runtime._spawner().shutdown(wait=True)
-        runtime._spawner.cache_clear()
-    assert [(r.returncode, r.stdout) for r in results] == [(0, "''\n")] * 3
-    assert len(starters) == 3 and len(set(starters)) == 1
-    assert starters[0].startswith("edge-spawn")
-
-
-def test_a_program_that_cannot_start_raises(edge: Edge, tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        edge.spawn(run_process([str(tmp_path / "missing")], 5)).result(5)
-
-
-def test_a_process_given_up_while_it_starts_is_killed(
-    edge: Edge, started: list[subprocess.Popen[bytes]]
-) -> None:
-    busy = threading.Event()
-    runtime._spawner().submit(busy.wait, 10)  # the spawner is busy: the start waits
-    running = edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30))
-    wait_for(lambda: runtime._spawner()._work_queue.qsize() >= 1, what="the start queued")
-    running.cancel()
-    busy.set()
-    wait_for(lambda: started and started[0].returncode is not None, what="killed once started")
-    assert started[0].returncode == -signal.SIGKILL
-    assert started[0].stdout is not None and started[0].stdout.closed  # its pipes with it
-    assert started[0].stderr is not None and started[0].stderr.closed
-
-
-def test_a_missing_program_given_up_while_it_starts_leaves_no_fault(
-    edge: Edge, tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    busy = threading.Event()
-    runtime._spawner().submit(busy.wait, 10)
-    running = edge.spawn(run_process([str(tmp_path / "missing")], 30))
-    wait_for(lambda: runtime._spawner()._work_queue.qsize() >= 1, what="the start queued")
-    running.cancel()
-    busy.set()
-    done = threading.Event()
-    runtime._spawner().submit(done.set)  # after the start that failed
-    assert done.wait(5)
-    passed(edge)
-    assert capfd.readouterr().err == ""
-
-
-def test_a_process_without_a_pidfd_is_killed_and_the_error_raised(
-    edge: Edge, started: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a kernel without pidfd_open (before 5.3): every send fails the same clear way
-    def no_pidfd(pid: int) -> int:
-        raise OSError(38, "Function not implemented")
-
-    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
-    with pytest.raises(OSError, match="Function not implemented"):
-        edge.spawn(run_process([sys.executable, "-c", "import time; time.sleep(60)"], 30)).result(5)
-    assert started[0].wait(5) == -signal.SIGKILL
-    os.fstat(1)  # the process's own descriptors are untouched
-
-
-def test_running_processes_leaks_no_descriptor(
-    edge: Edge, tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
-    def descriptors() -> int:
-        return len(os.listdir("/proc/self/fd"))
-
-    def watched() -> int:  # what the loop's selector still watches
-        return len(edge.loop._selector.get_map())  # type: ignore[attr-defined]
-
-    quick = _script(tmp_path, "print('hi')\n")
-    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
-    passed(edge)  # the loop is up
-    before = descriptors(), watched()
-    for _ in range(5):
-        edge.spawn(run_process(quick, 10)).result(15)
-        edge.spawn(run_process(slow, 0.05)).result(15)
-    assert (descriptors(), watched()) == before
-    # closed by run_process itself, not by the garbage collector some time later
-    assert started and all(p.stdout.closed and p.stderr.closed for p in started)  # type: ignore[union-attr]
-
-
-def test_a_group_gone_or_not_ours_to_signal_is_left_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # never an error on the loop: no such group any more, or its pid reused by another
-    # user's process
-    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
-    proc.wait()
-    kill_group(proc.pid)
-
-    def refused(pid: int, sig: int) -> None:
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(os, "killpg", refused)
-    kill_group(12345)
-
-
-def test_a_stream_that_fails_to_read_counts_as_ended(tmp_path: Path) -> None:
-    removed: list[int] = []
-
-    class Loop:
-        def remove_reader(self, fd: int) -> None:
-            removed.append(fd)
-
-    fd = os.open(tmp_path, os.O_RDONLY)  # a read of it fails (EISDIR)
-    try:
-        tail = bytearray(b"kept")
-        runtime._drain(Loop(), fd, tail, 3)  # type: ignore[arg-type]
-        assert (removed, tail) == ([fd], bytearray(b"kept"))
-    finally:
-        os.close(fd)
 
 
 # -- pooled actors: turns on the loop ---------------------------------------------------

@@ -437,15 +437,17 @@ def test_stop_goes_in_reverse_start_order() -> None:
 
 
 def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> None:
-    # the send cut short and the queued one both reach hermes, in order
-    hermes = FakeHermes(tmp_path / "bin", sleep=30)
+    # the send under way at the crash goes on (hermes is never killed); the successor
+    # waits for it and takes its outcome, then runs the queued one: each once, in order
+    hermes = FakeHermes(tmp_path / "bin", sleep=1)
     slot = Slot("delivery")
     question_a, question_b = FakeRef("a"), FakeRef("b")
 
     others: dict[str, Any] = {role: FakeRef(role) for role in ROLES[1:]}
     config = bridge_config(hermes=str(hermes.path), target="telegram", hermes_profile=None,
-                           send_timeout_ms=60_000)
-    wiring = Wiring(config, cast(Store, Commits()), **{**others, "delivery": slot})
+                           send_timeout_ms=60_000, state_path=tmp_path / "state-d.sqlite3")
+    store = Store.open(config.state_path)
+    wiring = Wiring(config, store, **{**others, "delivery": slot})
 
     def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
         return DeliveryActor.start(wiring, supervisor=sup)
@@ -465,7 +467,9 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     assert question_a.expect(HermesRan) == HermesRan(job_a, None)
     assert question_b.expect(HermesRan) == HermesRan(job_b, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["question A", "question B"]
+    assert len(hermes.started()) == 2
     root.stop()
+    store.shutdown()
 
 
 def test_operator_lines_from_threads_at_once_never_run_together(

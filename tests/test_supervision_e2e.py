@@ -49,12 +49,13 @@ def test_max_open_refuses_the_fourth_prompt_and_keeps_the_three(bridge: Bridge) 
 
 
 def test_a_note_owed_at_sigkill_is_sent_after_restart(bridge: Bridge) -> None:
-    # the cancel note is stored with the cancel; hermes is still
-    # sending it when the daemon is killed; the next start sends it
+    # the cancel note is stored with the cancel; hermes is still sending it when the
+    # daemon is killed; the next start waits for that run and takes its outcome: the note
+    # is sent, once
     bridge.start()
     qid = bridge.ask("Cancel me?")
     bridge.wait_log("delivered", qid)
-    bridge.hermes.configure(sleep=8)
+    bridge.hermes.configure(sleep=1.5)
     bridge.cancel(qid)
     bridge.hermes.wait_started(2)
     assert bridge.proc is not None

@@ -36,6 +36,7 @@ def test_unit_promises_notify_watchdog_restart_and_hardening() -> None:
     assert unit["WatchdogSec"] == ["30s"]
     assert unit["Restart"] == ["on-failure"]
     assert unit["RestartPreventExitStatus"] == [str(EXIT_ALREADY_RUNNING)]  # X13
+    assert unit["KillMode"] == ["process"]  # a send under way outlives a stop
     assert unit["NoNewPrivileges"] == ["yes"]
     assert unit["ProtectSystem"] == ["strict"]
     assert "%h/.pi" in unit["ReadWritePaths"]

@@ -1,0 +1,109 @@
+"""The waiter around one `hermes send`: it outlives the bridge, and leaves the outcome behind.
+
+A bridge killed or stopped while hermes runs must neither lose the send nor make it
+twice: hermes goes on in its own session and may well reach the chat. So the bridge does
+not run hermes itself; it runs this small program, which runs hermes (bounded by the send
+timeout, its whole group killed past it), and writes hermes' exit status and the end of
+its output to the outcome file. The bridge, this run or the next, reads it there.
+
+While it runs, it holds the flock the bridge took on the send's lock file (an fd it
+inherits and keeps open, never passing it to hermes): a restarted bridge that finds the
+lock held knows the send is under way, and waits.
+
+Run with `python -I -S send_waiter.py OUTCOME TIMEOUT_S KEY -- ARGV...`: stdlib only,
+nothing imported from the bridge, so it starts in a few milliseconds and never depends on
+the installed package still being there when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+TAIL = 4096  # bytes of each stream kept: the end says why it failed
+_CHUNK = 65536
+_REAP_S = 2.0  # how long a killed group may take to be gone
+
+
+def _drain(fd: int, tail: bytearray) -> bool:
+    """Read what is there; False once the stream has ended."""
+    try:
+        chunk = os.read(fd, _CHUNK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    tail += chunk
+    del tail[:-TAIL]
+    return bool(chunk)
+
+
+def run(argv: list[str], timeout_s: float) -> dict[str, object]:
+    """Run hermes to its end or its timeout: its status (None: killed at the timeout), or
+    why it could not start, and each stream's tail. The exit decides, read from a pidfd:
+    a grandchild holding the pipes is not waited on."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except (OSError, ValueError) as exc:
+        return {"returncode": None, "error": str(exc), "stdout": "", "stderr": ""}
+    tails = {pipe.fileno(): bytearray() for pipe in (proc.stdout, proc.stderr) if pipe}
+    pidfd = os.pidfd_open(proc.pid)
+    with selectors.DefaultSelector() as selector:
+        selector.register(pidfd, selectors.EVENT_READ)
+        for fd in tails:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        exited = False
+        while not exited and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                if key.fd == pidfd:
+                    exited = True
+                elif not _drain(key.fd, tails[key.fd]):
+                    selector.unregister(key.fd)
+    if not exited:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(_REAP_S)
+        return {"returncode": None, "error": None, "stdout": "", "stderr": ""}
+    proc.wait()
+    for fd, tail in tails.items():
+        for _ in range(64):  # what is in the pipes already; never wait for more
+            if not _drain(fd, tail) or len(tail) >= TAIL:
+                break
+    out, err = (bytes(tail).decode("utf-8", "replace") for tail in tails.values())
+    return {"returncode": proc.returncode, "error": None, "stdout": out, "stderr": err}
+
+
+def write_outcome(path: str, outcome: dict[str, object]) -> None:
+    """Whole or not at all: a temporary name, fsynced, then renamed."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(outcome, ensure_ascii=False))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def main(args: list[str]) -> int:
+    if len(args) < 5 or args[3] != "--":
+        print("usage: send_waiter.py OUTCOME TIMEOUT_S KEY -- ARGV...", file=sys.stderr)
+        return 2
+    path, timeout, key, argv = args[0], float(args[1]), args[2], args[4:]
+    outcome = run(argv, timeout)
+    outcome["key"] = key
+    write_outcome(path, outcome)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
