@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import pykka
 import pytest
@@ -49,7 +49,6 @@ from tests.fakes import (
     ActorRig,
     Boom,
     Child,
-    Commits,
     FakeClock,
     FakeRef,
     FakeSchedule,
