@@ -40,6 +40,11 @@ fuzz *args: venv
 upstream-suite path *args:
     cd "{{invocation_directory()}}" && "{{justfile_directory()}}/scripts/upstream-suite" "$@"
 
+# Exits 1 if an acked question is lost or anything is doubled; flags: scripts/chaos.py --help.
+# The real daemon SIGKILLed every 0.5–1 s while 200 questions are asked and answered.
+chaos *args: venv
+    .venv/bin/python scripts/chaos.py "$@"
+
 # Lint and type-check what ships (mypy on the layout as installed: scripts/stage).
 check: venv
     #!/usr/bin/env bash
