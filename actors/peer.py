@@ -616,9 +616,12 @@ class PeerActor(PooledChild):
                          context_used_pct=0, queue_depth=depth)
 
     def _settle(self, qid: str, owner: str | None) -> None:
-        """The response is no longer owed: out of the durable outbox."""
+        """The response is no longer owed: out of the durable outbox, committed at once
+        (not with the next group): a crash between the asker's ack and the commit would
+        send the asker its response a second time at the next start."""
         try:
             self.w.store.settle(qid, owner)
+            self.w.store.flush()
         except Exception as exc:
             report(f"could not record the response for {qid} as sent: {exc!r}")
 

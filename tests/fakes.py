@@ -797,12 +797,17 @@ class Settles(Commits):
     def __init__(self, fails: Exception | None = None, **commits: Any) -> None:
         super().__init__(**commits)
         self.settled: list[tuple[str, str | None]] = []
+        self.committed: list[tuple[str, str | None]] = []
         self.settle_fails = fails
 
     def settle(self, qid: str, owner: str | None = None) -> None:
         if self.settle_fails is not None:
             raise self.settle_fails
         self.settled.append((qid, owner))
+
+    def flush(self) -> None:
+        self.committed = list(self.settled)  # the settles a crash after this cannot undo
+        super().flush()
 
 
 class PeerRig(WiredRig[PeerActor]):

@@ -496,6 +496,8 @@ def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
         # restart safety: the outbox is cleared once the asker took it
         wait_for(lambda: rig.store.settled, what="settled after the ack")
         assert rig.store.settled == [(QID, "question:q:1")]
+        # committed at once: a crash just after the ack must not send it a second time
+        wait_for(lambda: rig.store.committed == rig.store.settled, what="the settle committed")
     finally:
         asker.close()
 
