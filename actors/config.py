@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -203,10 +204,20 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
 
 
 def home_dir(env: Mapping[str, str]) -> Path:
-    """`$HOME`, else the password database's home (as `~` reads it), else UsageError."""
-    home = env.get("HOME") or os.path.expanduser("~")
-    if not home or home == "~":
-        raise UsageError("HOME is not set")
+    """`$HOME`; when it is unset, the password database's home, as Node's os.homedir()
+    reads it. A HOME set but empty is a mistake, not "unset": read as `~` it was `/`, and
+    the bridge (as root, say) made its files at the filesystem root."""
+    home = env.get("HOME")
+    if home is None:
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = ""
+        if not home:
+            raise UsageError("HOME is not set and the password database has no home for "
+                             f"uid {os.getuid()}")
+    elif not home:
+        raise UsageError("HOME is set but empty: set it to your home directory, or unset it")
     return Path(home)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -173,13 +175,35 @@ def test_a_heartbeat_interval_out_of_range(raw: str) -> None:  # W6: well under 
 
 def test_home_comes_from_the_environment_then_the_password_database(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # W4
+) -> None:  # W4: unset HOME is the password database's home, as Node's os.homedir()
     assert home_dir({"HOME": "/home/op"}) == Path("/home/op")
-    monkeypatch.setattr("os.path.expanduser", lambda path: "/from/passwd" if path == "~" else path)
+    entry = SimpleNamespace(pw_dir="/from/passwd")
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: entry)
+    monkeypatch.setenv("HOME", "/not/this/one")  # the mapping given is read, not os.environ
     assert home_dir({}) == Path("/from/passwd")
-    assert home_dir({"HOME": ""}) == Path("/from/passwd")
-    monkeypatch.setattr("os.path.expanduser", lambda path: path)  # no entry: `~` stays `~`
-    for env in ({}, {"HOME": ""}):
-        with pytest.raises(UsageError) as caught:
-            home_dir(env)
-        assert str(caught.value) == "HOME is not set"
+    entry.pw_dir = ""
+    with pytest.raises(UsageError) as caught:
+        home_dir({})
+    assert str(caught.value) == (
+        f"HOME is not set and the password database has no home for uid {os.getuid()}")
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(uid)
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    with pytest.raises(UsageError) as caught:
+        home_dir({})
+    assert str(caught.value).startswith("HOME is not set and the password database")
+
+
+def test_a_home_set_but_empty_is_refused_not_read_as_the_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W4: read as `~`, HOME="" was `/`, and the bridge wrote /.pi/... there
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: SimpleNamespace(pw_dir="/from/passwd"))
+    with pytest.raises(UsageError) as caught:
+        home_dir({"HOME": ""})
+    assert str(caught.value) == (
+        "HOME is set but empty: set it to your home directory, or unset it")
+    with pytest.raises(UsageError) as caught:  # the daemon's settings and every verb's
+        parse_config([], {"HOME": ""})
+    assert str(caught.value).startswith("HOME is set but empty")

@@ -330,6 +330,18 @@ def test_bad_flags(bridge: Bridge, args: list[str], message: str) -> None:
     assert not any(agents.rglob("*.json")) if agents.exists() else True
 
 
+def test_a_home_set_but_empty_stops_the_daemon_and_every_verb(bridge: Bridge) -> None:
+    # W4: HOME="" once meant `/` (as root, the bridge wrote /.pi/...): one line, exit 1
+    said = "coms-hermes-bridge: HOME is set but empty: set it to your home directory, or unset it\n"
+    done = bridge.run(HOME="")
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", said)
+    qid = new_qid()
+    for verb in (["status"], ["doctor"], ["answer", qid, "yes"], ["cancel", qid]):
+        done = bridge.verb(*verb, HOME="")
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", said), verb
+    assert not bridge.coms.exists()
+
+
 def test_help_and_version(bridge: Bridge) -> None:
     done = bridge.run("--help")
     assert done.returncode == 0 and "--questions-dir" in done.stdout and "--send-timeout" in done.stdout
