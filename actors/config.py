@@ -24,6 +24,7 @@ DEFAULT_NAME = "user-remote"
 DEFAULT_PROJECT = "default"
 DEFAULT_TARGET = "telegram"
 DEFAULT_POLL_MS = 1000
+MIN_POLL_MS = 10
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 SHARED_STATE_NAME = "state.sqlite3"
 DEFAULT_MAX_OPEN = 10_000
@@ -115,7 +116,9 @@ def _parser() -> Parser:
     )
     p.add_argument("--hermes-profile", metavar="PROFILE", help="hermes profile to send with")
     p.add_argument("--timeout", metavar="MS", help="per-question timeout in ms (C16)")
-    p.add_argument("--poll-ms", metavar="MS", help="rescan interval in ms (default: 1000)")
+    p.add_argument(
+        "--poll-ms", metavar="MS", help="rescan interval in ms, at least 10 (default: 1000)"
+    )
     p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
     p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
     # Kept so that a unit written for an older version still starts (X6 no longer waits).
@@ -165,6 +168,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         raise UsageError(f"--hermes-profile must be a safe profile name: {profile!r}")
     timeout = _positive("--timeout", args.timeout)
     poll = _positive("--poll-ms", args.poll_ms) or DEFAULT_POLL_MS  # (never 0: positive)
+    if poll < MIN_POLL_MS:  # a rescan every 1e-9 ms keeps a core busy for nothing
+        raise UsageError(f"--poll-ms must be at least {MIN_POLL_MS} (ms between rescans)")
     send_timeout = _positive("--send-timeout", args.send_timeout) or DEFAULT_SEND_TIMEOUT_MS
     notices: tuple[str, ...] = ()
     if _positive("--claim-ms", args.claim_ms) is not None:

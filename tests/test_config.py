@@ -75,6 +75,8 @@ def test_every_flag() -> None:
         (["--timeout", "-5"], "--timeout must be a positive number"),
         (["--timeout", "nan"], "--timeout must be a positive number"),
         (["--poll-ms", "0"], "--poll-ms must be a positive number"),
+        (["--poll-ms", "1e-9"], "--poll-ms must be at least 10 (ms between rescans)"),
+        (["--poll-ms", "9.99"], "--poll-ms must be at least 10 (ms between rescans)"),
         (["--send-timeout", "0"], "--send-timeout must be a positive number"),
         (["--claim-ms"], "argument --claim-ms: expected one argument"),
         (["--claim-ms", "soon"], "--claim-ms must be a positive number"),
@@ -90,6 +92,11 @@ def test_bad_values(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse_config(argv, ENV)
     assert str(caught.value) == message
+
+
+def test_ten_ms_is_the_shortest_rescan_interval() -> None:
+    # a shorter one spun a core rescanning; 10 ms is still far below the 1 s default
+    assert parse_config(["--poll-ms", "10"], ENV).poll_ms == 10
 
 
 def test_one_is_the_smallest_count() -> None:  # X10
@@ -131,7 +138,7 @@ def test_the_help_gives_every_flag_its_words(capsys: pytest.CaptureFixture[str])
         "--to TARGET hermes target (default: telegram)",
         "--hermes-profile PROFILE hermes profile to send with",
         "--timeout MS per-question timeout in ms (C16)",
-        "--poll-ms MS rescan interval in ms (default: 1000)",
+        "--poll-ms MS rescan interval in ms, at least 10 (default: 1000)",
         "--questions-dir DIR answer-file directory",
         "--send-timeout MS hermes send limit in ms (default: 60000)",
         "--max-open N open questions past which prompts are refused (10000)",

@@ -313,6 +313,7 @@ def test_wire_errors_against_the_daemon(bridge: Bridge) -> None:
         (["--timeout", "abc"], "--timeout must be a positive number"),
         (["--timeout", "0"], "--timeout must be a positive number"),
         (["--poll-ms", "-1"], "--poll-ms must be a positive number"),
+        (["--poll-ms", "1e-9"], "--poll-ms must be at least 10 (ms between rescans)"),
         (["--send-timeout", "x"], "--send-timeout must be a positive number"),
         (["--hermes-profile", "../evil"], "--hermes-profile must be a safe profile name: '../evil'"),
         (["--name", "bad name"], 'invalid name: "bad name"'),
