@@ -304,6 +304,14 @@ def test_wire_errors_against_the_daemon(bridge: Bridge) -> None:
     assert request(bridge.endpoint, {"type": "response", "msg_id": "m"}) == {
         "type": "nack", "msg_id": "m", "error": "bridge accepts prompts, cancels, and pings",
     }
+    # X17: JSON.parse reads 1e400 as Infinity, a number: the line is JSON, the field is named
+    prompt = bridge.asker.prompt_envelope("Ship?")
+    line = json.dumps({**prompt, "hops": "@"}).replace('"@"', "1e400") + "\n"
+    assert request(bridge.endpoint, line.encode()) == {
+        "type": "nack", "msg_id": prompt["msg_id"],
+        "error": "invalid prompt envelope: hops is not a finite number",
+    }
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0  # nothing stored, still serving
 
 
 @pytest.mark.parametrize(
