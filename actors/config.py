@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ DEFAULT_NAME = "user-remote"
 DEFAULT_PROJECT = "default"
 DEFAULT_TARGET = "telegram"
 DEFAULT_POLL_MS = 1000
+MIN_POLL_MS = 10
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 SHARED_STATE_NAME = "state.sqlite3"
 DEFAULT_MAX_OPEN = 10_000
@@ -115,7 +117,9 @@ def _parser() -> Parser:
     )
     p.add_argument("--hermes-profile", metavar="PROFILE", help="hermes profile to send with")
     p.add_argument("--timeout", metavar="MS", help="per-question timeout in ms (C16)")
-    p.add_argument("--poll-ms", metavar="MS", help="rescan interval in ms (default: 1000)")
+    p.add_argument(
+        "--poll-ms", metavar="MS", help="rescan interval in ms, at least 10 (default: 1000)"
+    )
     p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
     p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
     # Kept so that a unit written for an older version still starts (X6 no longer waits).
@@ -165,6 +169,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         raise UsageError(f"--hermes-profile must be a safe profile name: {profile!r}")
     timeout = _positive("--timeout", args.timeout)
     poll = _positive("--poll-ms", args.poll_ms) or DEFAULT_POLL_MS  # (never 0: positive)
+    if poll < MIN_POLL_MS:  # a rescan every 1e-9 ms keeps a core busy for nothing
+        raise UsageError(f"--poll-ms must be at least {MIN_POLL_MS} (ms between rescans)")
     send_timeout = _positive("--send-timeout", args.send_timeout) or DEFAULT_SEND_TIMEOUT_MS
     notices: tuple[str, ...] = ()
     if _positive("--claim-ms", args.claim_ms) is not None:
@@ -211,10 +217,20 @@ def state_file_name(project: str, name: str) -> str:
 
 
 def home_dir(env: Mapping[str, str]) -> Path:
-    """`$HOME`, else the password database's home (as `~` reads it), else UsageError."""
-    home = env.get("HOME") or os.path.expanduser("~")
-    if not home or home == "~":
-        raise UsageError("HOME is not set")
+    """`$HOME`; when it is unset, the password database's home, as Node's os.homedir()
+    reads it. A HOME set but empty is a mistake, not "unset": read as `~` it was `/`, and
+    the bridge (as root, say) made its files at the filesystem root."""
+    home = env.get("HOME")
+    if home is None:
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = ""
+        if not home:
+            raise UsageError("HOME is not set and the password database has no home for "
+                             f"uid {os.getuid()}")
+    elif not home:
+        raise UsageError("HOME is set but empty: set it to your home directory, or unset it")
     return Path(home)
 
 

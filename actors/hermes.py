@@ -46,7 +46,7 @@ from ..messages.contract import (
     Rejected,
     delivery_error,
     grace_ms,
-    js_number,
+    js_string,
     log_record,
     qid_of_name,
     unreadable_note,
@@ -209,7 +209,7 @@ class DeliveryActor(PooledChild):
             return delivery_error(None, outcome.error)
         result = outcome.result
         if result.returncode is None:
-            ms = js_number(self.w.config.send_timeout_ms)
+            ms = js_string(self.w.config.send_timeout_ms)  # X17: 1e-7ms, as upstream says
             return delivery_error(None, f"timed out after {ms}ms")
         if result.returncode == 0:
             return None
@@ -420,7 +420,7 @@ class WatcherActor(PooledChild):
         except OSError as exc:
             if self._heal_failing.happened(cause=exc.errno):  # (the errno picks the type)
                 report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
-                       f"retrying every {self.poll_ms:g}ms")
+                       f"retrying every {js_string(self.poll_ms)}ms")
             return
         if self._heal_failing.over():
             report(f"{self.child_name}: watching {self.questions_dir} again")

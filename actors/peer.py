@@ -43,6 +43,7 @@ from ..messages.wire import (
     invalid_text,
     is_valid_qid,
     loads,
+    loads_envelope,
 )
 from .files import private_dir
 from .registry import (
@@ -120,7 +121,8 @@ def _take_line(buffer: bytearray, eof: bool) -> tuple[bytes | None, bool]:
 
 
 def _refusal(kind: str, exc: ValidationError) -> str:
-    """`kind`, naming the field when its text is not valid Unicode (X12)."""
+    """`kind`, naming the field when its text is not valid Unicode (X12) or its number
+    not finite (X17)."""
     why = invalid_text(exc)
     return kind if why is None else f"{kind}: {why}"
 
@@ -311,7 +313,7 @@ class Listener:
         """The reply for one line, and what to do once it is written: a prompt is acked
         once stored (an ack means it survives a crash); a cancel is acked first (C12)."""
         try:
-            body = loads(line.decode("utf-8"))
+            body = loads_envelope(line.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError is one
             return Nack(msg_id="", error=INVALID_JSON), None
         raw_id = body.get("msg_id") if isinstance(body, dict) else None

@@ -220,16 +220,22 @@ def resolve_identity(
     pid: int,
     now: datetime,
 ) -> PeerIdentity:
-    """Validate, make the places (W1-W3), and claim a unique name (W9, W10)."""
+    """Validate, make the places (W1-W3), and claim a unique name (W9, W10).
+
+    Every directory made here is 0700 whatever the umask (a bare mkdir under umask 000
+    made the registry and the sockets directory writable by every local user); ones
+    that exist already are the pool's, shared with its other peers, and left as they are,
+    bar the root itself (W1).
+    """
     validate_project(project)
     validate_name(requested_name)
-    coms_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(coms_dir, tighten=False)
     with contextlib.suppress(OSError):
         coms_dir.chmod(0o700)
     directory = agents_dir(coms_dir, project)
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory, tighten=False)
     sockets = coms_dir / "sockets"
-    sockets.mkdir(parents=True, exist_ok=True)
+    private_dir(sockets, tighten=False)
     name = unique_name(requested_name, live_names(directory, now, requested_name))
     session_id = str(ULID())
     return PeerIdentity(

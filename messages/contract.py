@@ -14,6 +14,7 @@ import unicodedata
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -70,22 +71,76 @@ def iso(moment: datetime) -> str:
 
 
 def js_number(value: float) -> float:
-    """A number as JavaScript holds it, so it prints and serialises the same: 250, not
-    250.0 (Python keeps int and float apart; a stored REAL comes back a float)."""
+    """A number as JavaScript holds it, so it serialises the same: 250, not 250.0
+    (Python keeps int and float apart; a stored REAL comes back a float)."""
     return int(value) if float(value).is_integer() else float(value)
+
+
+def js_string(value: float) -> str:
+    """X17: a number in a text as JavaScript's String(number) writes it (1e-7, 1e+21,
+    1000), where Python writes 1e-07, 1e21 and 1000.0: the texts are the upstream
+    daemon's, word for word. repr() already gives the shortest round-trip digits, as
+    JavaScript does; only their layout differs."""
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if number == 0:
+        return "0"  # -0 too
+    if number < 0:
+        return "-" + js_string(-number)
+    if math.isinf(number):
+        return "Infinity"
+    _, places, exponent = Decimal(repr(number)).as_tuple()
+    assert isinstance(exponent, int)  # (finite)
+    digits = "".join(map(str, places)).rstrip("0")
+    k, n = len(digits), exponent + len(places)  # value = 0.<digits> x 10^n
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return f"{digits[:n]}.{digits[n:]}"
+    if -6 < n <= 0:
+        return "0." + "0" * -n + digits
+    mantissa = digits[0] + (f".{digits[1:]}" if k > 1 else "")
+    return f"{mantissa}e{'+' if n > 0 else '-'}{abs(n - 1)}"
+
+
+# JavaScript's StringNumericLiteral, what Number(string) reads once trimmed: ASCII
+# digits and no separators, and no sign before a hex, binary or octal literal.
+_JS_NUMERIC = re.compile(
+    r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+    r"|0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+"
+)
+_RADIX = {"x": 16, "X": 16, "b": 2, "B": 2, "o": 8, "O": 8}
+
+
+def js_to_number(text: str) -> float:
+    """X17: `Number(text)`, NaN for what JavaScript cannot read. Python's float() reads
+    `1_000`, `inf`, `nan` and full-width digits, and no `0x10`, so the grammar decides
+    first and float() only converts what it let through."""
+    body = js_trim(text)
+    if not body:
+        return 0.0  # as Number("  ") is: refused by every caller as not > 0
+    if not _JS_NUMERIC.fullmatch(body):
+        return math.nan
+    radix = _RADIX.get(body[1:2]) if body[0] == "0" else None
+    if radix is None:
+        return float(body)  # past a double it is Infinity, as in JavaScript
+    try:
+        return float(int(body[2:], radix))
+    except OverflowError:
+        return math.inf
 
 
 # -- timeouts (C16) -------------------------------------------------------------
 
 
 def parse_positive_ms(raw: str | None) -> float | None:
-    """A positive, finite number of milliseconds, or None when `raw` is not one."""
-    if raw is None or not raw.strip():
+    """C16, X17: milliseconds read as JavaScript's Number() reads them (`0x10`, ` 1e3 `),
+    or None unless they are finite and > 0. No upper bound: Node would fire a timer past
+    2^31-1 ms after 1 ms, and that is not worth copying."""
+    if raw is None:
         return None
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        return None
+    value = js_to_number(raw)
     if not math.isfinite(value) or value <= 0:
         return None
     return js_number(value)
@@ -457,12 +512,12 @@ def remind_note(qid: str, left_s: float, question: str) -> str:
 
 def timeout_note(qid: str, timeout_ms: float) -> str:
     """C17: told to the human when nobody answered in time."""
-    return f"⌛ {hub_tag(qid)} The question timed out after {js_number(timeout_ms)}ms."
+    return f"⌛ {hub_tag(qid)} The question timed out after {js_string(timeout_ms)}ms."
 
 
 def timeout_error(timeout_ms: float) -> str:
     """C17: the error the asker gets on timeout."""
-    return f"no remote answer within {js_number(timeout_ms)}ms"
+    return f"no remote answer within {js_string(timeout_ms)}ms"
 
 
 def delivery_error(exit_code: int | None, stderr: str, stdout: str = "") -> str:

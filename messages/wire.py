@@ -106,11 +106,57 @@ class ValidText(BaseModel):
         return data
 
 
+NOT_FINITE = "not_finite"
+
+
+def non_finite(value: Any) -> bool:
+    """Whether `value` holds a number that is not finite, at any depth (dict keys are
+    strings). Only `loads_envelope` reads one, from a number past a double."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+class FiniteNumbers(BaseModel):
+    """Refuses a model any of whose fields holds a number that is not finite (X17).
+
+    JSON.parse reads `1e400` as Infinity, so an envelope holding one is JSON and its
+    asker is told which field is wrong; but no line we write and no row we store can
+    hold Infinity, so it goes no further than the wire.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                wire_name = field.alias or name
+                value = data.get(wire_name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    why = "{field} is not a finite number"
+                elif non_finite(value):
+                    why = "{field} holds a number that is not finite"
+                else:
+                    continue
+                raise PydanticCustomError(NOT_FINITE, why, {"field": wire_name})
+        return data
+
+
 def invalid_text(exc: ValidationError) -> str | None:
-    """The `<field> is not valid Unicode` reason in a validation error, if that is its cause."""
+    """The reason naming the field in a validation error, if its cause is a value no
+    line can carry: text that is not valid Unicode (X12), a number not finite (X17)."""
     # (pydantic itself lets a lone surrogate through a str field: only ValidText's
     # check ever raises for one)
-    return next((str(e["msg"]) for e in exc.errors() if e["type"] == INVALID_UNICODE), None)
+    named = (INVALID_UNICODE, NOT_FINITE)
+    return next((str(e["msg"]) for e in exc.errors() if e["type"] in named), None)
 
 
 MAX_JSON_DEPTH = 200
@@ -163,6 +209,17 @@ def _finite(text: str) -> float:
 # One decoder for every read, as `_COMPACT` for writes: 5 of json.loads' 7 µs for an
 # answer file were building a decoder for its options.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
+# float() reads a number past a double as infinity, as JSON.parse does
+_ENVELOPE_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _decode(text: str, decoder: json.JSONDecoder) -> Any:
+    if _too_deep(text):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return decoder.decode(text)
+    except RecursionError as exc:  # within the bound too, on a stack nearly used up
+        raise ValueError("JSON nested too deep") from exc
 
 
 def loads(text: str) -> Any:
@@ -170,12 +227,14 @@ def loads(text: str) -> Any:
     ValueError for text that is not JSON, for NaN and Infinity (Python reads them,
     the daemon we replace does not), for a number too large for a double (1e400,
     which it reads as Infinity) and for JSON nested deeper than MAX_JSON_DEPTH."""
-    if _too_deep(text):
-        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        return _DECODER.decode(text)
-    except RecursionError as exc:  # within the bound too, on a stack nearly used up
-        raise ValueError("JSON nested too deep") from exc
+    return _decode(text, _DECODER)
+
+
+def loads_envelope(text: str) -> Any:
+    """`loads` for a line on the socket, where `1e400` is JSON as JSON.parse reads it
+    (Infinity), so that the envelope's own model refuses it naming its field (X17)
+    rather than the whole line being `invalid json`. Nothing else may keep such a value."""
+    return _decode(text, _ENVELOPE_DECODER)
 
 
 LINE_LIMIT = 64 * 1024 - 1
@@ -279,7 +338,7 @@ def _lenient_text(value: Any) -> str:
 LenientText = Annotated[str, BeforeValidator(_lenient_text)]
 
 
-class PromptEnvelope(ValidText, WireModel):
+class PromptEnvelope(ValidText, FiniteNumbers, WireModel):
     """A question from another peer (W14). Its msg_id becomes the qid (C3).
 
     Only the four fields the pool itself checks are strict; the rest are
@@ -314,7 +373,7 @@ class ResponseEnvelope(WireModel):
     error: StrictStr | None = None
 
 
-class CancelEnvelope(ValidText, WireModel):
+class CancelEnvelope(ValidText, FiniteNumbers, WireModel):
     """The asker withdrawing a question it answered elsewhere (C12, W16)."""
 
     type: Literal["cancel"] = "cancel"

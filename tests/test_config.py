@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -73,6 +75,8 @@ def test_every_flag() -> None:
         (["--timeout", "-5"], "--timeout must be a positive number"),
         (["--timeout", "nan"], "--timeout must be a positive number"),
         (["--poll-ms", "0"], "--poll-ms must be a positive number"),
+        (["--poll-ms", "1e-9"], "--poll-ms must be at least 10 (ms between rescans)"),
+        (["--poll-ms", "9.99"], "--poll-ms must be at least 10 (ms between rescans)"),
         (["--send-timeout", "0"], "--send-timeout must be a positive number"),
         (["--claim-ms"], "argument --claim-ms: expected one argument"),
         (["--claim-ms", "soon"], "--claim-ms must be a positive number"),
@@ -88,6 +92,11 @@ def test_bad_values(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse_config(argv, ENV)
     assert str(caught.value) == message
+
+
+def test_ten_ms_is_the_shortest_rescan_interval() -> None:
+    # a shorter one spun a core rescanning; 10 ms is still far below the 1 s default
+    assert parse_config(["--poll-ms", "10"], ENV).poll_ms == 10
 
 
 def test_one_is_the_smallest_count() -> None:  # X10
@@ -129,7 +138,7 @@ def test_the_help_gives_every_flag_its_words(capsys: pytest.CaptureFixture[str])
         "--to TARGET hermes target (default: telegram)",
         "--hermes-profile PROFILE hermes profile to send with",
         "--timeout MS per-question timeout in ms (C16)",
-        "--poll-ms MS rescan interval in ms (default: 1000)",
+        "--poll-ms MS rescan interval in ms, at least 10 (default: 1000)",
         "--questions-dir DIR answer-file directory",
         "--send-timeout MS hermes send limit in ms (default: 60000)",
         "--max-open N open questions past which prompts are refused (10000)",
@@ -173,13 +182,35 @@ def test_a_heartbeat_interval_out_of_range(raw: str) -> None:  # W6: well under 
 
 def test_home_comes_from_the_environment_then_the_password_database(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # W4
+) -> None:  # W4: unset HOME is the password database's home, as Node's os.homedir()
     assert home_dir({"HOME": "/home/op"}) == Path("/home/op")
-    monkeypatch.setattr("os.path.expanduser", lambda path: "/from/passwd" if path == "~" else path)
+    entry = SimpleNamespace(pw_dir="/from/passwd")
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: entry)
+    monkeypatch.setenv("HOME", "/not/this/one")  # the mapping given is read, not os.environ
     assert home_dir({}) == Path("/from/passwd")
-    assert home_dir({"HOME": ""}) == Path("/from/passwd")
-    monkeypatch.setattr("os.path.expanduser", lambda path: path)  # no entry: `~` stays `~`
-    for env in ({}, {"HOME": ""}):
-        with pytest.raises(UsageError) as caught:
-            home_dir(env)
-        assert str(caught.value) == "HOME is not set"
+    entry.pw_dir = ""
+    with pytest.raises(UsageError) as caught:
+        home_dir({})
+    assert str(caught.value) == (
+        f"HOME is not set and the password database has no home for uid {os.getuid()}")
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(uid)
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    with pytest.raises(UsageError) as caught:
+        home_dir({})
+    assert str(caught.value).startswith("HOME is not set and the password database")
+
+
+def test_a_home_set_but_empty_is_refused_not_read_as_the_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W4: read as `~`, HOME="" was `/`, and the bridge wrote /.pi/... there
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: SimpleNamespace(pw_dir="/from/passwd"))
+    with pytest.raises(UsageError) as caught:
+        home_dir({"HOME": ""})
+    assert str(caught.value) == (
+        "HOME is set but empty: set it to your home directory, or unset it")
+    with pytest.raises(UsageError) as caught:  # the daemon's settings and every verb's
+        parse_config([], {"HOME": ""})
+    assert str(caught.value).startswith("HOME is set but empty")

@@ -231,6 +231,16 @@ def test_a_send_past_its_timeout_is_killed_with_its_group(hermes: FakeHermes) ->
     wait_for(lambda: not group_alive(run["pgid"]), timeout=2, what="hermes' group to die")
 
 
+@pytest.mark.parametrize(("send_timeout_ms", "said"), [(1.5e-7, "1.5e-7"), (2e-3, "0.002")])
+def test_the_send_timeout_is_said_as_javascript_prints_it(
+    hermes: FakeHermes, send_timeout_ms: float, said: str
+) -> None:  # C18, X17: Python would say 1.5e-07; upstream says 1.5e-7
+    hermes.configure(sleep=10)
+    rig = DeliveryRig(hermes.path, send_timeout_ms=send_timeout_ms)
+    rig.send("hi")
+    assert rig.told() == (QID, f"hermes send failed: timed out after {said}ms")
+
+
 def test_delivery_goes_on_after_a_timeout(hermes: FakeHermes) -> None:  # C18
     hermes.configure(sleep=10)
     # long enough for the fast run's Python start-up on a loaded machine (200 ms was not)

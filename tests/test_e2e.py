@@ -304,6 +304,14 @@ def test_wire_errors_against_the_daemon(bridge: Bridge) -> None:
     assert request(bridge.endpoint, {"type": "response", "msg_id": "m"}) == {
         "type": "nack", "msg_id": "m", "error": "bridge accepts prompts, cancels, and pings",
     }
+    # X17: JSON.parse reads 1e400 as Infinity, a number: the line is JSON, the field is named
+    prompt = bridge.asker.prompt_envelope("Ship?")
+    line = json.dumps({**prompt, "hops": "@"}).replace('"@"', "1e400") + "\n"
+    assert request(bridge.endpoint, line.encode()) == {
+        "type": "nack", "msg_id": prompt["msg_id"],
+        "error": "invalid prompt envelope: hops is not a finite number",
+    }
+    assert bridge.ping()["agent_card"]["queue_depth"] == 0  # nothing stored, still serving
 
 
 @pytest.mark.parametrize(
@@ -313,6 +321,7 @@ def test_wire_errors_against_the_daemon(bridge: Bridge) -> None:
         (["--timeout", "abc"], "--timeout must be a positive number"),
         (["--timeout", "0"], "--timeout must be a positive number"),
         (["--poll-ms", "-1"], "--poll-ms must be a positive number"),
+        (["--poll-ms", "1e-9"], "--poll-ms must be at least 10 (ms between rescans)"),
         (["--send-timeout", "x"], "--send-timeout must be a positive number"),
         (["--hermes-profile", "../evil"], "--hermes-profile must be a safe profile name: '../evil'"),
         (["--name", "bad name"], 'invalid name: "bad name"'),
@@ -328,6 +337,18 @@ def test_bad_flags(bridge: Bridge, args: list[str], message: str) -> None:
     assert done.stderr == f"coms-hermes-bridge: {message}\n"
     agents = bridge.coms / "projects"
     assert not any(agents.rglob("*.json")) if agents.exists() else True
+
+
+def test_a_home_set_but_empty_stops_the_daemon_and_every_verb(bridge: Bridge) -> None:
+    # W4: HOME="" once meant `/` (as root, the bridge wrote /.pi/...): one line, exit 1
+    said = "coms-hermes-bridge: HOME is set but empty: set it to your home directory, or unset it\n"
+    done = bridge.run(HOME="")
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", said)
+    qid = new_qid()
+    for verb in (["status"], ["doctor"], ["answer", qid, "yes"], ["cancel", qid]):
+        done = bridge.verb(*verb, HOME="")
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", said), verb
+    assert not bridge.coms.exists()
 
 
 def test_help_and_version(bridge: Bridge) -> None:

@@ -37,7 +37,8 @@ MISSING = object()
 # an exception's text above all, is a leak.
 OUR_WORDS = re.compile(
     r"invalid json|line too large|bridge accepts prompts, cancels, and pings"
-    r"|invalid (prompt|cancel) envelope(: [a-z_]+ is not valid Unicode)?"
+    r"|invalid (prompt|cancel) envelope(: [a-z_]+ (is not valid Unicode"
+    r"|is not a finite number|holds a number that is not finite))?"  # X12, X17
     r"|qid \S+ is already in use|bridge has \d+ open questions; try again later",
     re.DOTALL,
 )

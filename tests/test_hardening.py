@@ -151,8 +151,20 @@ def test_registry_dir_deleted_comes_back_within_one_heartbeat(bridge: Bridge) ->
     assert any("agents was gone; made it again (0700)" in line for line in bridge.stderr_lines)
 
 
-def test_umask_000_still_makes_private_files(bridge: Bridge) -> None:
+@pytest.mark.parametrize("coms_in_home", [False, True])
+def test_umask_000_still_makes_private_files(bridge: Bridge, coms_in_home: bool) -> None:
+    # W1-W4: every directory the bridge makes is 0700, the registry's too (a bare mkdir
+    # under umask 000 made `projects/<p>/agents` and `sockets` writable by every user)
+    if coms_in_home:  # PI_COMS_DIR as when unset: the registry makes ~/.pi first
+        bridge.coms = bridge.home / ".pi" / "coms"
+    bridge.home.chmod(0o755)
     bridge.start(preexec=lambda: os.umask(0))
+    made = [bridge.coms, bridge.coms / "projects", bridge.coms / "sockets",
+            bridge.coms / "projects" / "default", bridge.coms / "projects" / "default" / "agents",
+            bridge.home / ".pi", bridge.home / ".pi" / "coms"]
+    assert {str(path): oct(stat.S_IMODE(path.stat().st_mode)) for path in made} == dict.fromkeys(
+        map(str, made), oct(0o700))
+    assert stat.S_IMODE(bridge.home.stat().st_mode) == 0o755  # there already: not ours
     round_trip(bridge, "Private?")
     bridge.wait_log("answered")
     modes = {

@@ -133,18 +133,46 @@ def test_non_utf8_is_invalid_json(peer: PeerRig) -> None:  # W12, W13
     assert exchange(peer.endpoint, b'\xff\xfe{"type":"ping"}\n') == nack("", "invalid json")
 
 
-@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1E+999"])
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
 def test_nan_is_invalid_json_as_for_a_node_peer(peer: PeerRig, constant: bytes) -> None:  # W13
     assert exchange(peer.endpoint, b'{"type":"ping","msg_id":%s}\n' % constant) == nack(
         "", "invalid json")
-    # a prompt otherwise valid, its number NaN (or past a double, read by JavaScript as
-    # Infinity, which no line or row can hold): the line is refused, not the prompt
+    # a prompt otherwise valid, its number NaN or Infinity, which JSON.parse refuses:
+    # the line is refused, not the prompt
     prompt = line(PROMPT).replace(b'"hops": 0', b'"hops":' + constant)
     assert b'"hops":' + constant in prompt
     assert exchange(peer.endpoint, prompt) == nack("", "invalid json")
     schema = line(PROMPT).replace(b'"hops": 0', b'"hops": 0, "response_schema": {"max": %s}' % constant)
     assert exchange(peer.endpoint, schema) == nack("", "invalid json")
     peer.router.assert_nothing()
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1E+999", b"2e308"])
+def test_a_number_past_a_double_is_json_and_its_field_is_named(
+    peer: PeerRig, number: bytes
+) -> None:  # X17, W13, W14: JSON.parse reads it as Infinity, a number, so the line is JSON
+    def holding(body: dict[str, Any], field: str, value: bytes) -> bytes:
+        held = line({**body, field: "@"}).replace(b'"@"', value)
+        assert value in held
+        return held
+
+    for field, value, why in (
+        ("hops", number, "is not a finite number"),
+        ("reply_timeout_ms", b"-" + number.lstrip(b"-"), "is not a finite number"),
+        ("response_schema", b'{"max": %s}' % number, "holds a number that is not finite"),
+        ("conversation_id", b"[1, [%s]]" % number, "holds a number that is not finite"),
+    ):
+        assert exchange(peer.endpoint, holding(PROMPT, field, value)) == nack(
+            QID, f"invalid prompt envelope: {field} {why}")
+    assert exchange(peer.endpoint, holding(CANCEL, "ref_msg_id", number)) == nack(
+        CANCEL["msg_id"], "invalid cancel envelope: ref_msg_id is not a finite number")
+    peer.router.assert_nothing()  # stored nowhere, told to nobody
+    # where no field of ours holds it, nothing is wrong: an unknown field is ignored
+    # (W18), and a ping's msg_id that is no string is answered with "" as any other is
+    extra = holding(PROMPT, "trace", number)
+    assert exchange(peer.endpoint, extra) == f'{{"type":"ack","msg_id":"{QID}"}}\n'.encode()
+    assert peer.router.expect(NewQuestion).envelope.msg_id == QID
+    assert exchange(peer.endpoint, b'{"type":"ping","msg_id":%s}\n' % number) == pong("", 3)
 
 
 @pytest.mark.parametrize(

@@ -436,6 +436,18 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
     first.logger.assert_nothing()  # both are over, their timers fired or cancelled
 
 
+def test_a_deadline_past_2_to_the_31_ms_is_waited_for_whole(store: Store) -> None:
+    # X17, C16: Node would fire such a timer after 1 ms; ours is set for the whole wait
+    wait_s = (2**31 + 1000) / 1000
+    rig = Rig(question_spec(timeout_s=wait_s, deadline=time.time() + wait_s, state="delivered"),
+              store)
+    rig.ref.ask(ran())  # a turn after begin(): its timer is set
+    timer = rig.actor._timer
+    assert timer is not None and not timer.cancelled()
+    assert timer.when() - shared_edge().loop.time() > wait_s - 60
+    rig.logger.assert_nothing()
+
+
 def test_a_restored_question_logs_its_timeout_in_the_bytes_a_fresh_one_does(store: Store) -> None:
     # C17, C20: the row holds timeout_ms as a REAL; read back (a restart), the detail is
     # still the JavaScript number 250 a fresh question logs, not 250.0

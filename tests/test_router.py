@@ -24,6 +24,7 @@ from typing import Any
 import pykka
 import pytest
 
+from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.actors.questions import failed_error
 from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.actors.store import Store
@@ -162,6 +163,16 @@ def test_a_question_gets_the_askers_timeout_and_the_project_line(make: Make) -> 
     assert rig.store.open_spec(QID, child).timeout_ms == 400  # type: ignore[union-attr]
     text = rig.delivery.expect(SendText).text
     assert text.startswith(f"❓ [HUB-Q:{QID}] Ship?\n\n📁 Project: shop\n\nContext: From agent-a")
+
+
+def test_a_timeout_past_2_to_the_31_ms_is_kept_whole(make: Make) -> None:  # X17, C16
+    # Node fires a timer past 2^31-1 ms after 1 ms; here nothing cuts it short
+    config = parse_config(["--timeout", "3e9"], {"HOME": "/home/op"})
+    rig = make(config={"timeout_ms": config.timeout_ms}, clock=lambda: 1000.0)
+    assert rig.admit(prompt_envelope(QID)) is None
+    [(spec, child, _question)] = rig.started[QID]
+    assert (spec.timeout_ms, spec.deadline) == (3_000_000_000, 3_001_000.0)
+    assert rig.store.open_spec(QID, child).timeout_ms == 3_000_000_000  # type: ignore[union-attr]
 
 
 def test_past_max_open_a_prompt_is_refused_and_nothing_is_stored(make: Make) -> None:

@@ -27,7 +27,9 @@ from coms_hermes_bridge.messages.wire import (
     SelectionAnswer,
     dumps,
     fit_line,
+    invalid_text,
     loads,
+    loads_envelope,
     parse_timestamp,
 )
 
@@ -563,3 +565,34 @@ def test_a_number_past_a_double_is_refused_and_every_other_read_as_written() -> 
     assert loads('[1.5, -0.0, 1e308, -1.7976931348623157e308, 5e-324, 1e-400, 7, 1e2]') == [
         1.5, -0.0, 1e308, -1.7976931348623157e308, 5e-324, 0.0, 7, 100.0]
     assert isinstance(loads("1e2"), float) and isinstance(loads("10"), int)
+
+
+def test_a_line_on_the_socket_reads_a_number_past_a_double_as_json_parse_does() -> None:
+    # X17, W13: Infinity for 1e400, so the envelope names its field; NaN and Infinity as
+    # words are still no JSON, and every other reader still refuses 1e400 outright
+    assert loads_envelope('{"hops": 1e400, "n": [-1E+999, 2.5, 7]}') == {
+        "hops": float("inf"), "n": [float("-inf"), 2.5, 7]}
+    for text in ("NaN", '{"a":Infinity}', "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)):
+        with pytest.raises(ValueError):
+            loads_envelope(text)
+    with pytest.raises(ValueError, match="number out of range"):
+        loads('{"hops": 1e400}')
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"hops": float("inf")}, "hops is not a finite number"),
+        ({"hops": float("-inf")}, "hops is not a finite number"),
+        ({"reply_timeout_ms": float("inf")}, "reply_timeout_ms is not a finite number"),
+        ({"response_schema": {"a": [{"b": float("inf")}]}},
+         "response_schema holds a number that is not finite"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_naming_its_field(
+    change: dict[str, object], why: str
+) -> None:  # X17: no line we write, no row we store can hold it
+    with pytest.raises(ValidationError) as caught:
+        PromptEnvelope.model_validate({**PROMPT, **change})
+    assert invalid_text(caught.value) == why
+    assert PromptEnvelope.model_validate({**PROMPT, "trace": float("inf")}).hops == 0  # W18
