@@ -309,17 +309,11 @@ class WatcherActor(PooledChild):
                 self._remove_judged(name, signature)
             case RemoveAnswerFile(name=name, signature=signature, verdict=Rejected() as verdict):
                 self._dispose(name, signature, verdict)
-            case OfferAgain(name=name, signature=None):
+            case OfferAgain(name=name):
                 tracked = self._tracked.get(name)
                 if tracked is not None:  # forget it was handed on; its grace clock stays
                     tracked.handed, tracked.doomed = None, False
                 self._examine(name)
-            case OfferAgain(name=name, signature=signature):
-                tracked = self._tracked.get(name)
-                if self._current(name) == signature and not (tracked and tracked.doomed):
-                    if tracked is not None:
-                        tracked.handed = None
-                    self._examine(name)
             case WatchEnded(wd=wd):
                 if wd == self._wd:
                     self._ensure_watch(force=True)
