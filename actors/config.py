@@ -33,6 +33,11 @@ SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 DEFAULT_HEARTBEAT_MS = 30_000
 HEARTBEAT_ENV = "COMS_HERMES_BRIDGE_HEARTBEAT_MS"
+# The Watcher's safety net: a file handed on and not disposed of is offered again this
+# long after, in case what it was handed to lost it (a crash). Lengthened only by tests
+# that must see no answer rescued by it.
+DEFAULT_REOFFER_MS = 30_000
+REOFFER_ENV = "COMS_HERMES_BRIDGE_REOFFER_MS"
 
 
 class UsageError(Exception):
@@ -57,6 +62,7 @@ class BridgeConfig:
     max_open_per_asker: int | None = None  # X10: off by default, for parity
     remind_before_ms: float | None = None  # X9: off by default, for parity
     heartbeat_ms: float = DEFAULT_HEARTBEAT_MS
+    reoffer_ms: float = DEFAULT_REOFFER_MS
     notices: tuple[str, ...] = ()  # said once on stderr at start (a flag kept but unused)
 
     @property
@@ -93,6 +99,9 @@ environment:
   JOURNAL_STREAM           set by systemd: stderr lines then carry journald priorities
   {HEARTBEAT_ENV}
                            registry heartbeat interval in ms (default: 30000; tests and drills)
+  {REOFFER_ENV}
+                           re-offer of an answer file handed on and not disposed of, in ms
+                           (default: 30000; a safety net, lengthened by tests)
   COMS_HERMES_BRIDGE_DEBUG any value: actor tracebacks on stderr
 
 signals: SIGTERM/SIGINT stop cleanly (exit 0); SIGUSR1 writes every thread's stack to stderr.
@@ -205,6 +214,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         max_open_per_asker=per_asker,
         remind_before_ms=remind,
         heartbeat_ms=_heartbeat_ms(env),
+        reoffer_ms=_reoffer_ms(env),
         notices=notices,
     )
 
@@ -242,4 +252,16 @@ def _heartbeat_ms(env: Mapping[str, str]) -> float:
     value = parse_positive_ms(raw)
     if value is None or value > 60_000:
         raise UsageError(f"{HEARTBEAT_ENV} must be a positive number of ms up to 60000")
+    return value
+
+
+def _reoffer_ms(env: Mapping[str, str]) -> float:
+    """No upper bound: a test sets an hour, so that an answer judged within its deadline
+    was judged by the paths meant to be immediate, never rescued by this net."""
+    raw = env.get(REOFFER_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_REOFFER_MS
+    value = parse_positive_ms(raw)
+    if value is None:
+        raise UsageError(f"{REOFFER_ENV} must be a positive number of ms")
     return value

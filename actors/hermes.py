@@ -52,6 +52,7 @@ from ..messages.contract import (
     unreadable_note,
 )
 from ..messages.wire import RejectReason, is_valid_qid
+from .config import DEFAULT_REOFFER_MS
 from .files import link_new, private_dir
 from .runtime import (
     Episode,
@@ -251,7 +252,7 @@ _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SEL
 _READ_ATTEMPTS = 3
 # A file handed on and not disposed of is offered again after this long, in case the
 # question it went to crashed with it (at least once, not at every rescan).
-DEFAULT_REOFFER_S = 30.0
+DEFAULT_REOFFER_S = DEFAULT_REOFFER_MS / 1000
 TRACK_LIMIT = 10_000  # names remembered
 SCAN_LIMIT = 10_000  # names looked at per rescan
 NOTE_INTERVAL_S = 60.0  # X7: at most one unreadable-answer note per question per minute
@@ -382,17 +383,11 @@ class WatcherActor(PooledChild):
                 self._remove_judged(name, signature)
             case RemoveAnswerFile(name=name, signature=signature, verdict=Rejected() as verdict):
                 self._dispose(name, signature, verdict)
-            case OfferAgain(name=name, signature=None):
+            case OfferAgain(name=name):
                 tracked = self._tracked.get(name)
                 if tracked is not None:  # forget it was handed on; its grace clock stays
                     tracked.handed, tracked.doomed = None, False
                 self._examine(name)
-            case OfferAgain(name=name, signature=signature):
-                tracked = self._tracked.get(name)
-                if self._current(name) == signature and not (tracked and tracked.doomed):
-                    if tracked is not None:
-                        tracked.handed = None
-                    self._examine(name)
             case WatchEnded(wd=wd):
                 if wd == self._wd:
                     self._ensure_watch(force=True)

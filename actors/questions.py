@@ -88,6 +88,10 @@ if TYPE_CHECKING:
     from .supervisor import Wiring
 
 _ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
+# Answer versions remembered per open question, to be judged when it ends (see
+# `_judge_routed`). One is the rule (a second means the human answered twice before the
+# first was taken); past this the Watcher's re-offer is the net.
+ROUTED_LIMIT = 8
 
 # (wiring, spec, child name) -> the question's ref
 QuestionFactory = Callable[["Wiring", QuestionSpec, str], pykka.ActorRef[Any]]
@@ -103,12 +107,15 @@ def failed_error(error: str) -> str:
 @dataclass(slots=True)
 class OpenQuestion:
     """Where to reach one open question, and whose it is (X2). Its state is its row's and
-    its actor's; which answer file it handles is the Watcher's to know."""
+    its actor's; which answer file it handles is the Watcher's to know. `routed` is what
+    the Router told it, kept until it ends: a version it could not take (it closed just
+    ahead of it) is judged then, at once, not when the Watcher offers it again."""
 
     qid: str
     child: str
     slot: Slot
     prompt: PromptEnvelope
+    routed: tuple[tuple[str, FileSignature], ...] = ()
 
 
 class QuestionRouter(PooledChild):
@@ -193,10 +200,10 @@ class QuestionRouter(PooledChild):
                 reply(len(self.open))
             case AnswerFileSeen(name=name, content=content, signature=signature):
                 self._route_answer(name, content, signature)
-            case QuestionClosed(child=child):  # its close is in the store: the one memory
-                question = self._question(child)
+            case QuestionClosed(child=child, answer_file=answer_file):
+                question = self._question(child)  # its close is in the store: the one memory
                 if question is not None:
-                    self._forget(question)
+                    self._ended(question, answer_file)
             case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
                 self._crashed(child, error, unread, shortage)
             case RestartChild(child=child, unread=unread):
@@ -305,11 +312,11 @@ class QuestionRouter(PooledChild):
         """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. An
         answer it was handling may have died with it: its file, if any, is offered again
         now (the Watcher hands a version on once; a second sighting of the file that
-        answered reaches the closed question, is offered again by it and, judged by the
-        Router, removed, not noted)."""
+        answered is routed to the question, dropped by it once closed, and never late:
+        it is the one that answered)."""
         spec = self.w.store.open_spec(question.qid, question.child)
         if spec is None:
-            self._forget(question)
+            self._ended(question, None)
             return
         self.w.watcher.tell(OfferAgain(answer_name(question.qid)))
         self._spawn(question, spec, unread)
@@ -327,6 +334,24 @@ class QuestionRouter(PooledChild):
         if owned:  # else replaced meanwhile: its successor answers for the qid
             self._log(log_record(self.w.now(), qid, "question_failed", {"error": error}))
             self.w.peer.tell(owed)
+            self._judge_routed(question, None)
+
+    def _ended(self, question: OpenQuestion, answer_file: tuple[str, FileSignature] | None
+               ) -> None:
+        self._forget(question)
+        self._judge_routed(question, answer_file)
+
+    def _judge_routed(self, question: OpenQuestion,
+                      answer_file: tuple[str, FileSignature] | None) -> None:
+        """The question has ended, its end in the store: each version routed to it but
+        `answer_file` (the one that answered, if one did) reached it closed, or never
+        will, and it dropped them. They are judged now, as any file of a qid no longer
+        open is, so a late answer gets its note once (C15) from the event that brought
+        it; the Watcher, which hands a version on once, would offer it again only after
+        `reoffer_s`."""
+        for name, signature in question.routed:
+            if (name, signature) != answer_file:
+                self._not_open(name, signature, question.qid)
 
     def _forget(self, question: OpenQuestion) -> None:
         """Its actor has stopped (it crashed) or has its stop queued (it closed, and told
@@ -343,7 +368,11 @@ class QuestionRouter(PooledChild):
         verdict = validate_answer(name, content, self.open)
         match verdict:
             case Accepted(qid=qid, answer=answer):
-                self.open[qid].slot.tell(AnswerArrived(answer, name, signature))
+                question = self.open[qid]
+                version = (name, signature)
+                if version not in question.routed and len(question.routed) < ROUTED_LIMIT:
+                    question.routed += (version,)
+                question.slot.tell(AnswerArrived(answer, name, signature))
             case Rejected(reason="foreign_qid", qid=str(qid)):
                 self._not_open(name, signature, qid)
             case Rejected():
@@ -377,8 +406,8 @@ class QuestionRouter(PooledChild):
                detail: dict[str, Any]) -> None:
         """An answer not passed on that gets the human a note (C15, X11): the note is owed
         (stored) the moment it is decided, and the file removed. The one path for the
-        late rule: a question that closed under its answer has the Watcher offer that
-        version again, and it comes here."""
+        late rule: an answer routed to a question that closed before taking it comes
+        here too, once the question has ended (`_judge_routed`)."""
         self.w.store.owe_note(note)
         self.w.watcher.tell(RemoveAnswerFile(name, signature))
         self._log(log_record(self.w.now(), note.qid, event, detail))
@@ -448,11 +477,11 @@ class QuestionActor(PooledChild):
                     owed = self._owed(mapped.model_dump(mode="json"), None)
                     if self._move("answered", {"answered_by": answer.answered_by}, owed=owed,
                                   answer_file=(name, signature)):
-                        self._close()
+                        self._close((name, signature))
                         self.w.peer.tell(owed)
                         self.w.watcher.tell(RemoveAnswerFile(name, signature))
-                else:  # closed under it: read and judged again, late (C15) by one path
-                    self.w.watcher.tell(OfferAgain(name, signature))
+                # else closed under it: dropped; the Router, which routed it, judges it
+                # late (C15) once it hears of the close
             case CancelRequested():
                 note = self._note(cancel_note(self.qid), "cancel_note")
                 if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},
@@ -532,9 +561,9 @@ class QuestionActor(PooledChild):
         """Tagged with who owes it: the outbox clears that row once the asker has it."""
         return SendResponse(self.spec.prompt, response, error, self.child_name)
 
-    def _close(self) -> None:
+    def _close(self, answer_file: tuple[str, FileSignature] | None = None) -> None:
         """The end is told first, so the open count (ping, C21) is right before anyone
         hears of it; the effects follow in the same turn, then the actor stops."""
         self.release()
-        self.w.router.tell(QuestionClosed(self.qid, self.child_name))
+        self.w.router.tell(QuestionClosed(self.qid, self.child_name, answer_file))
         self.stop()

@@ -178,7 +178,8 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
         "router": lambda sup, n: QuestionRouter.start(
             wiring, supervisor=sup, incarnation=n, question_restarts=question_restarts,
             window_s=window_s, monotonic=monotonic),
-        "watcher": lambda sup, n: WatcherActor.start(wiring, supervisor=sup),
+        "watcher": lambda sup, n: WatcherActor.start(
+            wiring, supervisor=sup, reoffer_s=config.reoffer_ms / 1000),
         "peer": lambda sup, n: PeerActor.start(wiring, supervisor=sup, identity=identity),
     }
     root = RootSupervisor.start(

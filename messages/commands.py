@@ -90,10 +90,14 @@ class RemindDue:
 
 @dataclass(frozen=True, slots=True)
 class QuestionClosed:
-    """The question ended, its close stored (how it ended is the store's to say)."""
+    """The question ended, its close stored (how it ended is the store's to say).
+    `answer_file` is the version that answered it, if one did: the Router judges every
+    other version it routed to the question as late, and needs no read of the store to
+    tell this one apart."""
 
     qid: str
     child: str
+    answer_file: tuple[str, FileSignature] | None
 
 
 # -- delivery through hermes --------------------------------------------------
@@ -173,15 +177,11 @@ class RemoveAnswerFile:
 
 @dataclass(frozen=True, slots=True)
 class OfferAgain:
-    """-> Watcher: hand the file on again now (the watcher otherwise waits its re-offer
-    age). From the Router, with no signature: the question it went to restarted while
-    handling it, and whatever is there now is offered. From a question, with the version
-    it got: it closed under it, and that version, if it is still there and not judged,
-    is judged again as things are now (late, C15; or an answer, if the qid is open again);
-    a newer one is on its way already, or comes with its own event."""
+    """Router -> Watcher: the question this file went to restarted while handling it (or
+    the Router did), so whatever is there now is handed on again at once, not after the
+    Watcher's re-offer age."""
 
     name: str
-    signature: FileSignature | None = None
 
 
 @dataclass(frozen=True, slots=True)

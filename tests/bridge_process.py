@@ -165,8 +165,9 @@ class Bridge:
         assert reply == {"type": "ack", "msg_id": env["msg_id"]}, reply
         return str(env["msg_id"])
 
-    def cancel(self, qid: str, sender: str = "builder") -> dict[str, Any]:
-        env = {
+    @staticmethod
+    def cancel_envelope(qid: str, sender: str = "builder") -> dict[str, Any]:
+        return {
             "type": "cancel",
             "msg_id": new_qid(),
             "from": sender,
@@ -174,6 +175,9 @@ class Bridge:
             "created_at": "2026-11-30T12:00:05.000Z",
             "ref_msg_id": qid,
         }
+
+    def cancel(self, qid: str, sender: str = "builder") -> dict[str, Any]:
+        env = self.cancel_envelope(qid, sender)
         reply: dict[str, Any] = request(self.endpoint, env)
         assert reply == {"type": "ack", "msg_id": env["msg_id"]}, reply
         return reply

@@ -609,9 +609,9 @@ class RouterRig(WiredRig[QuestionRouter]):
 
     def close(self, qid: str, state: State | None, child: str, **stored: Any) -> None:
         """What a question does as it ends: its close stored (the one memory of how it
-        ended), then said to the Router."""
+        ended), then said to the Router, with the answer file that closed it, if any."""
         self.store.close(qid, state, owner=child, **stored)
-        self.ref.tell(QuestionClosed(qid, child))
+        self.ref.tell(QuestionClosed(qid, child, stored.get("answer_file")))
 
 
 class _FakeChild:

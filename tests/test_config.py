@@ -180,6 +180,21 @@ def test_a_heartbeat_interval_out_of_range(raw: str) -> None:  # W6: well under 
         "COMS_HERMES_BRIDGE_HEARTBEAT_MS must be a positive number of ms up to 60000")
 
 
+@pytest.mark.parametrize(("raw", "ms"), [("", 30_000), (" ", 30_000), ("250", 250),
+                                         ("3600000", 3_600_000)])
+def test_the_reoffer_interval(raw: str, ms: float) -> None:  # the Watcher's safety net
+    env = {**ENV, "COMS_HERMES_BRIDGE_REOFFER_MS": raw}
+    assert parse_config([], env).reoffer_ms == ms
+    assert parse_config([], ENV).reoffer_ms == 30_000
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "soon", "inf"])
+def test_a_reoffer_interval_that_is_no_positive_number(raw: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_config([], {**ENV, "COMS_HERMES_BRIDGE_REOFFER_MS": raw})
+    assert str(caught.value) == "COMS_HERMES_BRIDGE_REOFFER_MS must be a positive number of ms"
+
+
 def test_home_comes_from_the_environment_then_the_password_database(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # W4: unset HOME is the password database's home, as Node's os.homedir()

@@ -31,7 +31,6 @@ from coms_hermes_bridge.messages.commands import (
     FileSignature,
     HermesRan,
     LogEvent,
-    OfferAgain,
     QuestionClosed,
     QuestionSpec,
     RemindDue,
@@ -173,7 +172,7 @@ def test_delivery_failure_drops_the_question_and_tells_the_asker(
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "hermes send failed (3): chat not found", NAME
     )
-    assert rig.router.next() == QuestionClosed(QID, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME, None)
     rig.stopped()
     rig.router.assert_nothing()  # closed exactly once
     assert store.load() == ([], [])  # C18: no trace of the qid as closed
@@ -203,7 +202,8 @@ def test_answer_closes_the_question(
     assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
     assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None, NAME)
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
-    assert rig.router.next() == QuestionClosed(QID, NAME)
+    # the Router is told which file answered: every other version it routed here is late
+    assert rig.router.next() == QuestionClosed(QID, NAME, (f"{QID}.answer.json", SIG))
     rig.stopped()
     rig.router.assert_nothing()
     # it let go of its timers once (at its close): its stop found nothing more to do
@@ -223,7 +223,7 @@ def test_cancel_sends_the_note_and_no_response(start: Start, delivered: bool) ->
     assert note.purpose == "cancel_note" and note.reply_to is None
     assert note.note_id == f"{NAME}:cancel_note"
     assert note.text == f"✖ [HUB-Q:{QID}] The question was cancelled — it was answered from the console."
-    assert rig.router.next() == QuestionClosed(QID, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME, None)
     rig.stopped()
     rig.peer.assert_nothing()
 
@@ -242,7 +242,7 @@ def test_timer_expiry(start: Start, delivered: bool) -> None:
     assert rig.peer.expect(SendResponse) == SendResponse(
         PROMPT, None, "no remote answer within 250ms", NAME
     )
-    assert rig.router.next() == QuestionClosed(QID, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME, None)
 
 
 @pytest.mark.parametrize(
@@ -250,19 +250,22 @@ def test_timer_expiry(start: Start, delivered: bool) -> None:
     [(answer("1"), "answered"), (CancelRequested(), "cancelled"), (TimedOut(), "timeout")],
 )
 def test_answer_after_each_terminal_state_is_late(start: Start, closing: Any, state: str) -> None:
-    # C15, C19: answered|cancelled|timeout + late_answer -> unchanged
+    # C15, C19: answered|cancelled|timeout + late_answer -> unchanged. The question
+    # drops the answer that reached it closed: the Router routed it, and judges it late
+    # (C15) once it hears of the close, by the one path that owes the note (test_router)
     rig = start()
     rig.sync()
     with actors_held():  # both queued at once
         rig.slot.tell(closing)
         rig.slot.tell(answer("2", NEWER))  # queued before the actor stops itself
-    assert rig.router.next() == QuestionClosed(QID, NAME)
-    rig.stopped()
-    # told after its close, so that version is read again and the Router judges it
-    # knowing the question is closed: late (C15), by the one path that owes the note
     name = f"{QID}.answer.json"
-    used = [RemoveAnswerFile(name, SIG)] if state == "answered" else []  # answer 1's file
-    assert rig.rest("watcher") == [*used, OfferAgain(name, NEWER)]
+    answered = (name, SIG) if state == "answered" else None  # answer 1's file
+    assert rig.router.next() == QuestionClosed(QID, NAME, answered)
+    rig.stopped()
+    assert rig.events(2)[1][0] == state  # (after question_received) and nothing more:
+    assert rig.rest("logger") == []  # no late_answer from here, and no second close
+    assert rig.rest("watcher") == ([RemoveAnswerFile(name, SIG)] if answered else [])
+    assert len(rig.rest("peer")) == (state != "cancelled")  # the close's response alone
     rig.router.assert_nothing()  # closed exactly once
 
 
@@ -356,7 +359,7 @@ def test_a_replaced_question_does_nothing_more(start: Start, store: Store,
     store.put_open(successor, owner="question:x:2")
     rig.slot.tell(event)
     # its supervisor forgets it (nothing to restart, nothing to watch over)
-    assert rig.router.next() == QuestionClosed(QID, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME, None)
     rig.stopped()
     rig.logger.assert_nothing()
     rig.peer.assert_nothing()
@@ -370,7 +373,7 @@ def test_a_replaced_question_does_nothing_more(start: Start, store: Store,
 def test_restart_in_a_terminal_state_closes_at_once(start: Start, state: State) -> None:
     # crashed after its end but before reporting it: it must not linger as open
     rig = start(state=state)
-    assert rig.router.next() == QuestionClosed(QID, NAME)
+    assert rig.router.next() == QuestionClosed(QID, NAME, None)
     rig.stopped()
     rig.logger.assert_nothing()
     rig.router.assert_nothing()

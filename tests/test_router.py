@@ -25,7 +25,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
-from coms_hermes_bridge.actors.questions import failed_error
+from coms_hermes_bridge.actors.questions import ROUTED_LIMIT, failed_error
 from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervisor import Wiring
@@ -56,7 +56,7 @@ from coms_hermes_bridge.messages.contract import (
     parse_prompt,
     undelivered_note,
 )
-from coms_hermes_bridge.messages.wire import CancelEnvelope
+from coms_hermes_bridge.messages.wire import AnswerFile, CancelEnvelope
 from tests.fakes import (
     Boom,
     FakeClock,
@@ -292,7 +292,7 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(
     rig = make()
     _spec, child, question = rig.opened(prompt_envelope(QIDS[0]))
     slot = rig.actor.open[QIDS[0]].slot
-    rig.ref.tell(QuestionClosed(QIDS[0], "question:someone-else"))
+    rig.ref.tell(QuestionClosed(QIDS[0], "question:someone-else", None))
     assert rig.depth() == 1
     rig.close(QIDS[0], "answered", child)
     assert rig.depth() == 0
@@ -455,6 +455,102 @@ def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: 
     rig.ref.tell(seen(QIDS[0], signature=other))
     assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, other)
     assert rig.logger.expect(LogEvent).record.event == "late_answer"
+
+
+def _settled(rig: RouterRig) -> None:
+    """Nothing more is told or owed than the test has read, once the Router's turns are done."""
+    rig.depth()
+    for fake in (rig.watcher, rig.logger, rig.delivery, rig.peer):
+        fake.assert_nothing()
+
+
+@pytest.mark.parametrize("state", ["cancelled", "timeout"])
+def test_an_answer_routed_to_a_question_that_closed_before_taking_it_is_late_at_once(
+    make: Make, state: str
+) -> None:
+    # C15: the cancel (or the timer) and the answer crossed: the Router routed the file
+    # to a question that closed before reading it, and the question dropped it. Once the
+    # Router hears of the close, the version is judged late from that event: its note
+    # owed and sent, the file to go, the line logged; once, though it was seen twice
+    rig = make()
+    _spec, child, question = rig.opened(prompt_envelope(QID))
+    rig.delivery.expect(SendText)  # the question itself
+    name = f"{QID}.answer.json"
+    rig.ref.tell(seen(QID))
+    rig.ref.tell(seen(QID))  # the same version again (a second event for it)
+    rig.depth()
+    assert [type(question.next()) for _ in range(2)] == [AnswerArrived, AnswerArrived]
+    _settled(rig)  # routed, not judged: the question may yet take it
+    rig.close(QID, state, child)  # type: ignore[arg-type]
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    record = rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event, record.detail) == (QID, "late_answer", {"state": state})
+    [note] = _late_notes(rig, 1)
+    assert note.text == late_note(QID)
+    assert rig.store.owed_notes() == [note]
+    _settled(rig)
+    assert rig.depth() == 0
+
+
+def test_the_answer_that_closed_its_question_is_not_late_and_a_second_one_is(
+    make: Make,
+) -> None:
+    # C11, C15: the file that answered is the question's to remove, and it is not late;
+    # a second version routed behind it (the human answered twice) is
+    rig = make()
+    _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
+    _spec, other, _question = rig.opened(prompt_envelope(QIDS[1]))
+    rig.delivery.expect(SendText)
+    rig.delivery.expect(SendText)
+    newer = FileSignature(SIG.inode + 1, SIG.size, SIG.mtime_ns + 1)
+    first, second = f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"
+    rig.ref.tell(seen(QIDS[0]))
+    rig.ref.tell(seen(QIDS[1]))
+    rig.ref.tell(seen(QIDS[1], signature=newer))
+    rig.close(QIDS[0], "answered", child, answer_file=(first, SIG))
+    _settled(rig)  # the one that answered: nothing from the Router
+    rig.close(QIDS[1], "answered", other, answer_file=(second, SIG))
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(second, newer)
+    record = rig.logger.expect(LogEvent).record
+    assert (record.qid, record.event, record.detail) == (
+        QIDS[1], "late_answer", {"state": "answered"})
+    assert [n.qid for n in _late_notes(rig, 1)] == [QIDS[1]]
+    _settled(rig)
+
+
+def test_a_question_remembers_a_few_versions_routed_to_it_and_leaves_more_to_the_watcher(
+    make: Make,
+) -> None:
+    # bounded: past ROUTED_LIMIT versions the Watcher's re-offer is the net
+    rig = make()
+    _spec, child, _question = rig.opened(prompt_envelope(QID))
+    rig.delivery.expect(SendText)
+    versions = [FileSignature(SIG.inode + n, SIG.size, SIG.mtime_ns) for n in range(9)]
+    for version in versions:
+        rig.ref.tell(seen(QID, signature=version))
+    rig.close(QID, "cancelled", child)
+    judged = [rig.watcher.expect(RemoveAnswerFile).signature for _ in range(ROUTED_LIMIT)]
+    assert judged == versions[:ROUTED_LIMIT] and ROUTED_LIMIT == 8
+    assert len(_late_notes(rig, ROUTED_LIMIT)) == ROUTED_LIMIT
+    assert len(_late_records(rig, ROUTED_LIMIT)) == ROUTED_LIMIT
+    _settled(rig)
+
+
+def test_an_answer_routed_to_a_question_whose_delivery_failed_gets_the_human_a_note_at_once(
+    make: Make,
+) -> None:
+    # X11: hermes failed as the answer came: not late (the question never was, C19), but
+    # the human is told at once, as for any later file of it
+    rig = make()
+    _spec, child, _question = rig.opened(prompt_envelope(QID))
+    rig.delivery.expect(SendText)
+    rig.ref.tell(seen(QID))
+    rig.close(QID, None, child, undelivered_at=time.time())
+    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
+    assert rig.logger.expect(LogEvent).record.detail == {
+        "reason": "foreign_qid", "file": f"{QID}.answer.json", "delivery_failed": True}
+    assert rig.delivery.expect(SendText).text == undelivered_note(QID)
+    _settled(rig)
 
 
 @pytest.mark.parametrize("how", ["open", "closed", "undelivered"])
@@ -796,6 +892,55 @@ def test_a_poison_question_is_closed_with_an_error_and_the_rest_lives_on(
     assert c.rig.admit(prompt_envelope(QIDS[1])) is None and c.rig.depth() == 1
 
 
+def test_an_answer_routed_to_a_poison_question_is_judged_as_it_closes(
+    crashing: Crashing,
+) -> None:
+    # closed with no state (C19): its answer is a file no question of ours has, judged
+    # at once as foreign (removed, logged by the Watcher), not left for the re-offer
+    c = crashing
+    c.rig.ref.tell(seen(QID))
+    assert c.seen.next() == (0, AnswerArrived(AnswerFile.model_validate_json(answer_file(QID)),
+                                              f"{QID}.answer.json", SIG))
+    for _ in range(3):
+        c.crash()
+        assert c.rig.watcher.expect(OfferAgain) == OfferAgain(f"{QID}.answer.json")
+    c.slot.tell(Boom())
+    c.rig.peer.expect(SendResponse)
+    assert c.rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
+        f"{QID}.answer.json", SIG, Rejected("foreign_qid", QID))
+    c.rig.depth()
+    c.rig.watcher.assert_nothing()
+    c.rig.delivery.expect(SendText)  # the question itself
+    c.rig.delivery.assert_nothing()  # no late note: it was never answered, cancelled or timed out
+
+
+def test_an_answer_routed_before_a_restart_is_late_once_the_question_closes(
+    crashing: Crashing,
+) -> None:
+    # C15: the Router's memory of what it routed is the question's, not an incarnation's;
+    # and a question that stored its close but crashed before saying so is judged the same
+    c = crashing
+    name = f"{QID}.answer.json"
+    c.rig.ref.tell(seen(QID))
+    c.crash()
+    assert c.rig.watcher.expect(OfferAgain) == OfferAgain(name)
+    c.rig.ref.tell(seen(QID))  # the Watcher's answer: the same version, routed again
+    c.rig.store.close(QID, "cancelled", owner=c.child)  # its close, then a crash
+    before = c.slot.ref
+    c.slot.tell(Boom())
+    wait_for(lambda: before is not None and not before.is_alive(), what="the question crashed")
+    assert c.rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    record = c.rig.logger.expect(LogEvent).record
+    assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
+    assert c.rig.depth() == 0
+    assert len(c.starts) == 2  # not started again: nothing left to resume
+    c.rig.watcher.assert_nothing()
+    c.rig.logger.assert_nothing()
+    assert [n.purpose for n in (c.rig.delivery.expect(SendText), c.rig.delivery.expect(SendText))
+            ] == ["question", "late_note"]
+    c.rig.delivery.assert_nothing()
+
+
 def test_restarts_spread_over_time_are_not_poison(crashing: Crashing) -> None:
     c = crashing
     for _ in range(3):
@@ -941,10 +1086,10 @@ def test_word_from_a_question_it_no_longer_runs_changes_nothing(
     assert c.reported.expect(ChildFailed).child == c.child  # crashed after its close
     for message in (
         RestartChild(c.child, ("x",)),
-        QuestionClosed(QID, c.child),
+        QuestionClosed(QID, c.child, None),
         ChildFailed(f"question:{QIDS[1]}:an-older-child", "RuntimeError: boom"),
         RestartChild(f"question:{QIDS[1]}:an-older-child"),
-        QuestionClosed(QIDS[1], f"question:{QIDS[1]}:an-older-child"),
+        QuestionClosed(QIDS[1], f"question:{QIDS[1]}:an-older-child", None),
         ChildFailed(f"question:{QIDS[5]}:t.0.9", "RuntimeError: boom"),
         ChildFailed("no-question-at-all", "RuntimeError: boom"),
     ):

@@ -117,6 +117,7 @@ def test_help_lists_the_environment_the_daemon_reads(bridge: Bridge) -> None:
     done = bridge.run("--help")
     assert done.returncode == 0
     for name in ("HOME", "PI_COMS_DIR", "PI_COMS_TIMEOUT_MS", "NOTIFY_SOCKET", "WATCHDOG_USEC",
-                 "JOURNAL_STREAM", "COMS_HERMES_BRIDGE_HEARTBEAT_MS", "COMS_HERMES_BRIDGE_DEBUG"):
+                 "JOURNAL_STREAM", "COMS_HERMES_BRIDGE_HEARTBEAT_MS", "COMS_HERMES_BRIDGE_REOFFER_MS",
+                 "COMS_HERMES_BRIDGE_DEBUG"):
         assert f"\n  {name}" in done.stdout, name
     assert "status [--project P] [--json]" in done.stdout and "SIGUSR1" in done.stdout

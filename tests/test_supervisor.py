@@ -91,6 +91,14 @@ def test_restart_bound_exceeded_is_fatal(tree: Tree) -> None:
     assert tree.fatal[0].startswith("logger crashed 4 times within 10s")
 
 
+def test_the_watcher_offers_again_after_the_span_the_environment_sets() -> None:
+    # a test's way to see that no answer is rescued by the 30 s safety net
+    with running_tree(env={"COMS_HERMES_BRIDGE_REOFFER_MS": "3600000"}) as running:
+        assert running.child_ref("watcher")._actor_weakref().reoffer_s == 3600
+    with running_tree() as running:
+        assert running.child_ref("watcher")._actor_weakref().reoffer_s == 30
+
+
 def test_deleted_questions_directory_heals(tree: Tree) -> None:
     # the watcher makes its directory again and watches it anew, without
     # failing: deleting it repeatedly must not become a crash loop

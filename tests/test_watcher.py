@@ -296,30 +296,6 @@ def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:
     rig.router.assert_nothing()
 
 
-def test_a_question_closed_under_a_version_has_that_version_offered_again_only(
-    tmp_path: Path, refused_renames: list[bool]
-) -> None:  # C15: one judgement, one note per version, whichever way it comes back
-    refused_renames[0] = False
-    rig = start(tmp_path, clock=FakeClock(), reoffer_s=30)
-    rig.sync()
-    first = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.ref.tell(OfferAgain(NAME, first))  # still there, not judged: judged again
-    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, first)
-    newer = ANSWER.replace(b'"yes"', b'"no"')
-    second = write(rig.dir / NAME, newer)
-    assert rig.seen(newer).signature == second  # on its way by its own event
-    rig.ref.tell(OfferAgain(NAME, first))  # the version that closed the question is gone
-    rig.ref.tell(OfferAgain(OTHER, first))  # and this name never was
-    rig.sync()
-    rig.router.assert_nothing()  # never a second hand-over of the newer one
-    refused_renames[0] = True
-    rig.ref.tell(RemoveAnswerFile(NAME, second))  # judged; it cannot go for now
-    rig.ref.tell(OfferAgain(NAME, second))
-    rig.sync()
-    rig.router.assert_nothing()  # judged once: not offered for a second judgement
-
-
 def test_a_version_offered_again_that_cannot_be_read_now_is_read_at_the_next_rescan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # C15: offered again means not handed on, until it is read
@@ -336,7 +312,7 @@ def test_a_version_offered_again_that_cannot_be_read_now_is_read_at_the_next_res
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", open_once_refused)
-    rig.ref.tell(OfferAgain(NAME, signature))  # its read fails: not handed on
+    rig.ref.tell(OfferAgain(NAME))  # its read fails: not handed on
     rig.sync()
     rig.router.assert_nothing()
     rig.ref.tell(Rescan())  # so the next look reads it, long before the re-offer age

@@ -88,12 +88,14 @@ class Tree:
 
 
 @contextmanager
-def running_tree(*flags: str, options: dict[str, Any] | None = None) -> Iterator[Tree]:
-    """Start the tree (with daemon `flags`), wait for the peer, stop it all afterwards.
-    `options` go to start_tree (3 restarts in 10 s unless they say otherwise)."""
+def running_tree(*flags: str, options: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None) -> Iterator[Tree]:
+    """Start the tree (with daemon `flags`, and `env` beside its HOME and PI_COMS_DIR),
+    wait for the peer, stop it all afterwards. `options` go to start_tree (3 restarts in
+    10 s unless they say otherwise)."""
     base = Path(tempfile.mkdtemp(prefix="chs", dir="/tmp"))
     hermes = FakeHermes(base / "bin")
-    env = {"HOME": str(base / "h"), "PI_COMS_DIR": str(base / "c")}
+    env = {"HOME": str(base / "h"), "PI_COMS_DIR": str(base / "c"), **(env or {})}
     config = parse_config(["--poll-ms", "100", *flags], env)
     config = type(config)(**{**config.__dict__, "hermes": str(hermes.path)})
     identity = resolve_identity(
