@@ -136,7 +136,8 @@ def test_an_answer_racing_its_cancel_is_judged_at_once(bridge: Bridge) -> None:
 
     bridge.start(COMS_HERMES_BRIDGE_REOFFER_MS="3600000")
     qids = [bridge.ask(f"race {n}?") for n in range(RACES)]
-    wait_for(lambda: len(sent()) == RACES, what="every question delivered")
+    # (each send starts a waiter process: about 20 ms a send, one at a time)
+    wait_for(lambda: len(sent()) == RACES, 60, "every question delivered")
     together = threading.Barrier(2, timeout=5)
 
     def answer_each() -> None:
