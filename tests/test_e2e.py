@@ -184,7 +184,7 @@ def test_an_answer_racing_its_cancel_is_judged_at_once(bridge: Bridge) -> None:
     assert late, "no race ended in a late answer: nothing was tested"
     # every note decided by now is sent before a question asked now (Delivery keeps order)
     last = bridge.ask("the last?")
-    wait_for(lambda: f"[HUB-Q:{last}]" in "".join(sent()[-1:]), what="the last question sent")
+    wait_for(lambda: f"[HUB-Q:{last}]" in "".join(sent()[-1:]), 60, "the last question sent")
     assert sorted(sent()[RACES:-1]) == sorted(
         [f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
          for qid in late]
