@@ -124,9 +124,9 @@ def test_an_answer_racing_its_cancel_is_judged_at_once(bridge: Bridge) -> None:
     # (the re-offer) an hour away. Whichever the question took first decides; the other
     # is judged at once. A late answer gets its note, its file removed and its log line,
     # once each; the file that answered gets none of them. (Before the Router judged
-    # what it had routed to a question that closed, a few in ten were lost until the
-    # re-offer.) hermes is a one-line shell script recording the texts it is given, so
-    # the questions and up to twice as many notes go in a moment.
+    # what it had routed to a question that closed, 17 to 50 of the 150 races lost
+    # their answer until the re-offer, from run to run.) hermes is a one-line shell script recording the texts
+    # it is given, so the questions and up to twice as many notes go in a moment.
     texts = bridge.base / "texts"
     bridge.hermes.path.write_text(
         f'#!/bin/sh\nfor last; do :; done\nprintf "%s\\0" "$last" >> {shlex.quote(str(texts))}\n')
@@ -191,7 +191,7 @@ def test_an_answer_racing_its_cancel_is_judged_at_once(bridge: Bridge) -> None:
         + [f"ℹ [HUB-Q:{qid}] This question is already closed; the late answer was ignored."
            for qid in late])
     # each answered asker got its response; a cancelled one none (C13)
-    wait_for(lambda: bridge.owed() == 0, what="every response acked")
+    wait_for(lambda: bridge.owed() == 0, timeout=15, what="every response acked")
     assert sorted(bridge.asker.arrivals) == sorted(answered)
 
 
