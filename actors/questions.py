@@ -88,10 +88,6 @@ if TYPE_CHECKING:
     from .supervisor import Wiring
 
 _ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
-# Answer versions remembered per open question, to be judged when it ends (see
-# `_judge_routed`). One is the rule (a second means the human answered twice before the
-# first was taken); past this the Watcher's re-offer is the net.
-ROUTED_LIMIT = 8
 
 # (wiring, spec, child name) -> the question's ref
 QuestionFactory = Callable[["Wiring", QuestionSpec, str], pykka.ActorRef[Any]]
@@ -107,15 +103,17 @@ def failed_error(error: str) -> str:
 @dataclass(slots=True)
 class OpenQuestion:
     """Where to reach one open question, and whose it is (X2). Its state is its row's and
-    its actor's; which answer file it handles is the Watcher's to know. `routed` is what
-    the Router told it, kept until it ends: a version it could not take (it closed just
-    ahead of it) is judged then, at once, not when the Watcher offers it again."""
+    its actor's; which answer file it handles is the Watcher's to know. `routed` is the
+    newest version of its answer file the Router told it, kept until it ends: one it could
+    not take (it closed just ahead of it) is judged then, at once, not when the Watcher
+    offers it again. Only the newest: every version has the one name, so an older one is
+    no longer on disk, and judging it would tell the human of a late answer twice."""
 
     qid: str
     child: str
     slot: Slot
     prompt: PromptEnvelope
-    routed: tuple[tuple[str, FileSignature], ...] = ()
+    routed: tuple[str, FileSignature] | None = None
 
 
 class QuestionRouter(PooledChild):
@@ -343,15 +341,14 @@ class QuestionRouter(PooledChild):
 
     def _judge_routed(self, question: OpenQuestion,
                       answer_file: tuple[str, FileSignature] | None) -> None:
-        """The question has ended, its end in the store: each version routed to it but
-        `answer_file` (the one that answered, if one did) reached it closed, or never
-        will, and it dropped them. They are judged now, as any file of a qid no longer
+        """The question has ended, its end in the store: the version last routed to it,
+        unless it is `answer_file` (the one that answered, if one did), reached it closed,
+        or never will, and it dropped it. It is judged now, as any file of a qid no longer
         open is, so a late answer gets its note once (C15) from the event that brought
         it; the Watcher, which hands a version on once, would offer it again only after
         `reoffer_s`."""
-        for name, signature in question.routed:
-            if (name, signature) != answer_file:
-                self._not_open(name, signature, question.qid)
+        if question.routed is not None and question.routed != answer_file:
+            self._not_open(*question.routed, question.qid)
 
     def _forget(self, question: OpenQuestion) -> None:
         """Its actor has stopped (it crashed) or has its stop queued (it closed, and told
@@ -369,9 +366,7 @@ class QuestionRouter(PooledChild):
         match verdict:
             case Accepted(qid=qid, answer=answer):
                 question = self.open[qid]
-                version = (name, signature)
-                if version not in question.routed and len(question.routed) < ROUTED_LIMIT:
-                    question.routed += (version,)
+                question.routed = (name, signature)
                 question.slot.tell(AnswerArrived(answer, name, signature))
             case Rejected(reason="foreign_qid", qid=str(qid)):
                 self._not_open(name, signature, qid)
