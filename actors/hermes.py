@@ -7,6 +7,7 @@ with a well-formed name goes there, and a verdict comes back for one that is no 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import itertools
@@ -61,6 +62,7 @@ from .runtime import (
     read_at_most,
     report,
     shared_edge,
+    spawner,
     tell_quietly,
 )
 from .sends import (
@@ -79,6 +81,9 @@ from .store import StoreClosedError
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
+
+
+SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
 
 
 class DeliveryActor(PooledChild):
@@ -100,7 +105,10 @@ class DeliveryActor(PooledChild):
     def begin(self) -> None:
         """Sends left under way (by the last run, or this actor before a crash) end before
         any other starts, in order; what they and the finished ones did goes to the store,
-        where the jobs told again find it instead of sending twice."""
+        where the jobs told again find it instead of sending twice. A waiter the crashed
+        actor was still starting is waited for first (the spawner runs one start at a
+        time): its lock must be seen held, not taken for a send with no trace."""
+        concurrent.futures.wait([spawner().submit(int)], timeout=SPAWN_WAIT_S)
         running = under_way(self.sends)
         if running:
             report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
@@ -149,10 +157,10 @@ class DeliveryActor(PooledChild):
         done = list(finished(self.sends))
         if not done:
             return
-        for outcome, _, _ in done:
-            if outcome is not None and not outcome.key.startswith(UNKEPT):
-                self.w.store.record_sent(outcome.key, self._judge(outcome))
         with contextlib.suppress(StoreClosedError):  # else kept: the next start takes them
+            for outcome, _, _ in done:
+                if outcome is not None and not outcome.key.startswith(UNKEPT):
+                    self.w.store.record_sent(outcome.key, self._judge(outcome))
             self.w.store.flush()
             for _, lock, path in done:
                 forget(lock, path)
@@ -163,15 +171,16 @@ class DeliveryActor(PooledChild):
             if self._withdrawn(job):
                 continue
             key = send_key(job)
-            known = self.w.store.sent_outcome(key) if key is not None else None
+            try:
+                known = self.w.store.sent_outcome(key) if key is not None else None
+                if known is None:
+                    self.w.store.flush()  # what the text tells the human is committed first
+            except StoreClosedError:  # the daemon ends, and the rows stand
+                self._jobs.appendleft(job)
+                return
             if known is not None:  # hermes ran it before a restart: never twice
                 self._settle(job, known[0])
                 continue
-            try:
-                self.w.store.flush()  # what the text tells the human is committed first
-            except StoreClosedError:  # it is not: the daemon ends, and the rows stand
-                self._jobs.appendleft(job)
-                return
             key = key or f"{UNKEPT}{ULID()}"
             run = shared_edge().spawn(run_send(self.sends, key, self.argv(job.text),
                                                self.w.config.send_timeout_ms / 1000))

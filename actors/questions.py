@@ -426,8 +426,10 @@ class QuestionActor(PooledChild):
 
     def begin(self) -> None:
         # (a fresh question's deadline is its timeout away already: unchanged)
-        self.spec = dataclasses.replace(self.spec, deadline=resumed_deadline(
-            self.spec.deadline, self.spec.timeout_ms, self.w.clock()))
+        deadline = resumed_deadline(self.spec.deadline, self.spec.timeout_ms, self.w.clock())
+        if deadline < self.spec.deadline:
+            self.w.store.set_deadline(self.qid, deadline, self.child_name)
+            self.spec = dataclasses.replace(self.spec, deadline=deadline)
         if self.state is None:
             if not self._move("question_received", {"from": self.spec.prompt.sender_name}):
                 return

@@ -279,8 +279,12 @@ def take_instance_lock(path: Path) -> int:
             raise AlreadyRunning(path, _holder(fd)) from None
         finally:
             os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 

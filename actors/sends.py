@@ -55,7 +55,8 @@ def sends_dir(state_path: Path) -> Path:
 def send_key(job: SendText) -> str | None:
     """What a send is known by across runs: the question's text by its qid (a qid asked
     again after a failed delivery is a new send: the failure's close forgot the old key),
-    a note by its id. A note kept nowhere (X7's) has no key: never sent again."""
+    a note by its id. A note kept nowhere (X7's) has no key: its outcome is never taken
+    up, and a Delivery that crashes while it runs hands it to its successor as a new send."""
     if job.purpose == "question":
         return f"question:{job.qid}"
     if job.note_id is not None:
@@ -133,6 +134,10 @@ def finished(directory: Path) -> Iterator[tuple[Outcome | None, Path, Path]]:
         lock = outcome.with_suffix(_LOCK)
         if not lock.exists():  # the lock went first (a removal cut short)
             yield _read_outcome(outcome), lock, outcome
+    for partial in sorted(directory.glob(f"*{_OUTCOME}.tmp")):  # a waiter killed writing
+        lock = partial.with_name(partial.name.split(".")[0] + _LOCK)
+        if not lock.exists():
+            yield None, lock, partial
 
 
 def forget(*paths: Path) -> None:
@@ -156,19 +161,21 @@ def _start_waiter(directory: Path, key: str, argv: list[str], timeout_s: float
                   ) -> subprocess.Popen[bytes] | None:
     """(on the spawner thread) Lock, then start the waiter holding the lock with us; our
     fd is closed once it has it. Its own session: a signal to the bridge's group (Ctrl-C)
-    never reaches it. None when a waiter for this send holds the lock already."""
+    never reaches it. None when this very send is under way (a crashed actor's) or has
+    ended with its outcome not yet taken: wait for it, then take that."""
     lock, outcome = send_paths(directory, key)
     private_dir(directory)
     fd = open_private(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # this very send is under way (a crashed actor's): wait
+        except BlockingIOError:
             return None
-        forget(outcome)  # one still here was taken into the store already
+        if outcome.exists():
+            return None
         return subprocess.Popen(
             [sys.executable, "-I", "-S", send_waiter.__file__, str(outcome), repr(timeout_s),
-             key, "--", *argv],
+             key, str(fd), "--", *argv],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
             pass_fds=(fd,))
     finally:
@@ -194,9 +201,11 @@ async def run_send(directory: Path, key: str, argv: list[str], timeout_s: float)
         try:
             async with asyncio.timeout(timeout_s + _SLACK_S):
                 await exited.wait()
-        except TimeoutError:  # a stopped or wedged waiter: its session goes, hermes too
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        except TimeoutError:  # a stopped or wedged waiter: hermes goes, then the waiter
+            for pid in (_hermes_pid(lock), proc.pid):
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
         proc.wait()  # exited (or killed just now): collecting it does not wait
     finally:
         loop.remove_reader(pidfd)
@@ -204,9 +213,19 @@ async def run_send(directory: Path, key: str, argv: list[str], timeout_s: float)
     return _outcome(lock, path, f"the send waiter (exit {proc.returncode})")
 
 
+def _hermes_pid(lock: Path) -> int | None:
+    """The pid (and process group: its own session) of the hermes the waiter started,
+    which the waiter writes into the lock file."""
+    data = read_regular(lock, 32)
+    text = data.decode("ascii", "replace").strip() if data else ""
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
 def _outcome(lock: Path, path: Path, who: str) -> Outcome:
     outcome = _read_outcome(path)
     if outcome is None:
+        if _held(lock):  # still running (its waiter stalled): its files stay its own
+            raise WaiterFailed(f"{who} is still running past the send timeout")
         forget(lock)
         raise WaiterFailed(f"{who} ended without an outcome")
     return outcome

@@ -97,11 +97,12 @@ CREATE TABLE IF NOT EXISTS undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS sent (key TEXT PRIMARY KEY, error TEXT);
 """
 # A send's outcome is owed to its question while the question has not moved on, and to a
-# note while the note is owed; any other is forgotten at start.
-_SENT_STALE = (
-    "DELETE FROM sent WHERE key NOT IN (SELECT 'question:' || qid FROM open_questions"
-    " WHERE state IS NULL OR state = 'pending') AND key NOT IN (SELECT 'note:' || id FROM notes)"
+# note while the note is owed; any other is not kept (and is forgotten at start).
+_SENT_OWED = (
+    "(SELECT 'question:' || qid FROM open_questions WHERE state IS NULL OR state = 'pending'"
+    " UNION ALL SELECT 'note:' || id FROM notes)"
 )
+_SENT_STALE = f"DELETE FROM sent WHERE key NOT IN {_SENT_OWED}"
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 _UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
@@ -534,8 +535,9 @@ class Store:
         """A send's outcome (None: hermes sent it, else C18's error), kept until what it
         was sent for acts on it (`set_state`, `close`, `note_sent`): a restart in between
         takes it from here instead of sending again."""
-        with self._transaction() as conn:
-            conn.execute("INSERT OR REPLACE INTO sent (key, error) VALUES (?, ?)", (key, error))
+        with self._transaction() as conn:  # (what closed mid-send is owed nothing)
+            conn.execute(f"INSERT OR REPLACE INTO sent (key, error) SELECT ?, ?"
+                         f" WHERE ? IN {_SENT_OWED}", (key, error, key))
 
     def sent_outcome(self, key: str) -> tuple[str | None] | None:
         """The outcome kept for the send known as `key` (the error, in a tuple), if any."""
@@ -574,6 +576,16 @@ class Store:
         except Exception as exc:
             report(f"state database {self.path}: cannot read open question {qid!r}: {exc!r:.200}")
             return None
+
+    def set_deadline(self, qid: str, deadline: float, owner: str) -> bool:
+        """A deadline cut back to the question's timeout (a wall clock that had run fast)
+        is kept, so that a restart after it cuts nothing further away."""
+        with self._transaction() as conn:
+            done = conn.execute(
+                "UPDATE open_questions SET deadline = ? WHERE qid = ? AND owner = ?",
+                (deadline, qid, owner),
+            )
+            return done.rowcount > 0
 
     def claim(self, qid: str, owner: str) -> bool:
         """Make `owner` the actor that answers for this open question (restore, restart)."""

@@ -10,7 +10,7 @@ While it runs, it holds the flock the bridge took on the send's lock file (an fd
 inherits and keeps open, never passing it to hermes): a restarted bridge that finds the
 lock held knows the send is under way, and waits.
 
-Run with `python -I -S send_waiter.py OUTCOME TIMEOUT_S KEY -- ARGV...`: stdlib only,
+Run with `python -I -S send_waiter.py OUTCOME TIMEOUT_S KEY LOCK_FD -- ARGV...`: stdlib only,
 nothing imported from the bridge, so it starts in a few milliseconds and never depends on
 the installed package still being there when it ends.
 """
@@ -44,7 +44,7 @@ def _drain(fd: int, tail: bytearray) -> bool:
     return bool(chunk)
 
 
-def run(argv: list[str], timeout_s: float) -> dict[str, object]:
+def run(argv: list[str], timeout_s: float, lock_fd: int) -> dict[str, object]:
     """Run hermes to its end or its timeout: its status (None: killed at the timeout), or
     why it could not start, and each stream's tail. The exit decides, read from a pidfd:
     a grandchild holding the pipes is not waited on."""
@@ -53,6 +53,10 @@ def run(argv: list[str], timeout_s: float) -> dict[str, object]:
                                 stderr=subprocess.PIPE, start_new_session=True)
     except (OSError, ValueError) as exc:
         return {"returncode": None, "error": str(exc), "stdout": "", "stderr": ""}
+    # hermes' pid (its own group) where the bridge finds it, should it have to kill a
+    # stalled waiter: hermes must not be left to send on its own
+    with contextlib.suppress(OSError):
+        os.pwrite(lock_fd, f"{proc.pid}\n".encode(), 0)
     tails = {pipe.fileno(): bytearray() for pipe in (proc.stdout, proc.stderr) if pipe}
     pidfd = os.pidfd_open(proc.pid)
     with selectors.DefaultSelector() as selector:
@@ -95,11 +99,11 @@ def write_outcome(path: str, outcome: dict[str, object]) -> None:
 
 
 def main(args: list[str]) -> int:
-    if len(args) < 5 or args[3] != "--":
-        print("usage: send_waiter.py OUTCOME TIMEOUT_S KEY -- ARGV...", file=sys.stderr)
+    if len(args) < 6 or args[4] != "--":
+        print("usage: send_waiter.py OUTCOME TIMEOUT_S KEY LOCK_FD -- ARGV...", file=sys.stderr)
         return 2
-    path, timeout, key, argv = args[0], float(args[1]), args[2], args[4:]
-    outcome = run(argv, timeout)
+    path, timeout, key, lock_fd, argv = args[0], float(args[1]), args[2], int(args[3]), args[5:]
+    outcome = run(argv, timeout, lock_fd)
     outcome["key"] = key
     write_outcome(path, outcome)
     return 0

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from coms_hermes_bridge.actors import sends
 from coms_hermes_bridge.actors.sends import send_paths, sends_dir
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import SendText
 from tests.bridge_process import Bridge
 from tests.fakes import wait_for
 from tests.hermes_fake import FakeHermes
-from tests.test_delivery import QID, DeliveryRig
+from tests.test_delivery import QID, DeliveryRig, group_alive
+from tests.test_question import question_spec
 
 QUESTION = SendText(QID, "❓ [HUB-Q:x] ship?", "question")
 KEY = f"question:{QID}"
@@ -30,7 +32,9 @@ def hermes(tmp_path: Path) -> FakeHermes:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
+    """The state, with the question QID open and pending (its send's outcome is owed)."""
     store = Store.open(tmp_path / "state-d.sqlite3")
+    store.put_open(question_spec(qid=QID, state="pending"), owner="question:x:1")
     yield store
     store.shutdown()
 
@@ -95,16 +99,30 @@ def test_a_send_with_no_trace_is_sent_again(hermes: FakeHermes, store: Store) ->
 
 
 def test_the_questions_next_state_forgets_its_outcome(store: Store) -> None:
-    # the store keeps an outcome exactly until what it was sent for acts on it
+    # the store keeps an outcome exactly while what it was sent for is owed, and forgets
+    # it in the transaction that acts on it
+    store.owe_note(SendText(QID, "✖ note", "cancel_note", note_id="n1"))
     store.record_sent(KEY, None)
     store.record_sent("note:n1", "hermes send failed (1): x")
+    store.record_sent("question:OTHER", None)  # nothing open: owed nothing, not kept
+    assert store.sent_outcome("question:OTHER") is None
     assert store.sent_outcome("note:n1") == ("hermes send failed (1): x",)
     store.note_sent("n1")
     assert store.sent_outcome("note:n1") is None
     assert store.sent_outcome(KEY) == (None,)
-    store.record_sent("question:OTHER", None)
-    store.load()  # at start: an outcome of nothing still owed is forgotten
-    assert store.sent_outcome(KEY) is None and store.sent_outcome("question:OTHER") is None
+    assert store.set_state(QID, "delivered", owner="question:x:1")
+    assert store.sent_outcome(KEY) is None
+
+
+def test_an_outcome_owed_nothing_any_more_is_forgotten_at_start(store: Store) -> None:
+    store.record_sent(KEY, "hermes send failed (1): x")
+    assert store.close(QID, "cancelled", owner="question:x:1")  # closed, in one step
+    assert store.sent_outcome(KEY) is None
+    store.put_open(question_spec(qid=QID, state="pending"), owner="question:x:2")
+    store.record_sent(KEY, None)
+    store._conn.execute("UPDATE open_questions SET state = 'delivered'")  # as an old file
+    store.load()
+    assert store.sent_outcome(KEY) is None
 
 
 # -- the daemon ------------------------------------------------------------------
@@ -140,3 +158,22 @@ def test_no_second_send_after_a_crash_or_stop_mid_send(bridge: Bridge, stop: int
     assert len(bridge.hermes.started()) == 1
     assert [r["event"] for r in bridge.log_records() if r["qid"] == qid].count("delivered") == 1
     assert os.listdir(bridge.bridge_dir / "state-default.sends") == []
+
+
+def test_a_stalled_waiter_is_killed_past_the_send_timeout_and_hermes_with_it(
+        hermes: FakeHermes, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # C18, bounded: a waiter that stops answering (SIGSTOP) cannot hold Delivery, and the
+    # hermes it started (its own session) must not go on to send on its own
+    monkeypatch.setattr(sends, "_SLACK_S", 0.5)
+    hermes.configure(sleep=30, spawn=True)
+    rig = DeliveryRig(hermes.path, notes=store, state=store.path,  # type: ignore[arg-type]
+                      send_timeout_ms=300)
+    rig.ref.tell(SendText(QID, QUESTION.text, "question", rig.question))
+    run = hermes.wait_started(1)[0]
+    waiter = int(Path(f"/proc/{run['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(waiter, signal.SIGSTOP)
+    qid, error = rig.told(timeout=5)
+    assert (qid, error) == (QID, "hermes send failed: the send waiter (exit -9) ended "
+                                 "without an outcome")
+    wait_for(lambda: not group_alive(run["pgid"]), timeout=3, what="hermes' group gone")
+    assert list(rig.sends.iterdir()) == []

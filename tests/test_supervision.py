@@ -60,6 +60,7 @@ from tests.fakes import (
     wait_for,
 )
 from tests.hermes_fake import FakeHermes
+from tests.test_question import question_spec
 
 QID_A = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2W4"
@@ -446,6 +447,8 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     config = bridge_config(hermes=str(hermes.path), target="telegram", hermes_profile=None,
                            send_timeout_ms=60_000, state_path=tmp_path / "state-d.sqlite3")
     store = Store.open(config.state_path)
+    for qid in (QID_A, QID_B):  # open and pending: their sends' outcomes are owed
+        store.put_open(question_spec(qid=qid, state="pending"), owner=f"question:{qid}")
     wiring = Wiring(config, store, **{**others, "delivery": slot})
 
     def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
