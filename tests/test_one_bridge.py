@@ -45,8 +45,11 @@ def test_a_second_bridge_refuses_and_the_firsts_answers_are_kept(bridge: Bridge)
     for qid in qids:
         bridge.wait_log("delivered", qid)
     state = bridge.state_path("acc")
-    before = state.stat().st_mtime_ns, Path(f"{state}-wal").stat().st_size
     bridge.proc.send_signal(signal.SIGSTOP)
+    pid = bridge.proc.pid
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T",
+             what="A stopped")
+    before = state.stat().st_mtime_ns, Path(f"{state}-wal").stat().st_size
     try:
         for qid in qids:
             bridge.answer(qid, f"answer to {qid}")
