@@ -3,8 +3,14 @@ or a stop mid-send, and no outcome is lost (C18, C19)."""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import hashlib
+import json
 import os
 import signal
+import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +183,144 @@ def test_a_stalled_waiter_is_killed_past_the_send_timeout_and_hermes_with_it(
                                  "without an outcome")
     wait_for(lambda: not group_alive(run["pgid"]), timeout=3, what="hermes' group gone")
     assert list(rig.sends.iterdir()) == []
+
+
+# -- the pieces (actors/sends.py) ---------------------------------------------------
+
+
+def test_a_send_is_known_by_its_question_or_its_note() -> None:
+    assert sends.send_key(QUESTION) == f"question:{QID}"
+    assert sends.send_key(SendText(QID, "✖", "cancel_note", note_id="c:1")) == "note:c:1"
+    assert sends.send_key(SendText(QID, "⚠", "unreadable_note")) is None  # X7: kept nowhere
+    assert sends.sends_dir(Path("/s/state-acc.sqlite3")) == Path("/s/state-acc.sends")
+
+
+def test_a_sends_files_are_named_by_a_hash_of_its_key(tmp_path: Path) -> None:
+    lock, outcome = send_paths(tmp_path, KEY)
+    stem = hashlib.sha256(KEY.encode()).hexdigest()[:32]
+    assert (lock, outcome) == (tmp_path / f"{stem}.lock", tmp_path / f"{stem}.outcome")
+    assert send_paths(tmp_path, "note:\udc00")[0].name.endswith(".lock")  # never raises
+
+
+def hold(path: Path) -> int:
+    """A waiter's hold on a send's lock (another open file description)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def write_outcome(path: Path, key: str = KEY, code: int | None = 0) -> None:
+    path.write_text(json.dumps({"key": key, "returncode": code, "error": None,
+                                "stdout": "out", "stderr": "err"}))
+
+
+def test_held_locks_are_under_way_and_the_rest_finished(tmp_path: Path) -> None:
+    keys = [f"question:{n}" for n in range(5)]
+    (held_lock, _), (done_lock, done), (_, orphan), (tmp_lock, _), (gone_lock, _) = (
+        send_paths(tmp_path, key) for key in keys)
+    fd = hold(held_lock)
+    try:
+        done_lock.write_bytes(b"")
+        write_outcome(done, keys[1])
+        write_outcome(orphan, keys[2], 3)  # its lock went first
+        partial = tmp_lock.with_name(tmp_lock.stem + ".outcome.tmp")  # a waiter killed writing
+        partial.write_text("{")
+        gone_lock.write_bytes(b"")  # no outcome: no trace
+        assert sends.under_way(tmp_path) == [held_lock]
+        seen = {paths[0].name: (outcome.key if outcome else None, outcome and
+                                outcome.result.returncode) for outcome, *paths in
+                sends.finished(tmp_path)}
+        assert seen == {done_lock.name: (keys[1], 0), orphan.with_suffix(".lock").name:
+                        (keys[2], 3), tmp_lock.name: (None, None), gone_lock.name: (None, None)}
+    finally:
+        os.close(fd)
+    assert sends.under_way(tmp_path) == []
+
+
+def test_an_unreadable_outcome_is_said_and_dropped(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    _, outcome = send_paths(tmp_path, KEY)
+    outcome.write_text('{"key": "k"}')
+    assert [o for o, *_ in sends.finished(tmp_path)] == [None]
+    assert capfd.readouterr().err == (
+        f"coms-hermes-bridge: warning: send outcome {outcome} is unreadable "
+        "(KeyError('returncode')); dropped it\n")
+
+
+@pytest.mark.parametrize(("text", "pid"), [(b"123\n", 123), (b"", None), (b"0\n", None),
+                                           (b"x1\n", None), (b"-5\n", None)])
+def test_the_hermes_pid_a_waiter_wrote(tmp_path: Path, text: bytes, pid: int | None) -> None:
+    lock = tmp_path / "a.lock"
+    lock.write_bytes(text)
+    assert sends._hermes_pid(lock) == pid
+
+
+def test_waiting_for_sends_under_way_ends_when_they_do_or_at_the_limit(tmp_path: Path) -> None:
+    lock = tmp_path / "a.lock"
+    fd = hold(lock)
+    try:
+        assert asyncio.run(sends.wait_done([lock], 0.1)) is False
+    finally:
+        os.close(fd)
+    assert asyncio.run(sends.wait_done([lock], 0.1)) is True
+
+
+def test_a_send_whose_waiter_still_runs_is_waited_for_not_started_again(
+        tmp_path: Path, hermes: FakeHermes) -> None:
+    # a crashed Delivery's send still under way: its successor takes that run's outcome
+    lock, outcome = send_paths(tmp_path, KEY)
+    fd = hold(lock)
+
+    def finish() -> None:
+        write_outcome(outcome, code=4)
+        os.close(fd)
+
+    threading.Timer(0.2, finish).start()
+    got = asyncio.run(sends.run_send(tmp_path, KEY, [str(hermes.path), "x"], 5))
+    assert (got.key, got.result.returncode) == (KEY, 4)
+    assert hermes.started() == []
+
+
+def test_a_send_whose_waiter_overruns_is_failed_and_its_files_left_to_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hermes: FakeHermes) -> None:
+    monkeypatch.setattr(sends, "_SLACK_S", 0.1)
+    lock, _ = send_paths(tmp_path, KEY)
+    fd = hold(lock)
+    try:
+        with pytest.raises(sends.WaiterFailed,
+                           match=r"^its earlier waiter is still running past the send timeout$"):
+            asyncio.run(sends.run_send(tmp_path, KEY, [str(hermes.path), "x"], 0.1))
+        assert lock.exists()
+    finally:
+        os.close(fd)
+    assert hermes.started() == []
+
+
+def test_an_outcome_not_yet_taken_is_taken_not_sent_again(
+        tmp_path: Path, hermes: FakeHermes) -> None:
+    _, outcome = send_paths(tmp_path, KEY)
+    write_outcome(outcome, code=0)
+    got = asyncio.run(sends.run_send(tmp_path, KEY, [str(hermes.path), "x"], 5))
+    assert got.result == sends.ProcessResult(0, "out", "err")
+    assert hermes.started() == []
+
+
+def test_a_waiter_that_leaves_no_outcome_is_a_failure_and_its_lock_goes(tmp_path: Path) -> None:
+    lock, outcome = send_paths(tmp_path, KEY)
+    lock.write_bytes(b"")
+    with pytest.raises(sends.WaiterFailed, match=r"^the send waiter ended without an outcome$"):
+        sends._outcome(lock, outcome, "the send waiter")
+    assert not lock.exists()
+
+
+def test_the_waiter_is_started_isolated_in_a_session_of_its_own_with_no_stdin(
+        tmp_path: Path, hermes: FakeHermes) -> None:
+    hermes.configure(stdout="said")
+    got = asyncio.run(sends.run_send(tmp_path, KEY, [str(hermes.path), "x"], 5))
+    assert got.result == sends.ProcessResult(0, "said", "")
+    run = hermes.started()[0]
+    assert run["pgid"] == run["pid"]  # hermes leads its own group
+    lock, outcome = send_paths(tmp_path, KEY)
+    assert sends._hermes_pid(lock) == run["pid"]  # written for a kill past the timeout
+    assert outcome.exists() and not sends._held(lock)
+    assert stat.S_IMODE(tmp_path.stat().st_mode) & 0o077 == 0
