@@ -28,6 +28,7 @@ from tests.bridge_process import ROOT
 from tests.fakes import wait_for
 from tests.hermes_venv import ensure_hermes_bin
 from tests.telegram_fake import TOKEN, FakeTelegram, Seen, make_tls
+from tests.test_real_hermes import RealBridge
 
 pytestmark = pytest.mark.real_hermes
 
@@ -184,3 +185,28 @@ def test_an_unauthorized_sender_writes_nothing(gateway: Gateway) -> None:
     wait_for(lambda: "Blocked unauthorized user 777" in hermes_log.read_text(errors="replace"),
              WAIT, f"Hermes refusing user 777; gateway log:\n{gateway.tail()}")
     assert f"{qid}.answer.json" not in gateway.answers()
+
+
+def test_the_whole_loop_from_agent_to_human_and_back(gateway: Gateway) -> None:
+    # X14, W20, W21, C11: the daemon asks through the real `hermes send`, the human
+    # replies to the question in Telegram, the gateway's liaison writes the answer file
+    # and the daemon maps it and answers the asking agent
+    bridge = RealBridge(ensure_hermes_bin(), gateway.telegram)
+    try:
+        bridge.start("--questions-dir", str(gateway.questions))
+        bridge.log = gateway.questions.parent / "log.ndjson"  # beside its questions dir
+        qid = bridge.ask(json.dumps({"question": "Deploy?", "options": ["Yes", "No"]}))
+
+        def asked() -> Seen | None:
+            return next((m for m in gateway.telegram.messages()
+                         if m.text.startswith(f"❓ [HUB-Q:{qid}] Deploy?")), None)
+
+        question = wait_for(asked, WAIT, f"the question {qid} in Telegram")
+        [sent] = gateway.telegram.send("2", reply_to=question)
+        response = bridge.asker.response(timeout=WAIT)
+        assert (response["msg_id"], response["response"]) == (
+            qid, {"kind": "selection", "selections": ["No"]})
+        assert bridge.wait_log("answered", qid, timeout=WAIT)["qid"] == qid
+        wait_for(lambda: (str(HUMAN), sent, ["👍"]) in gateway.telegram.reactions(), WAIT, "the 👍")
+    finally:
+        bridge.close()
