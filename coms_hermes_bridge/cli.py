@@ -32,9 +32,9 @@ VERBS = {  # each verb's --help
     "cancel": "Send the running bridge a cancel for an open question, in its asker's name: the "
     "human gets the cancel note, the asker no response (C13).",
     "doctor": "Check hermes, python-telegram-bot, the --to target, the gateway's hub-liaison "
-    "skill, the questions directory and state file, the running bridge (a ping) and its "
-    "systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not there to "
-    "check). Exit 0 only when none is ✖.",
+    "plugin (or skill), the questions directory and state file, the running bridge (a ping) "
+    "and its systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not "
+    "there to check). Exit 0 only when none is ✖.",
     "liaison": "Install, remove or check the liaison, the Hermes gateway plugin that writes "
     "the answer file when the human replies (X14): `install` copies it into the Hermes "
     "profile's plugins folder, records where answers go (--questions-dir) and enables it "
