@@ -20,6 +20,7 @@ import contextlib
 import email.parser
 import email.policy
 import json
+import re
 import socket
 import socketserver
 import ssl
@@ -831,6 +832,10 @@ class FakeTelegram:
                     "message_id": message_id, "from": user, "chat": _chat(str(chat_id)),
                     "date": int(time.time()), "text": body,
                 }
+                command = re.match(r"/[A-Za-z0-9_]{1,32}(@[A-Za-z0-9_]+)?", body)
+                if command:  # Telegram marks a leading /command as an entity
+                    message["entities"] = [{"type": "bot_command", "offset": 0,
+                                            "length": len(command.group())}]
                 if reply_to is not None and index == 0:
                     message["reply_to_message"] = {
                         "message_id": reply_to.message_id, "from": BOT,

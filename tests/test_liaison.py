@@ -213,11 +213,51 @@ def test_a_write_that_fails_lets_the_message_through(
     assert any("could not write an answer" in r.getMessage() for r in caplog.records)
 
 
-def test_register_hooks_pre_gateway_dispatch() -> None:
-    # X14: the one hook, under Hermes' name for it
+def test_register_hooks_pre_gateway_dispatch_and_the_slash_command() -> None:
+    # X14: the one hook, under Hermes' name for it, and /hub
     hooks: list[tuple[str, Any]] = []
-    liaison.register(SimpleNamespace(register_hook=lambda name, fn: hooks.append((name, fn))))
+    commands: list[tuple[str, Any, str]] = []
+    liaison.register(SimpleNamespace(
+        register_hook=lambda name, fn: hooks.append((name, fn)),
+        register_command=lambda name, fn, description: commands.append((name, fn, description)),
+    ))
     assert hooks == [("pre_gateway_dispatch", liaison.on_gateway_dispatch)]
+    assert commands == [("hub", liaison.open_questions,
+                         "open coms questions of every project on this host")]
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ('echo "$@"', "status --questions-dir /srv/q"),  # the recorded command and directory
+        ("echo oops >&2; exit 1", "oops"),  # what it said, where it said it
+        ("exit 3", "coms-hermes-bridge status printed nothing (exit 3)."),
+    ],
+)
+def test_the_slash_command_is_the_bridges_own_status(tmp_path: Path, body: str, said: str) -> None:
+    # X14: /hub runs `coms-hermes-bridge status` (no shell) and says what it printed
+    command = script(tmp_path / "chb", body)
+    (tmp_path / "liaison.json").write_text(
+        json.dumps({"questions_dir": "/srv/q", "command": str(command)}), encoding="utf-8")
+    assert asyncio.run(liaison.open_questions("", tmp_path)) == said
+
+
+def test_the_slash_command_without_the_bridge_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # X14: one line, never an exception into the gateway
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert asyncio.run(liaison.open_questions("", tmp_path)) == (
+        "coms-hermes-bridge is not installed where the gateway can run it.")
+    (tmp_path / "liaison.json").write_text(json.dumps({"command": str(tmp_path / "gone")}))
+    said = asyncio.run(liaison.open_questions("", tmp_path))
+    assert said.startswith(f"cannot run {tmp_path / 'gone'}: "), said
 
 
 class Message:

@@ -210,3 +210,29 @@ def test_the_whole_loop_from_agent_to_human_and_back(gateway: Gateway) -> None:
         wait_for(lambda: (str(HUMAN), sent, ["👍"]) in gateway.telegram.reactions(), WAIT, "the 👍")
     finally:
         bridge.close()
+
+
+def test_the_slash_command_lists_the_open_questions(gateway: Gateway) -> None:
+    # X14: /hub in Telegram answers with `coms-hermes-bridge status` for every project
+    # on the host (the command install recorded, the questions dir it recorded). The
+    # bridge here registers in a coms dir of its own, so the gateway's status, reading
+    # the state beside the questions dir, sees its question but not the bridge
+    bridge = RealBridge(ensure_hermes_bin(), gateway.telegram)
+    try:
+        bridge.start("--project", "hubcmd", "--questions-dir", str(gateway.questions))
+        bridge.log = gateway.questions.parent / "log.ndjson"
+        qid = bridge.ask("Which way now?")
+        bridge.wait_log("delivered", qid, timeout=WAIT)
+        gateway.telegram.send("/hub")
+
+        def listed() -> str | None:
+            return next((m.text for m in gateway.telegram.messages()
+                         if "bridge for project hubcmd: not running" in m.text), None)
+
+        text = wait_for(listed, WAIT, f"the /hub answer; gateway log:\n{gateway.tail()}")
+        block = text.split("bridge for project hubcmd: not running\n", 1)[1].splitlines()
+        assert block[0] == "open questions: 1"
+        assert block[2].split()[:3] == [qid, "builder", "delivered"]
+        assert block[2].endswith("Which way now?")
+    finally:
+        bridge.close()

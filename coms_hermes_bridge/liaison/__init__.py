@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ NAME = "hub-liaison"
 HOOK = "pre_gateway_dispatch"
 CONFIG_FILE = "liaison.json"  # written by `coms-hermes-bridge liaison install`
 DEFAULT_QUESTIONS_DIR = "~/.pi/coms/hermes-bridge/questions"  # C7
+COMMAND = "hub"  # /hub: the open questions of every project on this host
+STATUS_TIMEOUT_S = 15.0
 ACK_REACTION = "👍"
 ACK_TEXT = "👍 Answer passed on."
 
@@ -31,16 +34,47 @@ _said_no_authorization = False
 _acks: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak refs
 
 
-def questions_dir(folder: Path | None = None) -> Path:
-    """Where answers go: the directory install recorded, else C7's default. Read at each
-    answer, so a reinstall that moves it needs no gateway restart."""
+def _recorded(key: str, folder: Path | None) -> str | None:
+    """One string install recorded beside the plugin. Read at each use, so a reinstall
+    that changes it needs no gateway restart."""
     config = (folder or Path(__file__).parent) / CONFIG_FILE
     try:
-        recorded = json.loads(config.read_text(encoding="utf-8")).get("questions_dir")
+        value = json.loads(config.read_text(encoding="utf-8")).get(key)
     except (OSError, ValueError, AttributeError):
-        recorded = None
-    where = recorded if isinstance(recorded, str) and recorded else DEFAULT_QUESTIONS_DIR
-    return Path(where).expanduser()
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def questions_dir(folder: Path | None = None) -> Path:
+    """Where answers go: the directory install recorded, else C7's default."""
+    return Path(_recorded("questions_dir", folder) or DEFAULT_QUESTIONS_DIR).expanduser()
+
+
+async def open_questions(raw_args: str = "", folder: Path | None = None) -> str:
+    """X14's slash command: `coms-hermes-bridge status` for every project on the host, as
+    the operator would see it. The bridge's own command reads its own state, so the plugin
+    never learns its format; it runs without a shell, bounded in time."""
+    command = _recorded("command", folder) or shutil.which("coms-hermes-bridge")
+    if command is None:
+        return "coms-hermes-bridge is not installed where the gateway can run it."
+    argv = [command, "status"]
+    if _recorded("questions_dir", folder) is not None:
+        argv += ["--questions-dir", str(questions_dir(folder))]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+    except OSError as exc:
+        return f"cannot run {command}: {exc}"
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), STATUS_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return f"coms-hermes-bridge status did not answer within {STATUS_TIMEOUT_S:g} s."
+    text = (out.decode("utf-8", "replace").strip()
+            or err.decode("utf-8", "replace").strip())
+    return text or f"coms-hermes-bridge status printed nothing (exit {proc.returncode})."
 
 
 def _bot_qid(raw: Any) -> str | None:
@@ -147,3 +181,5 @@ def on_gateway_dispatch(
 def register(ctx: Any) -> None:
     """Hermes' plugin entry point."""
     ctx.register_hook(HOOK, on_gateway_dispatch)
+    ctx.register_command(COMMAND, open_questions,
+                         description="open coms questions of every project on this host")
