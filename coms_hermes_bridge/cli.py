@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from . import liaison_setup
 from .actors.config import DEFAULT_PROJECT, BridgeConfig, Parser, UsageError, parse_config
 from .actors.registry import IdentityError, validate_project
 from .actors.runtime import report
@@ -31,9 +32,15 @@ VERBS = {  # each verb's --help
     "cancel": "Send the running bridge a cancel for an open question, in its asker's name: the "
     "human gets the cancel note, the asker no response (C13).",
     "doctor": "Check hermes, python-telegram-bot, the --to target, the gateway's hub-liaison "
-    "skill, the questions directory and state file, the running bridge (a ping) and its "
-    "systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not there to "
-    "check). Exit 0 only when none is ✖.",
+    "plugin (or skill), the questions directory and state file, the running bridge (a ping) "
+    "and its systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not "
+    "there to check). Exit 0 only when none is ✖.",
+    "liaison": "Install, remove or check the liaison, the Hermes gateway plugin that writes "
+    "the answer file when the human replies (X14): `install` copies it into the Hermes "
+    "profile's plugins folder, records where answers go (--questions-dir) and enables it "
+    "with the hermes on PATH; `uninstall` disables and removes it; `status` says whether it "
+    "is there, current and enabled (exit 0 only then). A running gateway must be restarted "
+    "after a change.",
 }
 
 
@@ -49,7 +56,7 @@ def _parser() -> Parser:
                        "doctor)")
         v.add_argument("--questions-dir", metavar="DIR",
                        help="the daemon's --questions-dir, if it was given")
-    s, a, c, d = parsers
+    s, a, c, d, li = parsers
     s.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     s.add_argument("--closed", type=int, default=10, metavar="N",
                    help="closed questions to show (10)")
@@ -60,6 +67,9 @@ def _parser() -> Parser:
     d.add_argument("--to", metavar="TARGET", help="the daemon's --to (default: telegram)")
     d.add_argument("--hermes-profile", metavar="PROFILE", help="the daemon's --hermes-profile")
     d.add_argument("--send-test", action="store_true", help="also send one test message")
+    li.add_argument("action", choices=("install", "uninstall", "status"))
+    li.add_argument("--hermes-profile", metavar="PROFILE",
+                    help="the Hermes profile whose gateway gets the plugin")
     return p
 
 
@@ -112,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
             print(check.line(), flush=True)
             broken |= check.ok is False
         return 1 if broken else 0
+    if args.verb == "liaison":
+        return _liaison(args.action, config)
     if args.verb == "status":
         limit = max(0, args.closed)
         if args.project is not None:
@@ -153,6 +165,18 @@ def _run(args: argparse.Namespace) -> int:
         bridge = cancel(config, args.qid)
         print(f"cancelled {args.qid} through {bridge.name} (pid {bridge.pid})")
     return 0
+
+
+def _liaison(action: str, config: BridgeConfig) -> int:
+    if action == "status":
+        lines, ok = liaison_setup.status(config, os.environ)
+    else:
+        lines = (liaison_setup.install if action == "install" else liaison_setup.uninstall)(
+            config, os.environ)
+        ok = True
+    for line in lines:
+        print(line, flush=True)
+    return 0 if ok else 1
 
 
 def _login() -> str:

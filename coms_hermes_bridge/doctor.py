@@ -139,12 +139,21 @@ def check_target(config: BridgeConfig) -> Check:
 
 
 def check_skill(config: BridgeConfig, env: Mapping[str, str]) -> Check:
-    skills = hermes_home(env, config.hermes_profile) / "skills"
+    """The gateway's side of the answer file (W21): our liaison plugin (X14), or a
+    hub-liaison skill of the operator's own."""
+    home = hermes_home(env, config.hermes_profile)
+    plugin = home / "plugins" / SKILL
+    if (plugin / "plugin.yaml").is_file() and (plugin / "__init__.py").is_file():
+        return Check(SKILL, True, f"plugin at {plugin} (`coms-hermes-bridge liaison status` "
+                     "says whether Hermes enabled it)")
+    skills = home / "skills"
     for candidate in (skills / SKILL / "SKILL.md", *skills.glob(f"*/{SKILL}/SKILL.md")):
         if candidate.is_file():
             return Check(SKILL, True, f"skill at {candidate}")
-    return Check(SKILL, False, f"the Hermes gateway has no {SKILL} skill, so no answer will "
-                 f"ever come back; install it as {skills / SKILL / 'SKILL.md'}")
+    profile = f" --hermes-profile {config.hermes_profile}" if config.hermes_profile else ""
+    return Check(SKILL, False, f"the Hermes gateway has no {SKILL} plugin or skill, so no "
+                 f"answer will ever come back; install the plugin with `coms-hermes-bridge "
+                 f"liaison install{profile}`")
 
 
 def check_files(config: BridgeConfig) -> Iterator[Check]:

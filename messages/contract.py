@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from ..liaison.markers import answer_prefix, hub_tag
 from .wire import (
     ELLIPSIS,
     TERMINAL_STATES,
@@ -308,10 +309,6 @@ def truncate_utf16(text: str, limit: int) -> str:
     return text[:end] + ELLIPSIS
 
 
-def hub_tag(qid: str) -> str:
-    return f"[HUB-Q:{qid}]"
-
-
 # -- markers only the bridge writes (X3) --------------------------------------
 
 # Letters of other scripts that a reader (or a lenient matcher) takes for
@@ -422,7 +419,7 @@ def format_question(
         for i, o in enumerate(parsed.options, start=1)
     ]
     options = "\n\nOptions:\n" + "\n".join(lines) if lines else ""
-    instruction = f"\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
+    instruction = f"\n\n↩ Reply to this message, or type: {answer_prefix(qid)} <answer>"
     rest = project_line + options + instruction
     fixed = utf16_len(tag) + utf16_len(question) + utf16_len(rest)
     context = scrub(parsed.context) if parsed.context else ""

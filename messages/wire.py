@@ -31,6 +31,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ..liaison.markers import is_qid
+
 NonEmpty = Annotated[StrictStr, Field(min_length=1)]
 Number = StrictInt | StrictFloat
 
@@ -446,7 +448,6 @@ class RegistryEntry(WireModel):
 
 # -- the bridge's own values (C4-C20) ------------------------------------------------
 
-QID_PATTERN = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
 
 State = Literal["pending", "delivered", "answered", "cancelled", "timeout"]
 TERMINAL_STATES: tuple[State, ...] = ("answered", "cancelled", "timeout")
@@ -479,7 +480,7 @@ RejectReason = Literal[
 
 def is_valid_qid(value: object) -> bool:
     """A qid is a 26-character Crockford ULID, upper case (C3)."""
-    return isinstance(value, str) and QID_PATTERN.fullmatch(value) is not None
+    return is_qid(value)
 
 
 # JavaScript's Date.parse knows these zone names and no others (X4).

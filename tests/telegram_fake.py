@@ -20,6 +20,7 @@ import contextlib
 import email.parser
 import email.policy
 import json
+import re
 import socket
 import socketserver
 import ssl
@@ -478,6 +479,14 @@ class _World:
     connects: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closing: threading.Event = field(default_factory=threading.Event)
+    # what the human sends the bot, served to getUpdates in order (the gateway's side)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    inbound: list[dict[str, Any]] = field(default_factory=list)
+    arrived: threading.Condition = field(init=False)
+    polls: int = 0  # getUpdates calls answered or waiting
+
+    def __post_init__(self) -> None:
+        self.arrived = threading.Condition(self.lock)
 
 
 def _chat(chat_id: str) -> dict[str, Any]:
@@ -595,6 +604,14 @@ class _Handler(socketserver.BaseRequestHandler):
         name = api.lower()
         if name == "getme":
             return BOT
+        if name == "getupdates":
+            return _updates(world, params)
+        if name in _ANSWERED:
+            return _ANSWERED[name]
+        if name == "setmessagereaction":
+            if not params.get("chat_id") or not params.get("message_id"):
+                raise BotApiError(400, "Bad Request: message to react not found")
+            return True
         if name not in _SENDS:
             raise BotApiError(404, "Not Found")
         chat_id = params.get("chat_id", "")
@@ -652,6 +669,33 @@ class _Handler(socketserver.BaseRequestHandler):
         if faults.delay:  # delivered, but the answer comes late
             world.closing.wait(faults.delay)
         return result
+
+
+# What the gateway asks besides sends, answered as Telegram does for a bot with no webhook.
+_ANSWERED: dict[str, Any] = {
+    "deletewebhook": True,
+    "getwebhookinfo": {"url": "", "has_custom_certificate": False, "pending_update_count": 0},
+    "setmycommands": True, "deletemycommands": True, "getmycommands": [],
+    "setmydescription": True, "setmyshortdescription": True, "setmyname": True,
+    "setchatmenubutton": True, "sendchataction": True,
+}
+
+
+def _updates(world: _World, params: dict[str, str]) -> list[dict[str, Any]]:
+    """getUpdates as Telegram serves it: every update from `offset` on (earlier ones are
+    confirmed and forgotten), waiting up to `timeout` seconds for the first."""
+    offset = int(params.get("offset") or 0)
+    deadline = time.monotonic() + min(float(params.get("timeout") or 0), 30.0)
+    with world.arrived:
+        world.polls += 1
+        world.arrived.notify_all()
+        world.updates = [u for u in world.updates if u["update_id"] >= offset]
+        while not world.updates and not world.closing.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            world.arrived.wait(min(left, 0.2))
+        return list(world.updates)
 
 
 def _params(content_type: str, body: bytes) -> tuple[dict[str, str], tuple[Upload, ...]]:
@@ -752,6 +796,73 @@ class FakeTelegram:
     def wait_messages(self, count: int, timeout: float = 20.0) -> list[Seen]:
         return wait_for(lambda: len(self.messages()) >= count and self.messages(), timeout,
                         f"{count} Telegram message(s); have {self.texts()}")
+
+    # -- the human's side: what the gateway reads with getUpdates ---------------------
+
+    def polls(self) -> int:
+        """getUpdates calls so far (a gateway is listening once it makes one)."""
+        with self._world.lock:
+            return self._world.polls
+
+    def wait_polling(self, count: int = 1, timeout: float = 30.0) -> int:
+        return wait_for(lambda: self.polls() >= count and self.polls(), timeout,
+                        f"{count} getUpdates call(s); have {self.polls()}")
+
+    def send(
+        self,
+        text: str,
+        *more: str,
+        chat_id: int = 4242,
+        user_id: int = 4242,
+        username: str | None = "alice",
+        reply_to: Seen | None = None,
+    ) -> list[int]:
+        """The human sends `text` (a reply to `reply_to`, a message the bot sent), and
+        `more` messages right after it, all in the same getUpdates answer (as Telegram
+        serves a burst); returns the new messages' ids."""
+        user: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": "Alice"}
+        if username is not None:
+            user["username"] = username
+        ids = []
+        with self._world.arrived:
+            for index, body in enumerate((text, *more)):
+                number = len(self._world.inbound) + 1
+                message_id = 100_000 + number  # apart from the bot's own ids (1, 2, ...)
+                message: dict[str, Any] = {
+                    "message_id": message_id, "from": user, "chat": _chat(str(chat_id)),
+                    "date": int(time.time()), "text": body,
+                }
+                command = re.match(r"/[A-Za-z0-9_]{1,32}(@[A-Za-z0-9_]+)?", body)
+                if command:  # Telegram marks a leading /command as an entity
+                    message["entities"] = [{"type": "bot_command", "offset": 0,
+                                            "length": len(command.group())}]
+                if reply_to is not None and index == 0:
+                    message["reply_to_message"] = {
+                        "message_id": reply_to.message_id, "from": BOT,
+                        "chat": _chat(reply_to.chat_id), "date": int(time.time()),
+                        "text": reply_to.text,
+                    }
+                self._world.inbound.append(message)
+                self._world.updates.append({"update_id": 500_000 + number, "message": message})
+                ids.append(message_id)
+            self._world.arrived.notify_all()
+        return ids
+
+    def bot_said(self, text: str, chat_id: str = "4242") -> Seen:
+        """A message the bot sent earlier (by `hermes send`, say), there to be replied to."""
+        with self._world.lock:
+            seen = Seen(len(self._world.seen) + 1, "sendMessage", chat_id, text, None)
+            self._world.seen.append(seen)
+        return seen
+
+    def reactions(self) -> list[tuple[str, int, list[str]]]:
+        """(chat, message id, emoji) of each reaction the bot set."""
+        found = []
+        for call in self.calls():
+            if call.method.lower() == "setmessagereaction" and call.status == 200:
+                emoji = [r.get("emoji", "") for r in json.loads(call.params.get("reaction") or "[]")]
+                found.append((call.params["chat_id"], int(call.params["message_id"]), emoji))
+        return found
 
     def close(self) -> None:
         self._world.closing.set()

@@ -29,6 +29,8 @@ ARGUMENTS = {
     "doctor": ["--to TARGET the daemon's --to (default: telegram)",
                "--hermes-profile PROFILE the daemon's --hermes-profile",
                "--send-test also send one test message"],
+    "liaison": ["positional arguments: {install,uninstall,status}",  # X14
+                "--hermes-profile PROFILE the Hermes profile whose gateway gets the plugin"],
 }
 
 
@@ -52,6 +54,9 @@ def test_each_verb_says_what_it_does_and_takes(verb: str, capsys: pytest.Capture
         (["answer"], "the following arguments are required: qid, text"),
         (["answer", "01J8ZJ3V5R0000000000000000"], "the following arguments are required: text"),
         (["cancel"], "the following arguments are required: qid"),
+        (["liaison"], "the following arguments are required: action"),
+        (["liaison", "reinstall"], "argument action: invalid choice: 'reinstall' "
+         "(choose from 'install', 'uninstall', 'status')"),
         (["doctor", "--project", "a/b"], 'invalid project name: "a/b"'),  # W1
         (["answer", "nope", "yes"], "'nope' is not a qid (26 characters, Crockford base32)"),
     ],

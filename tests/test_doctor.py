@@ -80,9 +80,9 @@ def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:
     bridge.start()
     done = doctor(bridge)
     assert done.returncode == 1
-    expected = bridge.home / ".hermes" / "skills" / "hub-liaison" / "SKILL.md"
-    assert (f"✖ hub-liaison: the Hermes gateway has no hub-liaison skill, so no answer will "
-            f"ever come back; install it as {expected}") in done.stdout.splitlines()
+    assert ("✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no "
+            "answer will ever come back; install the plugin with `coms-hermes-bridge liaison "
+            "install`") in done.stdout.splitlines()
 
 
 def test_the_skill_is_looked_for_in_the_profile_or_hermes_home(bridge: Bridge) -> None:
@@ -389,8 +389,9 @@ def test_a_target_hermes_cannot_send_to_is_broken(world: World, target: str) -> 
 
 def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
     skills = world.home / ".hermes" / "skills"
-    missing = (f"✖ hub-liaison: the Hermes gateway has no hub-liaison skill, so no answer "
-               f"will ever come back; install it as {skills / 'hub-liaison' / 'SKILL.md'}")
+    missing = ("✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no "
+               "answer will ever come back; install the plugin with `coms-hermes-bridge "
+               "liaison install`")
     assert check_skill(world.config, world.env).line() == missing
     (skills / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # not a file
     (skills / "a" / "b" / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # two levels down
@@ -407,10 +408,25 @@ def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
     (skills / "hub-liaison" / "SKILL.md").write_text("x")  # the top one comes first
     assert check_skill(world.config, world.env).line() == (
         f"✔ hub-liaison: skill at {skills / 'hub-liaison' / 'SKILL.md'}")
-    profile_skills = world.home / ".hermes" / "profiles" / "ops" / "skills"
     assert check_skill(world.with_("--hermes-profile", "ops"), world.env).line() == (
-        f"✖ hub-liaison: the Hermes gateway has no hub-liaison skill, so no answer will ever "
-        f"come back; install it as {profile_skills / 'hub-liaison' / 'SKILL.md'}")
+        "✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no answer "
+        "will ever come back; install the plugin with `coms-hermes-bridge liaison install "
+        "--hermes-profile ops`")
+
+
+def test_the_liaison_plugin_comes_before_any_skill(world: World) -> None:
+    # X14: the plugin `liaison install` puts in the profile's plugins folder, whole
+    plugin = world.home / ".hermes" / "plugins" / "hub-liaison"
+    plugin.mkdir(parents=True)
+    (plugin / "plugin.yaml").write_text("name: hub-liaison\n")
+    assert check_skill(world.config, world.env).ok is False  # no __init__.py: not loadable
+    (plugin / "__init__.py").write_text("")
+    skill = world.home / ".hermes" / "skills" / "hub-liaison" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text("x")
+    assert check_skill(world.config, world.env).line() == (
+        f"✔ hub-liaison: plugin at {plugin} (`coms-hermes-bridge liaison status` says whether "
+        "Hermes enabled it)")
 
 
 def test_the_questions_directory_must_be_ours_and_closed(

@@ -54,6 +54,9 @@ def test_pip_install_puts_one_import_package_in_site_packages(fresh: Path) -> No
         assert (package / sub).is_dir() and not (package / sub).is_symlink()
     assert (package / "actors" / "daemon.py").is_file()
     assert (package / "messages" / "py.typed").is_file()
+    # X14: the liaison plugin ships whole, its manifest too, for `liaison install` to copy
+    for name in ("__init__.py", "answers.py", "markers.py", "plugin.yaml"):
+        assert (package / "liaison" / name).is_file(), name
 
     # run it from the install alone: the dependencies come from our own environment,
     # after the fresh site-packages, and nothing from the checkout is on the path
