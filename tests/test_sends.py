@@ -247,11 +247,14 @@ def test_an_unreadable_outcome_is_said_and_dropped(
         "(KeyError('returncode')); dropped it\n")
 
 
-@pytest.mark.parametrize(("text", "pid"), [(b"123\n", 123), (b"", None), (b"0\n", None),
-                                           (b"x1\n", None), (b"-5\n", None)])
-def test_the_hermes_pid_a_waiter_wrote(tmp_path: Path, text: bytes, pid: int | None) -> None:
-    lock = tmp_path / "a.lock"
-    lock.write_bytes(text)
+@pytest.mark.parametrize(("text", "pid"), [(b"123\n", 123), (b"1\n", 1), (b"", None),
+                                           (b"0\n", None), (b"x1\n", None), (b"-5\n", None),
+                                           (b"\xff7\n", None), (None, None)])
+def test_the_hermes_pid_a_waiter_wrote(tmp_path: Path, text: bytes | None,
+                                       pid: int | None) -> None:
+    lock = tmp_path / "a.lock"  # (None: no lock file at all)
+    if text is not None:
+        lock.write_bytes(text)
     assert sends._hermes_pid(lock) == pid
 
 
