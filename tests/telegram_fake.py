@@ -816,10 +816,11 @@ class FakeTelegram:
         user_id: int = 4242,
         username: str | None = "alice",
         reply_to: Seen | None = None,
+        quote: str | None = None,
     ) -> list[int]:
-        """The human sends `text` (a reply to `reply_to`, a message the bot sent), and
-        `more` messages right after it, all in the same getUpdates answer (as Telegram
-        serves a burst); returns the new messages' ids."""
+        """The human sends `text` (a reply to `reply_to`, a message the bot sent, quoting
+        only `quote` of it if given), and `more` messages right after it, all in the same
+        getUpdates answer (as Telegram serves a burst); returns the new messages' ids."""
         user: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": "Alice"}
         if username is not None:
             user["username"] = username
@@ -842,6 +843,9 @@ class FakeTelegram:
                         "chat": _chat(reply_to.chat_id), "date": int(time.time()),
                         "text": reply_to.text,
                     }
+                    if quote is not None:  # the part the human picked (Bot API `quote`)
+                        message["quote"] = {"text": quote, "position": reply_to.text.find(quote),
+                                            "is_manual": True}
                 self._world.inbound.append(message)
                 self._world.updates.append({"update_id": 500_000 + number, "message": message})
                 ids.append(message_id)

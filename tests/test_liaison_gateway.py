@@ -159,6 +159,26 @@ def test_two_answers_in_one_event(gateway: Gateway) -> None:
     assert gateway.answer_file(second)["answer"] == "no\nnot the second"
 
 
+def test_a_reply_quoting_part_of_the_question_is_its_answer(gateway: Gateway) -> None:
+    # X14: a human who quotes only part of the question (not its marker) still answers
+    # it: the replied-to message itself names the question, not the quote
+    qid = gateway.qid()
+    asked = gateway.question(qid, "Ship it tonight?")
+    gateway.telegram.send("tomorrow", reply_to=asked, quote="Ship it tonight?")
+    assert gateway.answer_file(qid)["answer"] == "tomorrow"
+
+
+def test_a_long_reply_the_client_split_is_one_answer(gateway: Gateway) -> None:
+    # X14: a reply over Telegram's 4,096 characters reaches the bot as two messages,
+    # the first a reply; the gateway joins them into one event, and one answer
+    qid = gateway.qid()
+    asked = gateway.question(qid)
+    first, rest = "lang " * 819 + "end.", "And the rest of it."
+    assert len(first) > 4000
+    gateway.telegram.send(first, rest, reply_to=asked)
+    assert gateway.answer_file(qid)["answer"] == f"{first}\n{rest}"
+
+
 def test_what_is_not_an_answer_is_left_to_hermes(gateway: Gateway) -> None:
     # X14: an unrelated message, a bad qid, an empty answer and a reply to a message
     # naming no question each go to Hermes as if the liaison were not there
