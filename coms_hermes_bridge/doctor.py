@@ -30,14 +30,16 @@ TEST_TEXT = "coms-hermes-bridge doctor: a test message; nothing to answer."
 
 @dataclass(frozen=True)
 class Check:
-    """One link: held (True), broken (False) or not there to check (None), and why."""
+    """One link: held (True), broken (False) or not there to check (None), and why; a
+    `warning` holds but has a cost worth saying (it fails nothing)."""
 
     name: str
     ok: bool | None
     detail: str
+    warning: bool = False
 
     def line(self) -> str:
-        mark = {True: "✔", False: "✖", None: "–"}[self.ok]
+        mark = "⚠" if self.warning else {True: "✔", False: "✖", None: "–"}[self.ok]
         return f"{mark} {self.name}: {self.detail}"
 
 
@@ -138,22 +140,69 @@ def check_target(config: BridgeConfig) -> Check:
                  "telegram:<chat_id>:<thread_id> (group ids are negative)")
 
 
-def check_skill(config: BridgeConfig, env: Mapping[str, str]) -> Check:
+def check_skill(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
     """The gateway's side of the answer file (W21): our liaison plugin (X14), or a
-    hub-liaison skill of the operator's own."""
+    hub-liaison skill of the operator's own. A plugin counts only when Hermes will load
+    it and it is this package's copy: a disabled one never answers, an older one may
+    write what this daemon no longer reads. Both at once are said too: each answers the
+    same reply, so in a busy chat the skill's second file reaches a closed question."""
     home = hermes_home(env, config.hermes_profile)
     plugin = home / "plugins" / SKILL
-    if (plugin / "plugin.yaml").is_file() and (plugin / "__init__.py").is_file():
-        return Check(SKILL, True, f"plugin at {plugin} (`coms-hermes-bridge liaison status` "
-                     "says whether Hermes enabled it)")
+    profile = f" --hermes-profile {config.hermes_profile}" if config.hermes_profile else ""
+    install = f"`coms-hermes-bridge liaison install{profile}`"
+    skill = _skill(home)
+    has_plugin = (plugin / "plugin.yaml").is_file() and (plugin / "__init__.py").is_file()
+    if has_plugin:
+        yield _plugin(config, env, home, plugin, install)
+    if skill is not None:
+        yield Check(SKILL, True, f"skill at {skill}")
+        if has_plugin:
+            yield Check(SKILL, True, f"both the plugin and the skill are installed: in a busy "
+                        "chat the skill may write a second answer file after the plugin's, "
+                        "and the human then gets a needless ℹ note (the question is already "
+                        f"closed); remove the skill ({skill.parent})", warning=True)
+        else:
+            yield Check(f"{SKILL} plugin", None, "not installed; it answers without an agent "
+                        f"turn (no LLM call, no tokens) where the skill needs one: {install}")
+    elif not has_plugin:
+        yield Check(SKILL, False, f"the Hermes gateway has no {SKILL} plugin or skill, so no "
+                    f"answer will ever come back; install the plugin with {install}")
+
+
+def _skill(home: Path) -> Path | None:
     skills = home / "skills"
     for candidate in (skills / SKILL / "SKILL.md", *skills.glob(f"*/{SKILL}/SKILL.md")):
         if candidate.is_file():
-            return Check(SKILL, True, f"skill at {candidate}")
-    profile = f" --hermes-profile {config.hermes_profile}" if config.hermes_profile else ""
-    return Check(SKILL, False, f"the Hermes gateway has no {SKILL} plugin or skill, so no "
-                 f"answer will ever come back; install the plugin with `coms-hermes-bridge "
-                 f"liaison install{profile}`")
+            return candidate
+    return None
+
+
+def _plugin(config: BridgeConfig, env: Mapping[str, str], home: Path, plugin: Path,
+            install: str) -> Check:
+    """The installed plugin: this package's copy (file for file), and enabled in the
+    profile's config.yaml, as Hermes' own code reads it (its format is Hermes' business)."""
+    # here, not at the top: liaison_setup imports this module
+    from .liaison_setup import _current, find_hermes, probe
+    from .ops import OpsError
+
+    where = home / "config.yaml"
+    current = _current(plugin)
+    try:
+        enabled: bool | None = probe(find_hermes(config, env), env)["enabled"]
+        unknown = ""
+    except OpsError as exc:
+        enabled, unknown = None, str(exc)
+    version = ("this coms-hermes-bridge's version" if current else
+               "not this coms-hermes-bridge's version (its files differ)")
+    if enabled is None:
+        said = f"cannot tell whether it is enabled in {where}: {unknown}"
+    else:
+        said = (f"enabled in {where}" if enabled else
+                f"not enabled in {where} (plugins.enabled), so the gateway does not load it")
+    fix = "" if current and enabled is not False else f"; run {install}"
+    ok = None if current and enabled is None else current and bool(enabled)
+    restart = " (a running gateway loads it when it starts)" if ok else ""
+    return Check(SKILL, ok, f"plugin at {plugin}, {version}, {said}{fix}{restart}")
 
 
 def check_files(config: BridgeConfig) -> Iterator[Check]:
@@ -245,7 +294,7 @@ def run_checks(
     """Every check in chain order, each as it is made (a slow one shows where it is)."""
     yield from check_hermes(config, env)
     yield check_target(config)
-    yield check_skill(config, env)
+    yield from check_skill(config, env)
     yield from check_files(config)
     yield check_bridge(config)
     yield check_service(config, env)

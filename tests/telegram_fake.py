@@ -794,7 +794,8 @@ class FakeTelegram:
             return list(self._world.connects)
 
     def wait_messages(self, count: int, timeout: float = 20.0) -> list[Seen]:
-        return wait_for(lambda: len(self.messages()) >= count and self.messages(), timeout,
+        return wait_for(lambda: self.messages() if len(self.messages()) >= count else None,
+                        timeout,
                         f"{count} Telegram message(s); have {self.texts()}")
 
     # -- the human's side: what the gateway reads with getUpdates ---------------------

@@ -29,6 +29,7 @@ from coms_hermes_bridge.doctor import (
     hermes_home,
     run_checks,
 )
+from coms_hermes_bridge.liaison_setup import _copy
 from tests.bridge_process import Bridge
 from tests.fakes import Asker, register_bridge, state_file
 from tests.hermes_fake import FakeHermes
@@ -66,7 +67,8 @@ def test_all_links_hold(bridge: Bridge) -> None:  # the skill in place, bridge u
     assert done.returncode == 0, done.stdout + done.stderr
     assert marks(done) == {
         "hermes": "✔", "python-telegram-bot": "✔", "--to": "✔", "hub-liaison": "✔",
-        "questions directory": "✔", "state": "✔", "bridge demo": "✔", "service": "–"}
+        "hub-liaison plugin": "–", "questions directory": "✔", "state": "✔",
+        "bridge demo": "✔", "service": "–"}
     lines = done.stdout.splitlines()
     assert f"✔ hub-liaison: skill at {where}" in lines
     assert f"✔ questions directory: {bridge.questions} (ours, 0700)" in lines
@@ -392,41 +394,142 @@ def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
     missing = ("✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no "
                "answer will ever come back; install the plugin with `coms-hermes-bridge "
                "liaison install`")
-    assert check_skill(world.config, world.env).line() == missing
+    assert lines(check_skill(world.config, world.env))[0] == missing
     (skills / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # not a file
     (skills / "a" / "b" / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # two levels down
     (skills / "a" / "b" / "hub-liaison" / "SKILL.md").rmdir()
     (skills / "a" / "b" / "hub-liaison" / "SKILL.md").write_text("x")
     (skills / "coms" / "other").mkdir(parents=True)
     (skills / "coms" / "other" / "SKILL.md").write_text("x")  # another skill
-    assert check_skill(world.config, world.env).line() == missing
+    assert lines(check_skill(world.config, world.env))[0] == missing
     in_category = skills / "coms" / "hub-liaison" / "SKILL.md"
     in_category.parent.mkdir()
     in_category.write_text("x")
-    assert check_skill(world.config, world.env).line() == f"✔ hub-liaison: skill at {in_category}"
+    assert lines(check_skill(world.config, world.env))[0] == f"✔ hub-liaison: skill at {in_category}"
     (skills / "hub-liaison" / "SKILL.md").rmdir()
     (skills / "hub-liaison" / "SKILL.md").write_text("x")  # the top one comes first
-    assert check_skill(world.config, world.env).line() == (
+    assert lines(check_skill(world.config, world.env))[0] == (
         f"✔ hub-liaison: skill at {skills / 'hub-liaison' / 'SKILL.md'}")
-    assert check_skill(world.with_("--hermes-profile", "ops"), world.env).line() == (
+    assert lines(check_skill(world.with_("--hermes-profile", "ops"), world.env))[0] == (
         "✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no answer "
         "will ever come back; install the plugin with `coms-hermes-bridge liaison install "
         "--hermes-profile ops`")
 
 
-def test_the_liaison_plugin_comes_before_any_skill(world: World) -> None:
-    # X14: the plugin `liaison install` puts in the profile's plugins folder, whole
+# A stand-in for the Python that runs hermes, asked by `liaison_setup.probe`: the
+# liaison is enabled when the profile's config.yaml lists it (the real reading of
+# config.yaml is Hermes' own, checked in tests/test_liaison_setup.py).
+PROBE_PYTHON = """#!/bin/sh
+case "$2" in *_get_enabled_plugins*) ;; *) exit 9 ;; esac
+enabled=false  # shell builtins only: PATH holds no grep
+[ -f "$HERMES_HOME/config.yaml" ] && while IFS= read -r line; do
+  [ "$line" = "    - hub-liaison" ] && enabled=true
+done < "$HERMES_HOME/config.yaml"
+echo '{"hook": true, "enabled": '"$enabled"'}'
+"""
+ENABLED = "plugins:\n  enabled:\n    - hub-liaison\n"
+
+
+def installed(world: World, *, enabled: bool = True) -> Path:
+    """This package's plugin where `liaison install` puts it, a hermes whose Python
+    answers the probe, and config.yaml listing the plugin when `enabled`."""
+    python = program(world.bin / "python", PROBE_PYTHON)
+    world.hermes(f"#!{python}\n")
+    plugin = world.home / ".hermes" / "plugins" / "hub-liaison"
+    _copy(plugin, {"questions_dir": str(world.config.questions_dir), "command": None})
+    if enabled:
+        (world.home / ".hermes" / "config.yaml").write_text(ENABLED, encoding="utf-8")
+    return plugin
+
+
+def test_the_plugin_is_installed_enabled_and_this_version(world: World) -> None:
+    # X14, W21: a plugin of this package, enabled in config.yaml: one line, and held
+    plugin = installed(world)
+    config = world.home / ".hermes" / "config.yaml"
+    assert lines(check_skill(world.config, world.env)) == [
+        f"✔ hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, enabled in "
+        f"{config} (a running gateway loads it when it starts)"]
+
+
+def test_a_plugin_not_enabled_is_broken(world: World) -> None:
+    # X14: Hermes loads only the plugins config.yaml enables
+    plugin = installed(world, enabled=False)
+    config = world.home / ".hermes" / "config.yaml"
+    [check] = check_skill(world.config, world.env)
+    assert check.line() == (
+        f"✖ hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, not enabled "
+        f"in {config} (plugins.enabled), so the gateway does not load it; run "
+        "`coms-hermes-bridge liaison install`")
+
+
+def test_a_plugin_of_another_version_is_broken(world: World) -> None:
+    # X14: the installed copy is compared with this package's, file for file
+    plugin = installed(world)
+    config = world.home / ".hermes" / "config.yaml"
+    (plugin / "answers.py").write_text("# an older liaison\n", encoding="utf-8")
+    assert lines(check_skill(world.with_("--hermes-profile", "default"), world.env)) == [
+        f"✖ hub-liaison: plugin at {plugin}, not this coms-hermes-bridge's version (its files "
+        f"differ), enabled in {config}; run `coms-hermes-bridge liaison install "
+        "--hermes-profile default`"]
+    (plugin / "markers.py").unlink()
+    (plugin / "answers.py").unlink()  # gone files differ too
+    assert lines(check_skill(world.config, world.env))[0].startswith(
+        f"✖ hub-liaison: plugin at {plugin}, not this coms-hermes-bridge's version")
+
+
+def test_a_plugin_whose_enabling_cannot_be_told(world: World) -> None:
+    # X14: no hermes to ask is not a broken plugin, but it is said; an old copy still is
+    plugin = installed(world)
+    (world.bin / "hermes").unlink()
+    config = world.home / ".hermes" / "config.yaml"
+    assert lines(check_skill(world.config, world.env)) == [
+        f"– hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, cannot tell "
+        f"whether it is enabled in {config}: 'hermes' is not on PATH; the liaison is a "
+        "plugin of the Hermes gateway: install hermes-agent first"]
+    (plugin / "answers.py").write_text("# an older liaison\n", encoding="utf-8")
+    assert [c.ok for c in check_skill(world.config, world.env)] == [False]
+
+
+def test_a_plugin_folder_without_its_code_is_no_plugin(world: World) -> None:
+    # X14: plugin.yaml alone does not load
     plugin = world.home / ".hermes" / "plugins" / "hub-liaison"
     plugin.mkdir(parents=True)
     (plugin / "plugin.yaml").write_text("name: hub-liaison\n")
-    assert check_skill(world.config, world.env).ok is False  # no __init__.py: not loadable
-    (plugin / "__init__.py").write_text("")
+    [check] = check_skill(world.config, world.env)
+    assert (check.name, check.ok) == ("hub-liaison", False)
+
+
+def test_the_skill_alone_holds_and_the_plugin_is_recommended(world: World) -> None:
+    # W21, X14: a skill answers too, through an agent turn; the plugin needs none
     skill = world.home / ".hermes" / "skills" / "hub-liaison" / "SKILL.md"
     skill.parent.mkdir(parents=True)
     skill.write_text("x")
-    assert check_skill(world.config, world.env).line() == (
-        f"✔ hub-liaison: plugin at {plugin} (`coms-hermes-bridge liaison status` says whether "
-        "Hermes enabled it)")
+    checks = list(check_skill(world.with_("--hermes-profile", "default"), world.env))
+    assert lines(checks) == [
+        f"✔ hub-liaison: skill at {skill}",
+        "– hub-liaison plugin: not installed; it answers without an agent turn (no LLM call, "
+        "no tokens) where the skill needs one: `coms-hermes-bridge liaison install "
+        "--hermes-profile default`"]
+    assert [c.ok for c in checks] == [True, None]
+
+
+def test_the_plugin_and_the_skill_together_are_warned_of(world: World) -> None:
+    # X14, C11: both answer one reply; the skill's second file reaches a closed question
+    plugin = installed(world)
+    config = world.home / ".hermes" / "config.yaml"
+    skill = world.home / ".hermes" / "skills" / "coms" / "hub-liaison" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text("x")
+    checks = list(check_skill(world.config, world.env))
+    assert lines(checks) == [
+        f"✔ hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, enabled in "
+        f"{config} (a running gateway loads it when it starts)",
+        f"✔ hub-liaison: skill at {skill}",
+        "⚠ hub-liaison: both the plugin and the skill are installed: in a busy chat the skill "
+        "may write a second answer file after the plugin's, and the human then gets a "
+        "needless ℹ note (the question is already closed); remove the skill "
+        f"({skill.parent})"]
+    assert [(c.ok, c.warning) for c in checks] == [(True, False), (True, False), (True, True)]
 
 
 def test_the_questions_directory_must_be_ours_and_closed(

@@ -12,113 +12,23 @@ failed" reply, which is how a test knows the message went past the plugin untouc
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from coms_hermes_bridge.messages.contract import format_question
-from coms_hermes_bridge.messages.wire import ParsedPrompt, QuestionOption
-from tests.bridge_process import ROOT
 from tests.fakes import wait_for
+from tests.gateway_rig import HUMAN, LEFT_TO_HERMES, WAIT, Gateway, running_gateway
 from tests.hermes_venv import ensure_hermes_bin
-from tests.telegram_fake import TOKEN, FakeTelegram, Seen, make_tls
+from tests.telegram_fake import Seen
 from tests.test_real_hermes import RealBridge
 
 pytestmark = pytest.mark.real_hermes
 
-HUMAN = 4242  # the chat and user id of the authorized human
-WAIT = 30.0
-LEFT_TO_HERMES = "Provider authentication failed"  # Hermes' reply with no model set up
-
-
-@dataclass
-class Gateway:
-    telegram: FakeTelegram
-    home: Path
-    log: Path
-    proc: subprocess.Popen[bytes]
-    qid_number: int = 0
-
-    @property
-    def questions(self) -> Path:
-        return self.home / ".pi" / "coms" / "hermes-bridge" / "questions"
-
-    def qid(self) -> str:
-        """A fresh qid for each question of the module (Crockford digits only)."""
-        self.qid_number += 1
-        return f"01HZY5B7R8XK3M9Q2W4E{self.qid_number:06d}"
-
-    def question(self, qid: str, text: str = "Ship it?") -> Seen:
-        """The bot's C4 question, as `hermes send` left it in the chat."""
-        parsed = ParsedPrompt(question=text, options=(QuestionOption(title="Yes"),))
-        return self.telegram.bot_said(format_question(qid, parsed, project="web"))
-
-    def answer_file(self, qid: str) -> dict[str, Any]:
-        path = self.questions / f"{qid}.answer.json"
-        wait_for(path.exists, WAIT, f"{path.name}; gateway log:\n{self.tail()}")
-        assert oct(path.stat().st_mode & 0o777) == "0o600"
-        body: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return body
-
-    def answers(self) -> list[str]:
-        return sorted(p.name for p in self.questions.glob("*")) if self.questions.is_dir() else []
-
-    def hermes_replies(self, count: int) -> list[str]:
-        """Wait for `count` replies of Hermes' own (the liaison sends none), in order."""
-        def replies() -> list[str]:
-            return [t for t in self.telegram.texts() if LEFT_TO_HERMES in t]
-        return wait_for(lambda: len(replies()) >= count and replies(), WAIT,
-                        f"{count} Hermes replies; gateway log:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
-
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    base = tmp_path_factory.mktemp("gateway")
-    hermes_bin = ensure_hermes_bin()
-    tls = make_tls(base / "tls", hermes_bin / "python")
-    telegram = FakeTelegram(tls)
-    home = base / "home"
-    (home / ".hermes").mkdir(parents=True)
-    (home / ".hermes" / ".env").write_text(
-        f"TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS={HUMAN}\n"
-        f"TELEGRAM_HOME_CHANNEL={HUMAN}\n", encoding="utf-8")
-    bin_dir = base / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "hermes").symlink_to(hermes_bin / "hermes")
-    # a clean environment: no API keys, nothing of ours, hermes alone on PATH
-    env = {"HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "LANG": "C.UTF-8",
-           **telegram.env(), "TELEGRAM_FALLBACK_IPS": "149.154.167.220",
-           "TIRITH_ENABLED": "false", "HERMES_GATEWAY_LOCK_DIR": str(base / "locks")}
-    installed = subprocess.run([str(ROOT / ".venv" / "bin" / "coms-hermes-bridge"), "liaison",
-                                "install"], env=env, capture_output=True, text=True,
-                               timeout=120, check=False)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    log = base / "gateway.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(bin_dir / "hermes"), "gateway", "run"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    gw = Gateway(telegram, home, log, proc)
-    try:
-        telegram.wait_polling(1, 60)  # listening: its first getUpdates
+    with running_gateway(tmp_path_factory.mktemp("gateway"), ensure_hermes_bin()) as gw:
         yield gw
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        telegram.close()
 
 
 def test_a_reply_to_the_question_is_written_and_acknowledged(gateway: Gateway) -> None:
