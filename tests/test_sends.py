@@ -4,6 +4,7 @@ or a stop mid-send, and no outcome is lost (C18, C19)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -178,11 +179,16 @@ def test_a_stalled_waiter_is_killed_past_the_send_timeout_and_hermes_with_it(
     run = hermes.wait_started(1)[0]
     waiter = int(Path(f"/proc/{run['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])
     os.kill(waiter, signal.SIGSTOP)
-    qid, error = rig.told(timeout=5)
-    assert (qid, error) == (QID, "hermes send failed: the send waiter (exit -9) ended "
-                                 "without an outcome")
-    wait_for(lambda: not group_alive(run["pgid"]), timeout=3, what="hermes' group gone")
-    assert list(rig.sends.iterdir()) == []
+    try:
+        qid, error = rig.told(timeout=5)
+        assert (qid, error) == (QID, "hermes send failed: the send waiter (exit -9) ended "
+                                     "without an outcome")
+        wait_for(lambda: not group_alive(run["pgid"]), timeout=3, what="hermes' group gone")
+        assert list(rig.sends.iterdir()) == []
+    finally:  # never leave a stopped waiter behind, whatever failed
+        for pid, kill in ((waiter, os.kill), (run["pgid"], os.killpg)):
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
 
 
 # -- the pieces (actors/sends.py) ---------------------------------------------------
