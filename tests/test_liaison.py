@@ -366,9 +366,11 @@ def test_a_busy_chats_answer_is_written_once_and_the_model_told(home: Path) -> N
 
 
 def test_an_answer_pre_gateway_dispatch_wrote_is_not_written_again(home: Path) -> None:
-    # X14: one file per answer, whichever hook sees it first; the username the gateway's
-    # event carried names the sender of a later busy-chat answer
-    liaison.on_gateway_dispatch(event=event(f"HUB-Q:{Q1}: ok"), gateway=Gateway({"42"}))
+    # X14: one file per answer, whichever hook sees it first; the username an earlier
+    # event of the sender carried (an answer or not) names them in a busy-chat answer
+    liaison.on_gateway_dispatch(event=event("make the chat busy"), gateway=Gateway({"42"}))
+    liaison.on_gateway_dispatch(event=event(f"HUB-Q:{Q1}: ok", username=None),
+                                gateway=Gateway({"42"}))
     (home / f"{Q1}.answer.json").unlink()
     said = liaison.on_llm_call(user_message=f"HUB-Q:{Q1}: ok\nHUB-Q:{Q2}: no",
                                platform="telegram", sender_id="42")

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,17 +81,20 @@ class Gateway:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    base = tmp_path_factory.mktemp("gateway")
+@contextmanager
+def running_gateway(base: Path, config_yaml: str | None = None) -> Iterator[Gateway]:
+    """`hermes gateway run` with the liaison installed, against a fresh fake Telegram; with
+    `config_yaml`, Hermes' config.yaml says so (a model for it to call, say)."""
     hermes_bin = ensure_hermes_bin()
     tls = make_tls(base / "tls", hermes_bin / "python")
     telegram = FakeTelegram(tls)
     home = base / "home"
-    (home / ".hermes").mkdir(parents=True)
+    (home / ".hermes").mkdir(parents=True, exist_ok=True)
     (home / ".hermes" / ".env").write_text(
         f"TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS={HUMAN}\n"
         f"TELEGRAM_HOME_CHANNEL={HUMAN}\n", encoding="utf-8")
+    if config_yaml is not None:
+        (home / ".hermes" / "config.yaml").write_text(config_yaml, encoding="utf-8")
     bin_dir = base / "bin"
     bin_dir.mkdir()
     (bin_dir / "hermes").symlink_to(hermes_bin / "hermes")
@@ -119,6 +123,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         telegram.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with running_gateway(tmp_path_factory.mktemp("gateway")) as gw:
+        yield gw
 
 
 def test_a_reply_to_the_question_is_written_and_acknowledged(gateway: Gateway) -> None:

@@ -120,14 +120,23 @@ def _written_before(answer: Answer) -> bool:
 
 
 def _answered_by(event: Any) -> str:
-    """C8's answered_by: the sender's Telegram username, else their user id. The name is
-    remembered for the busy-chat turn, which knows only the user id."""
+    """C8's answered_by: the sender's Telegram username, else their user id."""
     user = getattr(getattr(event, "raw_message", None), "from_user", None)
-    user_id = getattr(event.source, "user_id", None)
-    name = getattr(user, "username", None)
-    if name and user_id is not None:
+    name = getattr(user, "username", None) or getattr(event.source, "user_id", None)
+    return f"telegram:{name}"
+
+
+def _learn_username(event: Any) -> None:
+    """Remember each Telegram sender's username: a busy chat's answer reaches the liaison
+    as a turn that knows only the user id, and the message that made the chat busy came
+    through here first."""
+    source = getattr(event, "source", None)
+    if getattr(getattr(source, "platform", None), "value", None) != "telegram":
+        return
+    user = getattr(getattr(event, "raw_message", None), "from_user", None)
+    name, user_id = getattr(user, "username", None), getattr(source, "user_id", None)
+    if isinstance(name, str) and name and user_id is not None:
         _remember(_usernames, str(user_id), name)
-    return f"telegram:{name or user_id}"
 
 
 def _authorized(gateway: Any, source: Any) -> bool | None:
@@ -190,6 +199,7 @@ def on_gateway_dispatch(
     """Hermes' pre_gateway_dispatch hook: `{"action": "skip"}` once the answers are
     written, None (Hermes carries on) for anything else or on any fault of ours."""
     try:
+        _learn_username(event)
         answers = answers_in(event)
         if not answers or not _authorized(gateway, event.source):
             return None
