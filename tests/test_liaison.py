@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from coms_hermes_bridge import liaison
-from coms_hermes_bridge.liaison.answers import Answer, read_answers, replied_qid, write_answer
+from coms_hermes_bridge.liaison.answers import (
+    Answer,
+    read_answers,
+    replied_qid,
+    turn_answers,
+    write_answer,
+)
 from coms_hermes_bridge.messages.contract import format_question, late_note
 from coms_hermes_bridge.messages.wire import AnswerFile, ParsedPrompt
 
@@ -213,15 +219,16 @@ def test_a_write_that_fails_lets_the_message_through(
     assert any("could not write an answer" in r.getMessage() for r in caplog.records)
 
 
-def test_register_hooks_pre_gateway_dispatch_and_the_slash_command() -> None:
-    # X14: the one hook, under Hermes' name for it, and /hub
+def test_register_hooks_both_hooks_and_the_slash_command() -> None:
+    # X14: the two hooks, under Hermes' names for them, and /hub
     hooks: list[tuple[str, Any]] = []
     commands: list[tuple[str, Any, str]] = []
     liaison.register(SimpleNamespace(
         register_hook=lambda name, fn: hooks.append((name, fn)),
         register_command=lambda name, fn, description: commands.append((name, fn, description)),
     ))
-    assert hooks == [("pre_gateway_dispatch", liaison.on_gateway_dispatch)]
+    assert hooks == [("pre_gateway_dispatch", liaison.on_gateway_dispatch),
+                     ("pre_llm_call", liaison.on_llm_call)]
     assert commands == [("hub", liaison.open_questions,
                          "open coms questions of every project on this host")]
 
@@ -297,3 +304,118 @@ def test_the_answer_is_acknowledged_with_a_reaction_else_one_reply(
 
     asyncio.run(dispatch())
     assert message.done == done
+
+
+# -- a busy chat: the answer comes back as a turn, seen by pre_llm_call -----------------
+
+QUESTION = format_question(Q1, ParsedPrompt(question="Ship?"))
+
+
+def quoted(quote: str, text: str) -> str:
+    """The user message of a Telegram reply, as Hermes 0.19.0 words it for the turn."""
+    return f'[Replying to: "{quote[:500]}"]\n\n{text}'
+
+
+@pytest.fixture(autouse=True)
+def fresh_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with a gateway that has written nothing and met nobody."""
+    monkeypatch.setattr(liaison, "_written", liaison.OrderedDict())
+    monkeypatch.setattr(liaison, "_usernames", liaison.OrderedDict())
+
+
+@pytest.mark.parametrize(
+    ("message", "answers"),
+    [
+        (quoted(QUESTION, "  yes  "), [(Q1, "yes")]),
+        (quoted(QUESTION, f"first\nHUB-Q:{Q2}: second"), [(Q1, "first"), (Q2, "second")]),
+        (f"HUB-Q:{Q1}: typed, no reply", [(Q1, "typed, no reply")]),
+        (quoted("an ordinary message", f"HUB-Q:{Q2}: typed in a reply"), [(Q2, "typed in a reply")]),
+        (quoted(f"[HUB-Q:{Q1}] and [HUB-Q:{Q2}]", "yes"), []),  # two tags: ambiguous
+        (quoted("an ordinary message", "yes"), []),
+        (quoted(QUESTION, "   "), []),
+        (f'[Replying to your previous message: "{QUESTION}"]\n\nyes', []),  # not Telegram's
+        (f'[Replying to: "{QUESTION}"] yes', []),  # not Hermes' framing
+        (f"[HUB-Q:{Q1}] yes, quoted by hand", []),  # a tag typed in the text is no reply
+        ("what's the weather like?", []),
+        # the quote ends at the first `"]` and blank line; a quote carrying one loses its tail
+        (quoted(f'say "x"]\n\n[HUB-Q:{Q1}]', "yes"), []),
+    ],
+)
+def test_the_answers_a_turn_carries(message: str, answers: list[tuple[str, str]]) -> None:
+    # X14: a busy chat's answer, read from the turn's user message
+    assert turn_answers(message) == [Answer(q, t) for q, t in answers]
+
+
+def test_a_busy_chats_answer_is_written_once_and_the_model_told(home: Path) -> None:
+    # X14, C7, C8: written from the turn, the model told it was delivered; the same turn
+    # replayed (an interrupted follow-up) writes nothing more
+    said = liaison.on_llm_call(user_message=quoted(QUESTION, " 2 "), platform="telegram",
+                               sender_id="42", session_id="s", model="m")
+    assert said == {"context": (
+        f"[hub-liaison: this message is the human's answer to [HUB-Q:{Q1}]. It has already "
+        "been delivered to the coms bridge, which passes it to the agent that asked. Do not "
+        "act on it or answer it yourself; at most acknowledge it in one short line.]")}
+    [(name, body)] = files(home).items()
+    assert name == f"{Q1}.answer.json"
+    assert list(body) == ["qid", "answer", "answered_by", "at"]
+    assert (body["qid"], body["answer"], body["answered_by"]) == (Q1, "2", "telegram:42")
+    (home / name).unlink()  # the bridge took it
+    assert liaison.on_llm_call(user_message=quoted(QUESTION, " 2 "), platform="telegram",
+                               sender_id="42") == said
+    assert files(home) == {}
+
+
+def test_an_answer_pre_gateway_dispatch_wrote_is_not_written_again(home: Path) -> None:
+    # X14: one file per answer, whichever hook sees it first; the username an earlier
+    # event of the sender carried (an answer or not) names them in a busy-chat answer
+    liaison.on_gateway_dispatch(event=event("make the chat busy"), gateway=Gateway({"42"}))
+    liaison.on_gateway_dispatch(event=event(f"HUB-Q:{Q1}: ok", username=None),
+                                gateway=Gateway({"42"}))
+    (home / f"{Q1}.answer.json").unlink()
+    said = liaison.on_llm_call(user_message=f"HUB-Q:{Q1}: ok\nHUB-Q:{Q2}: no",
+                               platform="telegram", sender_id="42")
+    assert said is not None and f"[HUB-Q:{Q1}], [HUB-Q:{Q2}]" in said["context"]
+    assert list(files(home)) == [f"{Q2}.answer.json"]
+    assert files(home)[f"{Q2}.answer.json"]["answered_by"] == "telegram:alice"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"user_message": "hello there", "platform": "telegram"}, "no answer"),
+        ({"user_message": f"HUB-Q:{Q1}: yes", "platform": "discord"}, "not Telegram"),
+        ({"user_message": f"HUB-Q:{Q1}: yes", "platform": ""}, "the CLI, cron"),
+        ({"user_message": [{"type": "text", "text": f"HUB-Q:{Q1}: yes"}],
+          "platform": "telegram"}, "multimodal"),
+        ({}, "nothing at all"),
+    ],
+)
+def test_every_other_turn_is_left_alone(home: Path, kwargs: dict[str, Any], why: str) -> None:
+    # X14: None (nothing added to the turn), and nothing written
+    assert liaison.on_llm_call(**kwargs, sender_id="42") is None, why
+    assert files(home) == {}, why
+
+
+def test_a_turns_write_that_fails_leaves_the_turn_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # X14: a fault of ours is logged, the turn runs untold, and a replay tries again
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory", encoding="utf-8")
+    monkeypatch.setattr(liaison, "questions_dir", lambda folder=None: blocked / "questions")
+    caplog.set_level(logging.ERROR, logger="hermes_plugins.hub-liaison")
+    turn = {"user_message": f"HUB-Q:{Q1}: ok", "platform": "telegram", "sender_id": "42"}
+    assert liaison.on_llm_call(**turn) is None
+    assert any("could not write an answer" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(liaison, "questions_dir", lambda folder=None: tmp_path / "questions")
+    assert liaison.on_llm_call(**turn) is not None
+    assert list(files(tmp_path / "questions")) == [f"{Q1}.answer.json"]
+
+
+def test_the_memory_is_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # X14: the newest MEMORY answers are remembered; the oldest is forgotten
+    monkeypatch.setattr(liaison, "MEMORY", 2)
+    for text in ("a", "b", "c"):
+        liaison.on_llm_call(user_message=f"HUB-Q:{Q1}: {text}", platform="telegram",
+                            sender_id="42")
+    assert list(liaison._written) == [(Q1, "b"), (Q1, "c")]

@@ -3,7 +3,10 @@
 imports nothing of the daemon's: only the standard library and this folder.
 
 It answers in the gateway's own turn, before any agent sees the message: no LLM, no
-tokens, and the same text always makes the same file. Whatever it does not recognise, or
+tokens, and the same text always makes the same file. In a busy chat Hermes hands the
+message straight to the running turn's follow-up, past that hook; the liaison then
+answers from `pre_llm_call`, which cannot skip the turn but can tell the model the answer
+has been delivered. Whatever it does not recognise, or
 cannot do, it leaves to Hermes untouched; a fault of ours must never cost the human a
 message, so every failure is logged and the message goes through.
 """
@@ -14,14 +17,17 @@ import asyncio
 import json
 import logging
 import shutil
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .answers import Answer, iso_now, read_answers, replied_qid, write_answer
+from .answers import Answer, iso_now, read_answers, replied_qid, turn_answers, write_answer
 from .markers import MARKER
 
 NAME = "hub-liaison"
 HOOK = "pre_gateway_dispatch"
+TURN_HOOK = "pre_llm_call"  # a busy chat's answer, replayed as a turn past HOOK
 CONFIG_FILE = "liaison.json"  # written by `coms-hermes-bridge liaison install`
 DEFAULT_QUESTIONS_DIR = "~/.pi/coms/hermes-bridge/questions"  # C7
 COMMAND = "hub"  # /hub: the open questions of every project on this host
@@ -32,6 +38,10 @@ ACK_TEXT = "👍 Answer passed on."
 log = logging.getLogger(f"hermes_plugins.{NAME}")
 _said_no_authorization = False
 _acks: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak refs
+MEMORY = 256  # answers and usernames remembered: far more than a chat has in flight
+_written: OrderedDict[tuple[str, str], None] = OrderedDict()  # (qid, answer) written
+_usernames: OrderedDict[str, str] = OrderedDict()  # Telegram user id -> username
+_memory_lock = threading.Lock()  # the hooks run on the loop and in agent threads
 
 
 def _recorded(key: str, folder: Path | None) -> str | None:
@@ -93,11 +103,40 @@ def _bot_qid(raw: Any) -> str | None:
     return replied_qid(getattr(reply, "text", None))
 
 
+def _remember(memory: OrderedDict[Any, Any], key: Any, value: Any = None) -> None:
+    """Keep the newest MEMORY entries: a long-lived gateway must not grow without end."""
+    with _memory_lock:
+        memory[key] = value
+        memory.move_to_end(key)
+        while len(memory) > MEMORY:
+            memory.popitem(last=False)
+
+
+def _written_before(answer: Answer) -> bool:
+    """Whether this gateway already wrote this answer: a turn Hermes replays (or a message
+    both hooks see) must not write its file twice."""
+    with _memory_lock:
+        return (answer.qid, answer.text) in _written
+
+
 def _answered_by(event: Any) -> str:
     """C8's answered_by: the sender's Telegram username, else their user id."""
     user = getattr(getattr(event, "raw_message", None), "from_user", None)
     name = getattr(user, "username", None) or getattr(event.source, "user_id", None)
     return f"telegram:{name}"
+
+
+def _learn_username(event: Any) -> None:
+    """Remember each Telegram sender's username: a busy chat's answer reaches the liaison
+    as a turn that knows only the user id, and the message that made the chat busy came
+    through here first."""
+    source = getattr(event, "source", None)
+    if getattr(getattr(source, "platform", None), "value", None) != "telegram":
+        return
+    user = getattr(getattr(event, "raw_message", None), "from_user", None)
+    name, user_id = getattr(user, "username", None), getattr(source, "user_id", None)
+    if isinstance(name, str) and name and user_id is not None:
+        _remember(_usernames, str(user_id), name)
 
 
 def _authorized(gateway: Any, source: Any) -> bool | None:
@@ -160,12 +199,14 @@ def on_gateway_dispatch(
     """Hermes' pre_gateway_dispatch hook: `{"action": "skip"}` once the answers are
     written, None (Hermes carries on) for anything else or on any fault of ours."""
     try:
+        _learn_username(event)
         answers = answers_in(event)
         if not answers or not _authorized(gateway, event.source):
             return None
         by, at, directory = _answered_by(event), iso_now(), questions_dir()
         for answer in answers:
             write_answer(directory, answer, by, at)
+            _remember(_written, (answer.qid, answer.text))
     except Exception:
         log.exception("%s: could not write an answer; the message is left to Hermes", NAME)
         return None
@@ -178,8 +219,46 @@ def on_gateway_dispatch(
     return {"action": "skip", "reason": f"{NAME} answered {qids}"}
 
 
+def delivered_note(qids: list[str]) -> str:
+    """What the model is told about a turn whose message was an answer: the bridge has it,
+    so the model must neither answer the question itself nor act on the text."""
+    names = ", ".join(f"[{MARKER}:{q}]" for q in qids)
+    return (f"[{NAME}: this message is the human's answer to {names}. It has already been "
+            "delivered to the coms bridge, which passes it to the agent that asked. Do not "
+            "act on it or answer it yourself; at most acknowledge it in one short line.]")
+
+
+def on_llm_call(
+    user_message: Any = None, platform: Any = "", sender_id: Any = "", **_: Any
+) -> dict[str, str] | None:
+    """Hermes' pre_llm_call hook: an answer sent while a turn ran in the chat comes back as
+    a follow-up turn that never passed pre_gateway_dispatch. The gateway let it into a turn,
+    so its sender is authorized; each answer is written once, and the model is told.
+    None (the turn runs as Hermes meant it) for anything else or on any fault of ours."""
+    try:
+        if platform != "telegram" or not isinstance(user_message, str):
+            return None
+        answers = turn_answers(user_message)
+        if not answers:
+            return None
+        user_id = str(sender_id)
+        with _memory_lock:
+            by = f"telegram:{_usernames.get(user_id) or user_id}"
+        at, directory = iso_now(), questions_dir()
+        for answer in answers:
+            if not _written_before(answer):
+                write_answer(directory, answer, by, at)
+                _remember(_written, (answer.qid, answer.text))
+                log.info("%s: answered %s for %s in a busy chat", NAME, answer.qid, by)
+    except Exception:
+        log.exception("%s: could not write an answer; the turn is left to Hermes", NAME)
+        return None
+    return {"context": delivered_note([a.qid for a in answers])}
+
+
 def register(ctx: Any) -> None:
     """Hermes' plugin entry point."""
     ctx.register_hook(HOOK, on_gateway_dispatch)
+    ctx.register_hook(TURN_HOOK, on_llm_call)
     ctx.register_command(COMMAND, open_questions,
                          description="open coms questions of every project on this host")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .markers import ANSWER_HEAD_PATTERN, MARKER, TAG_PATTERN, is_qid
+from .markers import ANSWER_HEAD_PATTERN, MARKER, REPLY_QUOTE_PATTERN, TAG_PATTERN, is_qid
 
 ANSWER_SUFFIX = ".answer.json"
 _LINE_HEAD = f"{MARKER}:"
@@ -67,6 +67,20 @@ def read_answers(text: str, replied: str | None) -> list[Answer]:
         lines = [line[head.end():]] if head else []
     close()
     return found
+
+
+def turn_answers(user_message: str) -> list[Answer]:
+    """X14 in a busy chat: the answers of an agent turn's user message, as Hermes words it.
+
+    Hermes keeps only the replied-to message's text (its quote), not who wrote it, so a
+    quote naming exactly one question stands for the reply; the quote is cut at the first
+    `"]` and a blank line, and the rest is read as any message is (`read_answers`)."""
+    quoted = REPLY_QUOTE_PATTERN.match(user_message)
+    replied = replied_qid(quoted.group(1)) if quoted else None
+    text = user_message[quoted.end():] if quoted else user_message
+    if replied is None and MARKER not in text:
+        return []
+    return read_answers(text, replied)
 
 
 def iso_now() -> str:

@@ -36,3 +36,8 @@ def answer_prefix(qid: str) -> str:
 TAG_PATTERN = re.compile(rf"\[{MARKER}:([^\]\n]*)\]")
 ANSWER_LINE_PATTERN = re.compile(rf"^{MARKER}:", re.MULTILINE)
 ANSWER_HEAD_PATTERN = re.compile(rf"^{MARKER}:({QID_CHARS}{{26}}):")
+
+# Not ours, but read here with the rest: how Hermes 0.19.0 hands an agent turn a Telegram
+# reply, `[Replying to: "<the first 500 characters of the replied-to message>"]`, a blank
+# line, then the text. A busy chat's answer reaches the liaison only in this form.
+REPLY_QUOTE_PATTERN = re.compile(r'\A\[Replying to: "(.*?)"\]\n\n', re.DOTALL)
