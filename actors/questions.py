@@ -55,6 +55,7 @@ from ..messages.contract import (
     duplicate_refused_record,
     effective_timeout_ms,
     format_question,
+    is_group_target,
     late_note,
     log_record,
     map_answer,
@@ -275,7 +276,9 @@ class QuestionRouter(PooledChild):
 
     def _deliver(self, spec: QuestionSpec, question: OpenQuestion) -> None:
         # asked here, in arrival order, so questions reach the chat in the order asked
-        text = format_question(spec.qid, spec.parsed, project=self.w.config.project)
+        config = self.w.config
+        text = format_question(spec.qid, spec.parsed, project=config.project,
+                               group=is_group_target(config.target))
         self.w.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
 
     # -- running the questions ----------------------------------------------

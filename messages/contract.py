@@ -397,19 +397,32 @@ def project_label(project: str) -> str:
     return truncate_utf16(label, PROJECT_LIMIT) if label else "default"
 
 
+GROUP_MENTION = "@<bot name> "
+"""What a typed answer starts with in a group (X14): Telegram hands a bot in a group only
+the messages that mention it or reply to it; the gateway strips the mention."""
+
+
+def is_group_target(target: str) -> bool:
+    """`telegram:<chat_id>[:<thread_id>]` with a negative chat id: a group or its topic."""
+    parts = target.split(":")
+    return (len(parts) in (2, 3) and parts[0] == "telegram" and parts[1].startswith("-")
+            and parts[1][1:].isdigit())
+
+
 def format_question(
     qid: str,
     parsed: ParsedPrompt,
     limit: int = TELEGRAM_TEXT_LIMIT,
     *,
     project: str | None = None,
+    group: bool = False,
 ) -> str:
     """C4, C5, X3, X4: the Telegram text for a question, at most `limit` UTF-16 units.
 
     Cut in this order: the context, then the question, then the header, project line
     and options together; never the qid at the start or the reply instruction at the
     end, which the gateway and the human need. Agent-supplied words are defused (X3,
-    X8): only those two keep a marker.
+    X8): only those two keep a marker. In a `group`, the typed form names the bot (X14).
     """
     tag = f"❓ {hub_tag(qid)} "
     question = scrub(parsed.question)
@@ -419,7 +432,8 @@ def format_question(
         for i, o in enumerate(parsed.options, start=1)
     ]
     options = "\n\nOptions:\n" + "\n".join(lines) if lines else ""
-    instruction = f"\n\n↩ Reply to this message, or type: {answer_prefix(qid)} <answer>"
+    mention = GROUP_MENTION if group else ""
+    instruction = f"\n\n↩ Reply to this message, or type: {mention}{answer_prefix(qid)} <answer>"
     rest = project_line + options + instruction
     fixed = utf16_len(tag) + utf16_len(question) + utf16_len(rest)
     context = scrub(parsed.context) if parsed.context else ""

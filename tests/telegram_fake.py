@@ -835,9 +835,13 @@ class FakeTelegram:
                     "date": int(time.time()), "text": body,
                 }
                 command = re.match(r"/[A-Za-z0-9_]{1,32}(@[A-Za-z0-9_]+)?", body)
+                mention = re.match(r"@[A-Za-z0-9_]{5,32}", body)
                 if command:  # Telegram marks a leading /command as an entity
                     message["entities"] = [{"type": "bot_command", "offset": 0,
                                             "length": len(command.group())}]
+                elif mention:  # and a leading @name
+                    message["entities"] = [{"type": "mention", "offset": 0,
+                                            "length": len(mention.group())}]
                 if reply_to is not None and index == 0:
                     message["reply_to_message"] = {
                         "message_id": reply_to.message_id, "from": BOT,

@@ -17,6 +17,7 @@ from coms_hermes_bridge.messages.contract import (
     delivery_error,
     format_question,
     grace_ms,
+    is_group_target,
     iso,
     late_note,
     log_record,
@@ -189,6 +190,23 @@ def test_question_text_options_without_context() -> None:
     # C4
     parsed = ParsedPrompt(question="Pick", options=(QuestionOption(title="A"),))
     assert format_question(QID, parsed) == HEADER + "Pick\n\nOptions:\n1. A" + INSTRUCTION
+
+
+def test_in_a_group_the_typed_form_names_the_bot() -> None:
+    # X14: a bot in a group gets only what mentions it or replies to it (the gateway
+    # strips the mention); the rest of the text is C4's
+    text = format_question(QID, ParsedPrompt(question="Ready?"), group=True)
+    assert text == (HEADER + "Ready?\n\n↩ Reply to this message, or type: @<bot name> "
+                    f"HUB-Q:{QID}: <answer>")
+
+
+@pytest.mark.parametrize(("target", "group"), [
+    ("telegram:-1001234567890", True), ("telegram:-1001234567890:17", True),
+    ("telegram:-42", True), ("telegram", False), ("telegram:42", False),
+    ("telegram:42:7", False), ("telegram:-", False), ("telegram:-x1", False),
+    ("telegram:team", False), ("discord:-1", False), ("telegram:-1:2:3", False)])
+def test_a_group_target_is_a_negative_telegram_chat_id(target: str, group: bool) -> None:
+    assert is_group_target(target) is group  # X14
 
 
 def test_empty_description_is_left_out() -> None:

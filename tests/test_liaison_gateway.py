@@ -19,7 +19,7 @@ import pytest
 from tests.fakes import wait_for
 from tests.gateway_rig import HUMAN, LEFT_TO_HERMES, WAIT, Gateway, running_gateway
 from tests.hermes_venv import ensure_hermes_bin
-from tests.telegram_fake import Seen
+from tests.telegram_fake import BOT, Seen
 from tests.test_real_hermes import RealBridge
 
 pytestmark = pytest.mark.real_hermes
@@ -87,6 +87,16 @@ def test_a_long_reply_the_client_split_is_one_answer(gateway: Gateway) -> None:
     assert len(first) > 4000
     gateway.telegram.send(first, rest, reply_to=asked)
     assert gateway.answer_file(qid)["answer"] == f"{first}\n{rest}"
+
+
+def test_in_a_group_the_typed_form_mentions_the_bot(gateway: Gateway) -> None:
+    # X14: in a group Telegram hands the bot only what mentions it or replies to it; the
+    # question text says to type `@<bot name> HUB-Q:<qid>: …`, and the gateway strips
+    # the mention before the liaison reads the message
+    qid = gateway.qid()
+    gateway.telegram.send(f"@{BOT['username']} HUB-Q:{qid}: from the team",
+                          chat_id=-1001234567890)
+    assert gateway.answer_file(qid)["answer"] == "from the team"
 
 
 def test_what_is_not_an_answer_is_left_to_hermes(gateway: Gateway) -> None:

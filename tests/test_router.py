@@ -165,6 +165,13 @@ def test_a_question_gets_the_askers_timeout_and_the_project_line(make: Make) -> 
     assert text.startswith(f"❓ [HUB-Q:{QID}] Ship?\n\n📁 Project: shop\n\nContext: From agent-a")
 
 
+def test_a_question_for_a_group_names_the_bot_in_its_typed_form(make: Make) -> None:  # X14
+    rig = make(config={"target": "telegram:-1001234567890:7"})
+    assert rig.admit(prompt_envelope(QID)) is None
+    assert rig.delivery.expect(SendText).text.endswith(
+        f"\n\n↩ Reply to this message, or type: @<bot name> HUB-Q:{QID}: <answer>")
+
+
 def test_a_timeout_past_2_to_the_31_ms_is_kept_whole(make: Make) -> None:  # X17, C16
     # Node fires a timer past 2^31-1 ms after 1 ms; here nothing cuts it short
     config = parse_config(["--timeout", "3e9"], {"HOME": "/home/op"})
