@@ -72,22 +72,26 @@ class Gateway:
 
 @contextmanager
 def running_gateway(base: Path, hermes_bin: Path, *, all_http_to_proxy: bool = False,
-                    config_yaml: str | None = None) -> Iterator[Gateway]:
+                    config_yaml: str | None = None, allowlist: bool = True,
+                    ) -> Iterator[Gateway]:
     """A listening gateway in `base` (its HOME, TLS, log), stopped on the way out.
 
     `all_http_to_proxy` also points HTTP(S)_PROXY at the fake Telegram's proxy, which
     records every CONNECT and refuses all but api.telegram.org: then any request the
     gateway makes elsewhere (an LLM provider, say) is seen, not just attempted in silence.
-    With `config_yaml`, Hermes' config.yaml says so (a model for it to call, say).
+    With `config_yaml`, Hermes' config.yaml says so (a model for it to call, say). Without
+    the `allowlist` (TELEGRAM_ALLOWED_USERS), Hermes pairs strangers instead of dropping
+    them: their messages reach the plugins.
     """
     tls = make_tls(base / "tls", hermes_bin / "python")
     telegram = FakeTelegram(tls)
     try:
         home = base / "home"
         (home / ".hermes").mkdir(parents=True, exist_ok=True)
+        allowed = f"TELEGRAM_ALLOWED_USERS={HUMAN}\n" if allowlist else ""
         (home / ".hermes" / ".env").write_text(
-            f"TELEGRAM_BOT_TOKEN={TOKEN}\nTELEGRAM_ALLOWED_USERS={HUMAN}\n"
-            f"TELEGRAM_HOME_CHANNEL={HUMAN}\n", encoding="utf-8")
+            f"TELEGRAM_BOT_TOKEN={TOKEN}\n{allowed}TELEGRAM_HOME_CHANNEL={HUMAN}\n",
+            encoding="utf-8")
         if config_yaml is not None:
             (home / ".hermes" / "config.yaml").write_text(config_yaml, encoding="utf-8")
         bin_dir = base / "bin"
