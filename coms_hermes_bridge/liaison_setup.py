@@ -29,13 +29,14 @@ PLUGIN_FILES = ("plugin.yaml", "__init__.py", "answers.py", "markers.py")
 RUN_TIMEOUT_S = 60.0  # hermes starts in about 2 s; a loaded machine may need far more
 RESTART = ("a running Hermes gateway loads plugins only when it starts: restart it "
            "(`hermes gateway restart`, or its service) for the liaison to take effect")
-# Run by Hermes' own Python: does this Hermes know the hook, and is the plugin enabled?
+HOOKS = (liaison.HOOK, liaison.TURN_HOOK)  # an idle chat's answers, and a busy chat's
+# Run by Hermes' own Python: does this Hermes know the hooks, and is the plugin enabled?
 _PROBE = """
 import json
 from hermes_cli import plugins
 name = {name!r}
 enabled = plugins._get_enabled_plugins() or set()
-print(json.dumps({{"hook": {hook!r} in plugins.VALID_HOOKS,
+print(json.dumps({{"hook": all(hook in plugins.VALID_HOOKS for hook in {hooks!r}),
                   "enabled": name in enabled and name not in plugins._get_disabled_plugins()}}))
 """
 
@@ -89,7 +90,7 @@ def _said(done: subprocess.CompletedProcess[str]) -> str:
 def probe(hermes: Hermes, env: Mapping[str, str]) -> dict[str, bool]:
     """What this Hermes says of the hook and of our plugin, read with Hermes' own code
     (its config's format is Hermes' business, not ours)."""
-    code = _PROBE.format(name=NAME, hook=liaison.HOOK)
+    code = _PROBE.format(name=NAME, hooks=HOOKS)
     done = _run([hermes.python, "-c", code], {**env, "HERMES_HOME": str(hermes.home)})
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
@@ -144,8 +145,8 @@ def _copy(target: Path, settings: dict[str, str | None]) -> None:
 def install(config: BridgeConfig, env: Mapping[str, str]) -> list[str]:
     hermes = find_hermes(config, env)
     if not probe(hermes, env)["hook"]:
-        raise OpsError(f"this Hermes ({hermes.program}) has no {liaison.HOOK} hook for "
-                       "plugins; the liaison needs a newer hermes-agent")
+        raise OpsError(f"this Hermes ({hermes.program}) lacks the {' and '.join(HOOKS)} hooks"
+                       " for plugins; the liaison needs a newer hermes-agent")
     target = hermes.plugin_dir
     settings = _settings(config)
     config_file = target / liaison.CONFIG_FILE
@@ -199,7 +200,7 @@ def status(config: BridgeConfig, env: Mapping[str, str]) -> tuple[list[str], boo
                 f"an older copy at {target}; run `coms-hermes-bridge liaison install`")]
     lines.append(f"✔ {NAME}: enabled in Hermes" if found["enabled"] else
                  f"✖ {NAME}: not enabled; run `coms-hermes-bridge liaison install`")
-    has = "has the hook" if found["hook"] else "has no such hook; upgrade hermes-agent"
-    lines.append(f"{'✔' if found['hook'] else '✖'} {liaison.HOOK}: this Hermes {has}")
+    has = "has them" if found["hook"] else "lacks one of them; upgrade hermes-agent"
+    lines.append(f"{'✔' if found['hook'] else '✖'} {', '.join(HOOKS)}: this Hermes {has}")
     lines.append(f"  answers go to {liaison.questions_dir(target)}")
     return lines, current and found["enabled"] and found["hook"]

@@ -65,7 +65,7 @@ def test_install_status_upgrade_uninstall(host: Host) -> None:
     }
     assert "  enabled:\n    - hub-liaison\n" in host.hermes_config()
     status = [f"✔ hub-liaison: installed at {plugin}", "✔ hub-liaison: enabled in Hermes",
-              "✔ pre_gateway_dispatch: this Hermes has the hook",
+              "✔ pre_gateway_dispatch, pre_llm_call: this Hermes has them",
               f"  answers go to {questions}"]
     assert host.run("status") == (0, status)
 
