@@ -21,6 +21,7 @@ from tests.bridge_process import ROOT, Bridge, new_qid
 from tests.fakes import read_line, request, wait_for
 
 QUESTION = "\n\n↩ Reply to this message, or type: HUB-Q:{qid}: <answer>"
+IN_A_GROUP = "\n\n↩ Reply to this message, or type: @<bot name> HUB-Q:{qid}: <answer>"  # X14
 
 
 @pytest.fixture
@@ -71,7 +72,8 @@ def test_plain_round_trip(bridge: Bridge) -> None:
     ("answer", "selected"), [("2", "Revise"), ("  approve ", "Approve"), ("STOP", "Stop")]
 )
 def test_json_prompt_with_options(bridge: Bridge, answer: str, selected: str) -> None:
-    # C4, C6, C11, W19: the ask_user tool's JSON prompt, answered by number and by title
+    # C4, C6, C11, W19: the ask_user tool's JSON prompt, answered by number and by title;
+    # to a group's topic, whose typed form names the bot (X14)
     bridge.start("--to", "telegram:-100123:7", "--hermes-profile", "ops")
     prompt = json.dumps({
         "question": "Ship the release?",
@@ -84,7 +86,7 @@ def test_json_prompt_with_options(bridge: Bridge, answer: str, selected: str) ->
         "--profile", "ops", "send", "--to", "telegram:-100123:7",
         f"❓ [HUB-Q:{qid}] Ship the release?\n\n📁 Project: default"  # X4
         "\n\nContext: CI is green.\n\nOptions:\n"
-        "1. Approve — Ship it\n2. Revise\n3. Stop" + QUESTION.format(qid=qid),
+        "1. Approve — Ship it\n2. Revise\n3. Stop" + IN_A_GROUP.format(qid=qid),
     ]]
     bridge.answer(qid, answer)
     expect_response(bridge, qid, {"kind": "selection", "selections": [selected]}, None)

@@ -94,10 +94,14 @@ def bridge(hermes_bin: Path, telegram: FakeTelegram) -> Iterator[RealBridge]:
 
 
 def question(qid: str, text: str, context: str = "From builder @ /work/app",
-             options: str = "") -> str:
-    """C4 with X4's project line, as the human reads it."""
+             options: str = "", *, group: bool = False) -> str:
+    """C4 with X4's project line, as the human reads it (in a group, the typed form names
+    the bot, X14)."""
+    instruction = INSTRUCTION.format(qid=qid)
+    if group:
+        instruction = instruction.replace("type: ", "type: @<bot name> ")
     return (f"❓ [HUB-Q:{qid}] {text}\n\n📁 Project: default\n\nContext: {context}"
-            + options + INSTRUCTION.format(qid=qid))
+            + options + instruction)
 
 
 def sends(telegram: FakeTelegram) -> list[tuple[str, int, str | None]]:
@@ -156,7 +160,7 @@ def test_json_question_with_context_and_options_to_a_forum_topic(
     assert (seen.chat_id, seen.thread_id) == ("-100123", "7")
     assert seen.text == question(
         qid, "Ship the release?", "CI is green (3/3). Coverage: 91%.",
-        "\n\nOptions:\n1. Approve — Ship it\n2. Revise\n3. Stop",
+        "\n\nOptions:\n1. Approve — Ship it\n2. Revise\n3. Stop", group=True,
     )
     bridge.answer(qid, "2")
     assert response(bridge, qid)["response"] == {"kind": "selection", "selections": ["Revise"]}
