@@ -207,14 +207,20 @@ def test_a_gateway_without_an_authorization_check_is_said_once_and_left_alone(
                     "left to Hermes"]
 
 
-def test_a_write_that_fails_lets_the_message_through(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    # X14: a fault of ours never breaks the gateway: logged, and Hermes gets the message
+def unwritable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               caplog: pytest.LogCaptureFixture) -> None:
+    """Answers go where no directory can be made (a file is in the way); errors logged."""
     blocked = tmp_path / "file"
     blocked.write_text("not a directory", encoding="utf-8")
     monkeypatch.setattr(liaison, "questions_dir", lambda folder=None: blocked / "questions")
     caplog.set_level(logging.ERROR, logger="hermes_plugins.hub-liaison")
+
+
+def test_a_write_that_fails_lets_the_message_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # X14: a fault of ours never breaks the gateway: logged, and Hermes gets the message
+    unwritable(tmp_path, monkeypatch, caplog)
     assert liaison.on_gateway_dispatch(event=event(f"HUB-Q:{Q1}: ok"), gateway=Gateway({"42"})) is None
     assert any("could not write an answer" in r.getMessage() for r in caplog.records)
 
@@ -400,10 +406,7 @@ def test_a_turns_write_that_fails_leaves_the_turn_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # X14: a fault of ours is logged, the turn runs untold, and a replay tries again
-    blocked = tmp_path / "file"
-    blocked.write_text("not a directory", encoding="utf-8")
-    monkeypatch.setattr(liaison, "questions_dir", lambda folder=None: blocked / "questions")
-    caplog.set_level(logging.ERROR, logger="hermes_plugins.hub-liaison")
+    unwritable(tmp_path, monkeypatch, caplog)
     turn = {"user_message": f"HUB-Q:{Q1}: ok", "platform": "telegram", "sender_id": "42"}
     assert liaison.on_llm_call(**turn) is None
     assert any("could not write an answer" in r.getMessage() for r in caplog.records)
