@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -85,6 +86,15 @@ def has_lone_surrogate(value: Any) -> bool:
 INVALID_UNICODE = "invalid_unicode"
 
 
+def _own_fields(model: type[BaseModel], data: Any) -> Iterator[tuple[str, Any]]:
+    """Each of the model's own fields in raw input, by its wire name, with its value: what a
+    check made before the fields' own validators looks at (extra fields are ignored, W18)."""
+    if isinstance(data, dict):
+        for name, field in model.model_fields.items():
+            wire_name = field.alias or name
+            yield wire_name, data.get(wire_name)
+
+
 class ValidText(BaseModel):
     """Refuses a model any of whose fields holds text that is not valid Unicode (X12).
 
@@ -98,13 +108,11 @@ class ValidText(BaseModel):
         # Before the fields' own validators: those (a timestamp parser, say) may
         # fail on such text with an error no caller expects. Extra fields are
         # ignored (W18), so only the model's own are looked at.
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                wire_name = field.alias or name
-                if has_lone_surrogate(data.get(wire_name)):
-                    raise PydanticCustomError(
-                        INVALID_UNICODE, "{field} is not valid Unicode", {"field": wire_name}
-                    )
+        for wire_name, value in _own_fields(cls, data):
+            if has_lone_surrogate(value):
+                raise PydanticCustomError(
+                    INVALID_UNICODE, "{field} is not valid Unicode", {"field": wire_name}
+                )
         return data
 
 
@@ -138,17 +146,14 @@ class FiniteNumbers(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _finite_numbers(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                wire_name = field.alias or name
-                value = data.get(wire_name)
-                if isinstance(value, float) and not math.isfinite(value):
-                    why = "{field} is not a finite number"
-                elif non_finite(value):
-                    why = "{field} holds a number that is not finite"
-                else:
-                    continue
-                raise PydanticCustomError(NOT_FINITE, why, {"field": wire_name})
+        for wire_name, value in _own_fields(cls, data):
+            if isinstance(value, float) and not math.isfinite(value):
+                why = "{field} is not a finite number"
+            elif non_finite(value):
+                why = "{field} holds a number that is not finite"
+            else:
+                continue
+            raise PydanticCustomError(NOT_FINITE, why, {"field": wire_name})
         return data
 
 
