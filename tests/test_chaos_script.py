@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -131,7 +130,7 @@ def test_the_daemon_never_outlives_the_script(sig: signal.Signals) -> None:
     base: Path | None = None
     try:
         base = first_world(proc.pid)
-        time.sleep(0.5)  # prompts in flight, a daemon up or starting
+        wait_for(lambda: daemons_of(base / "c"), 15, "a daemon of the script running")
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
         if sig != signal.SIGKILL:
