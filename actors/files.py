@@ -112,7 +112,7 @@ def read_regular(path: Path, limit: int) -> bytes | None:
     not stall the reader or flood its memory: O_NONBLOCK opens a FIFO without waiting for
     a writer, a device is refused before a byte is read, and O_NOCTTY keeps a terminal
     from becoming ours. (The Watcher reads answer files its own way: it needs the
-    version read, see actors/hermes.py.)"""
+    version read, see actors/watcher.py.)"""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:

@@ -21,7 +21,7 @@ import pykka
 
 from ..messages.commands import Address, ChildFailed, QueueDepthQuery, RestartChild, UnknownMessage
 from .config import BridgeConfig
-from .hermes import DeliveryActor, WatcherActor
+from .delivery import DeliveryActor
 from .logger import LoggerActor
 from .peer import DEPTH_TIMEOUT_S, PeerActor
 from .questions import QuestionRouter
@@ -37,6 +37,7 @@ from .runtime import (
 )
 from .runtime import utc_now as _utc_now
 from .store import Store
+from .watcher import WatcherActor
 
 CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
 

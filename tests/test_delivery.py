@@ -16,8 +16,8 @@ from typing import Any
 import pykka
 import pytest
 
-from coms_hermes_bridge.actors import hermes as hermes_module
-from coms_hermes_bridge.actors.hermes import DeliveryActor
+from coms_hermes_bridge.actors import delivery as hermes_module
+from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.sends import run_send, sends_dir
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (

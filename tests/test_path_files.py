@@ -14,14 +14,14 @@ from tests.fakes import SCRIPTS
 
 # actors/sends.py (and the private files it writes with actors/files.py): the question's
 # send runs under a waiter whose outcome a restart finds, so it is never sent twice
-PATH = {"actors/files.py", "actors/hermes.py", "actors/logger.py", "actors/peer.py",
+PATH = {"actors/files.py", "actors/delivery.py", "actors/watcher.py", "actors/logger.py", "actors/peer.py",
         "actors/questions.py", "actors/runtime.py", "actors/sends.py", "actors/store.py",
         "messages/contract.py", "messages/wire.py",
         # the marker grammar, defined once beside the liaison plugin that reads it back
         "coms_hermes_bridge/liaison/markers.py"}
 
 
-def test_one_answered_question_runs_code_in_these_eleven_files() -> None:
+def test_one_answered_question_runs_code_in_these_files() -> None:
     run = subprocess.run([sys.executable, str(SCRIPTS / "path_files.py")],
                          capture_output=True, text=True, timeout=120, check=True)
     assert set(re.findall(r"^  (\S+\.py) +\d+ calls$", run.stdout, re.M)) == PATH, run.stdout

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import pykka
 import pytest
 
-from coms_hermes_bridge.actors.hermes import DeliveryActor
+from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.runtime import (
     MAX_REPORT,
     Backoff,

@@ -28,10 +28,10 @@ import pykka
 import pytest
 from inotify_simple import INotify
 
-from coms_hermes_bridge.actors import hermes
-from coms_hermes_bridge.actors.hermes import DEFAULT_REOFFER_S, WatcherActor
+from coms_hermes_bridge.actors import watcher as hermes
 from coms_hermes_bridge.actors.runtime import read_at_most
 from coms_hermes_bridge.actors.store import StoreClosedError
+from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
     FilesChanged,

@@ -1,4 +1,4 @@
-"""The Hermes side: `hermes send` out (W20, C18), answer files in (C7-C10, C15, W21, X6, X7).
+"""The WatcherActor: answer files in (C7-C10, C15, W21, X6, X7).
 
 The Watcher does not know which questions are open; the Router does, so every file
 with a well-formed name goes there, and a verdict comes back for one that is no answer.
@@ -7,30 +7,25 @@ with a well-formed name goes there, and a verdict comes back for one that is no 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
 import itertools
 import os
 import re
 import secrets
 import stat
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inotify_simple import INotify, flags
-from ulid import ULID
 
 from ..messages.commands import (
     Address,
     AnswerFileSeen,
-    EarlierSendsEnded,
     FilesChanged,
     FileSignature,
-    HermesRan,
     LogEvent,
     OfferAgain,
     RemoveAnswerFile,
@@ -45,7 +40,6 @@ from ..messages.contract import (
     ANSWER_SUFFIX,
     UNREADABLE_REASONS,
     Rejected,
-    delivery_error,
     grace_ms,
     js_string,
     log_record,
@@ -58,24 +52,10 @@ from .files import link_new, private_dir
 from .runtime import (
     Episode,
     PooledChild,
-    Spawned,
     read_at_most,
     report,
     shared_edge,
-    spawner,
     tell_quietly,
-)
-from .sends import (
-    UNKEPT,
-    Outcome,
-    finished,
-    forget,
-    run_send,
-    send_key,
-    send_paths,
-    sends_dir,
-    under_way,
-    wait_done,
 )
 from .store import StoreClosedError
 
@@ -83,179 +63,6 @@ if TYPE_CHECKING:
     from .supervisor import Wiring
 
 
-SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
-
-
-class DeliveryActor(PooledChild):
-    """Sends run one at a time, in the order asked, so a note never overtakes the question
-    it follows in the chat; a wedged hermes costs at most one send timeout (its waiter
-    kills its whole process group). Each runs under a waiter that outlives this actor and
-    the daemon (actors/sends.py): a stop or crash mid-send neither kills hermes nor sends
-    again; the outcome is taken up by whoever runs next."""
-
-    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "delivery") -> None:
-        super().__init__(name, supervisor)
-        self.w = wiring
-        self.sends = sends_dir(wiring.config.state_path)
-        self._jobs: deque[SendText] = deque()
-        # the job hermes is running for, and that run: only one at a time
-        self._running: tuple[SendText, str, Spawned[Outcome]] | None = None
-        self._earlier: Spawned[bool] | None = None  # sends an earlier run left under way
-
-    def begin(self) -> None:
-        """Sends left under way (by the last run, or this actor before a crash) end before
-        any other starts, in order; what they and the finished ones did goes to the store,
-        where the jobs told again find it instead of sending twice. A waiter the crashed
-        actor was still starting is waited for first (the spawner runs one start at a
-        time): its lock must be seen held, not taken for a send with no trace."""
-        concurrent.futures.wait([spawner().submit(int)], timeout=SPAWN_WAIT_S)
-        running = under_way(self.sends)
-        if running:
-            report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
-            self._earlier = shared_edge().spawn(
-                wait_done(running, self.w.config.send_timeout_ms / 1000 + 10))
-            self._earlier.add_done_callback(
-                lambda _: tell_quietly(self.actor_ref, EarlierSendsEnded()))
-        else:
-            self._take_finished()
-
-    def on_receive(self, message: Any) -> None:
-        match message:
-            case SendText():
-                self._jobs.append(message)
-                self._next()
-            case HermesRan(job=job, error=error):  # of the current job: only it runs
-                self._ended(error)
-                self._settle(job, error)
-                self._next()
-            case EarlierSendsEnded():
-                self._earlier = None
-                self._take_finished()
-                self._next()
-            case _:
-                raise UnknownMessage(self.child_name, message)
-
-    def release(self) -> None:
-        for waiting in (self._earlier, self._running[2] if self._running else None):
-            if waiting is not None:  # only the waiting stops: hermes runs on
-                waiting.cancel()
-
-    def taken(self) -> tuple[SendText, ...]:
-        """On a crash: the send under way, then the queue. The successor waits for the one
-        under way and takes its outcome: it is not sent twice."""
-        return (*([self._running[0]] if self._running is not None else []), *self._jobs)
-
-    def argv(self, text: str) -> list[str]:
-        """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
-        c = self.w.config
-        profile = ["--profile", c.hermes_profile] if c.hermes_profile else []
-        return [c.hermes, *profile, "send", "--to", c.target, text]
-
-    def _take_finished(self) -> None:
-        """Into the store, then gone: an outcome no job is told again for is forgotten by
-        the store at the next start."""
-        done = list(finished(self.sends))
-        if not done:
-            return
-        with contextlib.suppress(StoreClosedError):  # else kept: the next start takes them
-            for outcome, _, _ in done:
-                if outcome is not None and not outcome.key.startswith(UNKEPT):
-                    self.w.store.record_sent(outcome.key, self._judge(outcome))
-            self.w.store.flush()
-            for _, lock, path in done:
-                forget(lock, path)
-
-    def _next(self) -> None:
-        while self._running is None and self._earlier is None and self._jobs:
-            job = self._jobs.popleft()
-            if self._withdrawn(job):
-                continue
-            key = send_key(job)
-            try:
-                known = self.w.store.sent_outcome(key) if key is not None else None
-                if known is None:
-                    self.w.store.flush()  # what the text tells the human is committed first
-            except StoreClosedError:  # the daemon ends, and the rows stand
-                self._jobs.appendleft(job)
-                return
-            if known is not None:  # hermes ran it before a restart: never twice
-                self._settle(job, known[0])
-                continue
-            key = key or f"{UNKEPT}{ULID()}"
-            run = shared_edge().spawn(run_send(self.sends, key, self.argv(job.text),
-                                               self.w.config.send_timeout_ms / 1000))
-            self._running = job, key, run
-            run.add_done_callback(functools.partial(self._ran, job))
-
-    def _ran(self, job: SendText, done: Spawned[Outcome]) -> None:
-        if done.cancelled():  # this actor stopped: its successor takes the outcome
-            return
-        exc = done.exception()
-        if exc is None:
-            error = self._judge(done.result())
-        elif isinstance(exc, OSError | ValueError):
-            error = delivery_error(None, str(exc))
-        else:
-            error = delivery_error(None, f"{type(exc).__name__}: {exc}")
-        tell_quietly(self.actor_ref, HermesRan(job, error))
-
-    def _ended(self, error: str | None) -> None:
-        """The outcome goes into the store before its files go, and before anyone acts on
-        it (who then forgets it in the same transaction as the act)."""
-        assert self._running is not None
-        _, key, _ = self._running
-        self._running = None
-        try:
-            if not key.startswith(UNKEPT):
-                self.w.store.record_sent(key, error)
-            self.w.store.flush()
-        except StoreClosedError:  # kept on disk: the next start takes it from there
-            return
-        forget(*send_paths(self.sends, key))
-
-    def _judge(self, outcome: Outcome) -> str | None:
-        """None when hermes said it sent, else C18's error text."""
-        if outcome.error is not None:
-            return delivery_error(None, outcome.error)
-        result = outcome.result
-        if result.returncode is None:
-            ms = js_string(self.w.config.send_timeout_ms)  # X17: 1e-7ms, as upstream says
-            return delivery_error(None, f"timed out after {ms}ms")
-        if result.returncode == 0:
-            return None
-        return delivery_error(result.returncode, result.stderr, result.stdout)
-
-    def _withdrawn(self, job: SendText) -> bool:
-        """X9: a reminder whose question closed while it waited is owed no more: the human
-        is not reminded of a question that is over (checked just before hermes runs)."""
-        if job.purpose != "remind_note" or job.note_id is None:
-            return False
-        try:
-            return not self.w.store.note_owed(job.note_id)
-        except Exception as exc:  # the store cannot say: send it (at least once, as every note)
-            report(f"{self.child_name}: cannot tell whether {job.note_id} is owed: {exc!r}")
-            return False
-
-    def _settle(self, job: SendText, error: str | None) -> None:
-        if error is not None:
-            report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
-        try:
-            if job.reply_to is not None:
-                job.reply_to.tell(HermesRan(job, error))
-            elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
-                detail = {"phase": job.purpose, "error": error}
-                self.w.logger.tell(LogEvent(log_record(self.w.now(), job.qid, "delivery_error",
-                                                       detail)))
-        except Exception as exc:  # e.g. the question stopped meanwhile
-            report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
-        if job.note_id is not None:  # hermes ran it (sent, or failed and logged): owed no more
-            try:
-                self.w.store.note_sent(job.note_id)
-            except Exception as exc:
-                report(f"could not record the {job.purpose} for {job.qid} as sent: {exc!r}")
-
-
-# -- answer files ---------------------------------------------------------------
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF
 _READ_ATTEMPTS = 3
