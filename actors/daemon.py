@@ -21,6 +21,7 @@ from types import FrameType
 import pykka
 
 from .config import BridgeConfig, UsageError, parse_config
+from .loop import report, utc_now
 from .peer import PeerActor
 from .registry import (
     EXIT_ALREADY_RUNNING,
@@ -35,7 +36,6 @@ from .registry import (
     validate_name,
     validate_project,
 )
-from .runtime import report, utc_now
 from .service import ServiceLink, dump_thread_stacks
 from .store import Store, adopt_shared_state
 from .supervisor import start_tree

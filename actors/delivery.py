@@ -23,14 +23,7 @@ from ..messages.contract import (
     js_string,
     log_record,
 )
-from .runtime import (
-    PooledChild,
-    Spawned,
-    report,
-    shared_edge,
-    spawner,
-    tell_quietly,
-)
+from .loop import Spawned, report, shared_edge, tell_quietly
 from .sends import (
     UNKEPT,
     Outcome,
@@ -40,10 +33,12 @@ from .sends import (
     send_key,
     send_paths,
     sends_dir,
+    spawner,
     under_way,
     wait_done,
 )
 from .store import StoreClosedError
+from .supervision import PooledChild
 
 if TYPE_CHECKING:
     from .supervisor import Wiring

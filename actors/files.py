@@ -17,11 +17,25 @@ from pathlib import Path
 
 from ulid import ULID
 
-from .runtime import read_at_most, report
+from .loop import report
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 BRIDGE_DIR_NAME = "hermes-bridge"
+
+
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """Up to `limit` bytes from `fd`; None if there are more (the file grew past it)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = os.read(fd, limit + 1 - got)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+    return None
+
 
 
 def private_dir(path: Path, *, tighten: bool = True) -> None:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..messages.commands import Address, LogEvent, UnknownMessage
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .runtime import Episode, PooledChild, report
+from .loop import Episode, report
 from .store import StoreClosedError
+from .supervision import PooledChild
 
 if TYPE_CHECKING:
     from .supervisor import Wiring

@@ -46,6 +46,7 @@ from ..messages.wire import (
     loads_envelope,
 )
 from .files import private_dir
+from .loop import Edge, Episode, Spawned, awaited, report, shared_edge, tell_quietly
 from .registry import (
     PROBE_TIMEOUT_S,
     PeerIdentity,
@@ -53,18 +54,8 @@ from .registry import (
     remove_entry_if_ours,
     write_entry,
 )
-from .runtime import (
-    Edge,
-    Episode,
-    PooledChild,
-    Slot,
-    Spawned,
-    awaited,
-    report,
-    shared_edge,
-    tell_quietly,
-)
 from .store import StoreClosedError
+from .supervision import PooledChild, Slot
 
 if TYPE_CHECKING:
     from .supervisor import Wiring

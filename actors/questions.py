@@ -73,17 +73,9 @@ from ..messages.contract import (
     validate_answer,
 )
 from ..messages.wire import Event, PromptEnvelope, State, is_valid_qid
-from .runtime import (
-    GiveUp,
-    PooledChild,
-    RestartPolicy,
-    Schedule,
-    Slot,
-    is_resource_shortage,
-    later,
-    report,
-)
+from .loop import is_resource_shortage, later, report
 from .store import remind_note_id, sibling_of
+from .supervision import GiveUp, PooledChild, RestartPolicy, Schedule, Slot
 
 if TYPE_CHECKING:
     from .supervisor import Wiring

@@ -17,6 +17,7 @@ its waiter killed) is sent again: at least once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import functools
@@ -33,7 +34,7 @@ from pathlib import Path
 from .. import send_waiter
 from ..messages.commands import SendText
 from .files import open_private, private_dir, read_regular
-from .runtime import report, spawner
+from .loop import report
 
 OUTCOME_LIMIT = 64 * 1024  # an outcome holds two 4 KiB tails and a few fields
 _LOCK = ".lock"
@@ -41,6 +42,15 @@ _OUTCOME = ".outcome"
 UNKEPT = "unkept:"  # the key of a send kept nowhere (`send_key` None): never taken up again
 _POLL_S = 0.05  # how often a send left under way by an earlier run is looked at
 _SLACK_S = 10.0  # past the send timeout, how long a waiter may take to say it is done
+
+
+@functools.cache
+def spawner() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that starts processes (made at the first start): Popen blocks until
+    the child has exec'd, and on the loop that stalled every socket meanwhile (acks 1.12x
+    slower, measured)."""
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
+
 
 
 class WaiterFailed(OSError):

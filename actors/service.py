@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 import pykka.debug
 
-from .runtime import Episode, report
+from .loop import Episode, report
 
 # A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
 WATCHDOG_PROBE_S = 2.0

@@ -32,7 +32,7 @@ from ..messages.commands import (
 from ..messages.contract import js_number
 from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .runtime import Edge, report
+from .loop import Edge, report
 
 T = TypeVar("T")
 

@@ -23,20 +23,12 @@ from ..messages.commands import Address, ChildFailed, QueueDepthQuery, RestartCh
 from .config import BridgeConfig
 from .delivery import DeliveryActor
 from .logger import LoggerActor
+from .loop import is_resource_shortage, later, report, shared_edge
+from .loop import utc_now as _utc_now
 from .peer import DEPTH_TIMEOUT_S, PeerActor
 from .questions import QuestionRouter
-from .runtime import (
-    GiveUp,
-    RestartPolicy,
-    Schedule,
-    Slot,
-    is_resource_shortage,
-    later,
-    report,
-    shared_edge,
-)
-from .runtime import utc_now as _utc_now
 from .store import Store
+from .supervision import GiveUp, RestartPolicy, Schedule, Slot
 from .watcher import WatcherActor
 
 CHILDREN = ("logger", "delivery", "router", "watcher", "peer")

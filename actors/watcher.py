@@ -48,16 +48,10 @@ from ..messages.contract import (
 )
 from ..messages.wire import RejectReason, is_valid_qid
 from .config import DEFAULT_REOFFER_MS
-from .files import link_new, private_dir
-from .runtime import (
-    Episode,
-    PooledChild,
-    read_at_most,
-    report,
-    shared_edge,
-    tell_quietly,
-)
+from .files import link_new, private_dir, read_at_most
+from .loop import Episode, report, shared_edge, tell_quietly
 from .store import StoreClosedError
+from .supervision import PooledChild
 
 if TYPE_CHECKING:
     from .supervisor import Wiring

@@ -15,8 +15,8 @@ from typing import Any
 
 from . import liaison_setup
 from .actors.config import DEFAULT_PROJECT, BridgeConfig, Parser, UsageError, parse_config
+from .actors.loop import report
 from .actors.registry import IdentityError, validate_project
-from .actors.runtime import report
 from .doctor import run_checks
 from .messages.contract import span
 from .messages.wire import SelectionAnswer, dumps, is_valid_qid

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coms_hermes_bridge.actors.runtime import Edge
+from coms_hermes_bridge.actors.loop import Edge
 
 
 async def _nothing() -> None:

@@ -13,7 +13,7 @@ import pykka
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coms_hermes_bridge.actors import peer, runtime
+from coms_hermes_bridge.actors import loop, peer, sends
 
 
 def _forget_shared_services() -> None:
@@ -24,9 +24,9 @@ def _forget_shared_services() -> None:
     would point at threads that do not exist in the fork, and every pooled actor
     would wait forever. (The daemon itself never forks Python: Popen execs.)
     """
-    runtime._SHARED_LOCK = threading.Lock()
-    runtime._SHARED_EDGE = None
-    runtime.spawner.cache_clear()
+    loop._SHARED_LOCK = threading.Lock()
+    loop._SHARED_EDGE = None
+    sends.spawner.cache_clear()
     peer.shared_responses.cache_clear()
 
 

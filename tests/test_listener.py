@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from coms_hermes_bridge.actors import peer as peer_module
+from coms_hermes_bridge.actors.loop import Edge
 from coms_hermes_bridge.actors.peer import (
     BUSY,
     MAX_LINE,
@@ -27,7 +28,6 @@ from coms_hermes_bridge.actors.peer import (
     bind_endpoint,
 )
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
-from coms_hermes_bridge.actors.runtime import Edge
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
     HeartbeatDue,

@@ -86,15 +86,15 @@ def test_a_module_can_load_under_one_name_only() -> None:
     # twice with two sets of globals.
     done = subprocess.run(
         [sys.executable, "-c",
-         "import coms_hermes_bridge.actors.runtime as r, coms_hermes_bridge.messages.wire as w\n"
+         "import coms_hermes_bridge.actors.loop as r, coms_hermes_bridge.messages.wire as w\n"
          "print(r.__name__, w.__name__)\n"
-         "try:\n    import actors.runtime\nexcept ImportError as e:\n    print('refused:', e)\n"
+         "try:\n    import actors.loop\nexcept ImportError as e:\n    print('refused:', e)\n"
          "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
          "('actors', 'messages')))"],
         capture_output=True, text=True, timeout=30, cwd=str(ROOT), check=True,
     )
     assert done.stdout.splitlines() == [
-        "coms_hermes_bridge.actors.runtime coms_hermes_bridge.messages.wire",
+        "coms_hermes_bridge.actors.loop coms_hermes_bridge.messages.wire",
         "refused: attempted relative import beyond top-level package",
         "['actors']",
     ]

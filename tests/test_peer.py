@@ -44,8 +44,8 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
-from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.actors.store import StoreClosedError
+from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
     ChildFailed,

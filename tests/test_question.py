@@ -19,9 +19,10 @@ from typing import Any
 import pykka
 import pytest
 
+from coms_hermes_bridge.actors.loop import later, shared_edge
 from coms_hermes_bridge.actors.questions import QuestionActor
-from coms_hermes_bridge.actors.runtime import Slot, later, shared_edge
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,

@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from coms_hermes_bridge.actors import peer
+from coms_hermes_bridge.actors.loop import Edge
 from coms_hermes_bridge.actors.peer import (
     RESPONSE_QUEUE,
     ResponsePool,
     judge_reply,
     send_envelope,
 )
-from coms_hermes_bridge.actors.runtime import Edge
 from tests.fakes import Asker, close_edge, edge_caught_up, read_line, wait_for
 
 LINE = b'{"type":"response","msg_id":"q"}\n'

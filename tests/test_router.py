@@ -26,8 +26,8 @@ import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.actors.questions import failed_error
-from coms_hermes_bridge.actors.runtime import Slot
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,

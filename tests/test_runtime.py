@@ -22,17 +22,9 @@ import pykka
 import pytest
 from pykka._envelope import Envelope
 
-from coms_hermes_bridge.actors.runtime import (
-    Edge,
-    PooledActor,
-    PooledChild,
-    PoolInbox,
-    Slot,
-    StopFlag,
-    awaited,
-    later,
-    shared_edge,
-)
+from coms_hermes_bridge.actors.loop import Edge, awaited, later, shared_edge
+from coms_hermes_bridge.actors.supervision import PooledChild, Slot
+from coms_hermes_bridge.actors.turns import PooledActor, PoolInbox, StopFlag
 from coms_hermes_bridge.messages.commands import ChildFailed
 from tests.fakes import FakeRef, close_edge, handled, thread_count, wait_for
 
@@ -133,7 +125,7 @@ def test_the_shared_edge_never_holds_the_process_up() -> None:
     # docs/architecture.md names the daemon's threads; a process that is done exits
     # without closing the edge (a non-daemon loop thread would keep it alive forever)
     code = ("import threading\n"
-            "from coms_hermes_bridge.actors.runtime import shared_edge\n"
+            "from coms_hermes_bridge.actors.loop import shared_edge\n"
             "edge = shared_edge()\n"
             "done = threading.Event()\n"
             "edge.call(done.set)\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors import runtime
+from coms_hermes_bridge.actors import loop as runtime
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
 from tests.fakes import NotifySocket, wait_for
 
@@ -266,7 +266,7 @@ def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) 
     # under systemd (JOURNAL_STREAM names our stderr) each line starts with <N>
     out = tmp_path / "journal"
     code = (
-        "from coms_hermes_bridge.actors.runtime import report\n"
+        "from coms_hermes_bridge.actors.loop import report\n"
         "report('a\\nb', 'error'); report('w', 'warning'); report('i', 'info'); report('plain')\n"
     )
     with open(out, "wb") as stream:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from coms_hermes_bridge.actors import runtime
+from coms_hermes_bridge.actors import loop as runtime
 from coms_hermes_bridge.actors import store as store_module
 from coms_hermes_bridge.actors.store import (
     CLOSED_MEMORY,

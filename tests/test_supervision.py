@@ -21,14 +21,9 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.delivery import DeliveryActor
-from coms_hermes_bridge.actors.runtime import (
+from coms_hermes_bridge.actors.loop import (
     MAX_REPORT,
-    Backoff,
     Episode,
-    GiveUp,
-    Intensity,
-    RestartPolicy,
-    Slot,
     is_resource_shortage,
     later,
     report,
@@ -36,6 +31,7 @@ from coms_hermes_bridge.actors.runtime import (
     utc_now,
 )
 from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.supervision import Backoff, GiveUp, Intensity, RestartPolicy, Slot
 from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor, Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,

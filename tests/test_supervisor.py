@@ -12,7 +12,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors import supervisor
-from coms_hermes_bridge.actors.runtime import Slot
+from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.messages.commands import QueueDepthQuery
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from tests.fakes import DISK_ERROR, FailingConnection, prompt_envelope, request, wait_for

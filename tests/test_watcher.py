@@ -29,7 +29,7 @@ import pytest
 from inotify_simple import INotify
 
 from coms_hermes_bridge.actors import watcher as hermes
-from coms_hermes_bridge.actors.runtime import read_at_most
+from coms_hermes_bridge.actors.files import read_at_most
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (

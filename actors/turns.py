@@ -1,0 +1,193 @@
+"""Actor turns on the loop: a pykka actor whose mailbox asks the loop for a turn when mail
+comes. Every private pykka name the daemon relies on (pinned in setup.cfg) is in this file:
+the `ActorInbox` protocol, `Actor._create_actor_inbox`, `_create_future`,
+`_start_actor_loop`, `_actor_loop_setup`, `_actor_loop_teardown`, `_handle_receive`,
+`_handle_failure`, `_stop`, and `Envelope.message`/`reply_to`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pykka
+from pykka import ActorRegistry, ThreadingFuture
+
+from ..messages.commands import Address
+from .loop import Edge, report, shared_edge, tell_quietly
+
+if TYPE_CHECKING:
+    from pykka._actor import ActorInbox
+    from pykka._envelope import Envelope
+
+    from .supervision import Slot
+# -- actor turns on the loop ----------------------------------------------------
+
+class PoolInbox:
+    """A mailbox that asks its edge for a turn of its actor when mail comes, as Akka's
+    dispatchers do: never more than one turn queued or running. `get` never blocks
+    (the actor reads only in a turn, or drains what is left when it dies), and a put
+    is never refused, so a `tell` never blocks its caller."""
+
+    __slots__ = ("__weakref__", "_actor", "_edge", "_lock", "_queue", "_scheduled", "slot")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Made when mail comes, dropped when read: an empty deque costs over 600 bytes,
+        # and thousands of questions sit with empty mailboxes.
+        self._queue: deque[Envelope[Any]] | None = None
+        self._actor: PooledActor | None = None
+        self._edge: Edge | None = None
+        self._scheduled = False
+        self.slot: Slot | None = None  # the address that feeds it (see Supervised)
+
+    def attach(self, actor: PooledActor, edge: Edge) -> None:
+        """Start running `actor`: its first turn runs on_start, then the mail."""
+        with self._lock:
+            self._actor, self._edge, self._scheduled = actor, edge, True
+        edge.call(self.run_turn)
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        with self._lock:
+            if self._queue is None:
+                self._queue = deque()
+            self._queue.append(envelope)
+            if self._scheduled or self._edge is None:
+                return
+            self._scheduled = True
+            edge = self._edge
+        edge.call(self.run_turn)
+
+    def get(self) -> Envelope[Any]:  # its callers (pykka's teardown, _hand_over) ask empty() first
+        return self.take()  # type: ignore[return-value]
+
+    def take(self) -> Envelope[Any] | None:
+        with self._lock:
+            queue = self._queue
+            if not queue:
+                return None
+            envelope = queue.popleft()
+            if not queue:
+                self._queue = None
+            return envelope
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._queue
+
+    def run_turn(self) -> None:
+        """One turn of the actor; then another is queued if mail came, else it is idle."""
+        actor, edge = self._actor, self._edge
+        assert actor is not None and edge is not None
+        try:
+            actor._turn()
+        except BaseException as exc:  # a bug of the turn machinery itself: keep the loop,
+            report(f"{edge.name}: a turn failed outside its actor: {exc!r}")
+            with self._lock:  # and try again only when more mail comes, never in a spin
+                self._scheduled = False
+            return
+        with self._lock:
+            if not self._queue:
+                self._scheduled = False
+                return
+        edge.call(self.run_turn)  # still marked scheduled: nobody else queues it
+
+
+class StopFlag:
+    """`actor_stopped` as a bare flag: pykka's Event costs some 700 bytes per actor, paid
+    by each of thousands of questions, and pykka (4.1 to 4.5) only calls `set` and
+    `is_set` on it; a blocking stop waits on its own future."""
+
+    __slots__ = ("_flag",)
+
+    def __init__(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+
+
+class PooledActor(pykka.Actor):
+    """A pykka actor whose turns run on an edge's loop (the shared one unless `edge`
+    says), at most `throughput` messages a turn so a busy actor starves nobody."""
+
+    edge: ClassVar[Edge | None] = None
+    throughput: ClassVar[int] = 8
+    _started = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        stopped = StopFlag()  # before the actor starts or its ref is handed out
+        self.actor_stopped = stopped  # type: ignore[assignment]
+        self._actor_ref.actor_stopped = stopped  # type: ignore[assignment]
+
+    @staticmethod
+    def _create_actor_inbox() -> ActorInbox:
+        return PoolInbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return ThreadingFuture()
+
+    def _start_actor_loop(self) -> None:
+        """pykka registers the actor before this runs: one that can never run must not
+        stay registered, or a stop of every actor would wait for it forever."""
+        inbox = self.actor_inbox
+        assert isinstance(inbox, PoolInbox)
+        try:
+            inbox.attach(self, self.edge or shared_edge())
+        except BaseException:
+            ActorRegistry.unregister(self.actor_ref)
+            raise
+
+    def tell_later(self, delay: float, message: Any, to: Address | None = None
+                   ) -> asyncio.TimerHandle:
+        """Tell `to` (this actor by default) `message` after `delay`. In a turn only: the
+        handle is the loop's, and only the loop may cancel it."""
+        edge = self.edge or shared_edge()
+        assert edge.on_loop(), "tell_later outside a turn"
+        return edge.loop.call_later(delay, tell_quietly, to or self.actor_ref, message)
+
+    def _turn(self) -> None:
+        """pykka's actor loop cut into turns: on_start first, then at most `throughput`
+        messages, each handled as pykka does, and pykka's teardown once stopped."""
+        inbox = self.actor_inbox
+        assert isinstance(inbox, PoolInbox)
+        if not self._started:
+            self._started = True
+            self._actor_loop_setup()
+        for _ in range(self.throughput):
+            if self.actor_stopped.is_set():
+                break
+            envelope = inbox.take()
+            if envelope is None:
+                break
+            self._handle_envelope(envelope)
+        if self.actor_stopped.is_set():
+            self._actor_loop_teardown()
+
+    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:
+            self._stop()
+            ActorRegistry.stop_all(block=False)  # never block the loop on pooled actors' stops
+
+
