@@ -68,6 +68,25 @@ def test_plain_round_trip(bridge: Bridge) -> None:
     assert bridge.ping()["agent_card"]["queue_depth"] == 0
 
 
+def test_an_answer_is_acted_on_from_its_inotify_event_with_the_rescan_an_hour_away(
+        bridge: Bridge) -> None:
+    # The promise "an answer is acted on from its file's inotify event, not from a poll"
+    # (docs/operations.md): with the safety-net rescan an hour away, only the file's own
+    # event can bring each answer, whether it is renamed in or written in place (C7, C10).
+    bridge.start("--poll-ms", "3600000")
+    renamed, written = bridge.ask("Deploy now?"), bridge.ask("Roll back?")
+    bridge.wait_log("delivered", renamed)
+    bridge.wait_log("delivered", written)
+    bridge.answer(renamed, "yes")
+    assert bridge.asker.response_for(renamed, timeout=5.0)["response"] == {
+        "kind": "freeform", "text": "yes"}
+    body = {"qid": written, "answer": "no", "answered_by": "telegram:alice",
+            "at": "2026-11-30T12:01:00.000Z"}
+    (bridge.questions / f"{written}.answer.json").write_text(json.dumps(body))
+    assert bridge.asker.response_for(written, timeout=5.0)["response"] == {
+        "kind": "freeform", "text": "no"}
+
+
 @pytest.mark.parametrize(
     ("answer", "selected"), [("2", "Revise"), ("  approve ", "Approve"), ("STOP", "Stop")]
 )
