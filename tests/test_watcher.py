@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import queue
-import re
 import shutil
 import socket
 import threading
