@@ -253,18 +253,18 @@ class WatcherActor(PooledChild):
                 and self.clock() < tracked.resend_at:
             return  # handed on (or judged) already and not due: no re-read, no re-parse
         qid = qid_of_name(name)
-        if stat.S_ISREG(st.st_mode) and not isinstance(qid, Rejected):
-            tracked = self._track(name)  # C10's grace runs from the first sighting
+        if stat.S_ISREG(st.st_mode) and isinstance(qid, Rejected):
+            # a writer's temporary name may be renamed any moment: only after the grace
+            if self._grace_over(name):
+                self._reject(name, _signature(st), qid)
+        elif stat.S_ISREG(st.st_mode):
+            self._track(name)  # C10's grace runs from the first sighting
             read = self._read(name)
             if read is not None:
                 content, signature = read
                 self._hold(name, signature, self.clock() + self.reoffer_s)
                 self.w.router.tell(AnswerFileSeen(name, content, signature))
             # else unsteady or unreadable for now: its next event or a rescan brings it back
-        elif stat.S_ISREG(st.st_mode):
-            # a writer's temporary name may be renamed any moment: only after the grace
-            if self._grace_over(name):
-                self._reject(name, _signature(st), qid)
         elif not stat.S_ISDIR(st.st_mode) and self._grace_over(name):
             # a symlink, FIFO or socket is never an answer (and is not followed); a
             # directory is not ours to remove (nothing the gateway writes)
