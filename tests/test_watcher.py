@@ -572,7 +572,7 @@ def test_only_the_judged_version_is_ever_removed(tmp_path: Path) -> None:  # C9,
     actor = rig.actor  # white-box: the window
     assert actor._remove(NAME, old) is False
     assert (rig.dir / NAME).read_bytes() == ANSWER
-    assert sorted(p.name for p in rig.dir.iterdir()) == [NAME]  # nothing left aside
+    assert sorted(p.name for p in rig.dir.iterdir()) == [NAME]
     assert rig.seen(ANSWER).signature == new  # and it is looked at
     assert actor._remove(NAME, new) is True and not (rig.dir / NAME).exists()
 
@@ -1064,7 +1064,7 @@ def test_a_rescan_cut_at_its_limit_says_so_once_and_forgets_nothing(
     assert capsys.readouterr().err == ""
 
 
-def test_a_plain_rescan_goes_on_past_a_file_handed_on_and_not_due(
+def test_a_rescan_goes_on_past_a_file_handed_on_and_not_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # a file not handed on yet, after one that was, is still looked at
     real_open = os.open
