@@ -25,16 +25,16 @@ from ..messages.commands import (
     CancelQuestion,
     CancelRequested,
     ChildFailed,
+    DisposeAnswerFile,
     FileSignature,
     HermesRan,
     LogEvent,
     NewQuestion,
-    OfferAgain,
     QuestionClosed,
     QuestionSpec,
     QueueDepthQuery,
+    RejectAnswerFile,
     RemindDue,
-    RemoveAnswerFile,
     RestartChild,
     SendResponse,
     SendText,
@@ -48,7 +48,6 @@ from ..messages.contract import (
     Accepted,
     Rejected,
     admission,
-    answer_name,
     cancel_note,
     cancel_refused_record,
     duplicate_error,
@@ -157,8 +156,6 @@ class QuestionRouter(PooledChild):
             # question_received as it starts
             if question is not None and spec.state in (None, "pending"):
                 self._deliver(spec, question)
-            if not first:  # an answer the old questions handled may have died with them
-                self.w.watcher.tell(OfferAgain(answer_name(spec.qid)))
         if first and (specs or closed):
             report(f"restored {len(specs)} open and {len(closed)} closed question(s)", "info")
 
@@ -303,15 +300,14 @@ class QuestionRouter(PooledChild):
 
     def _restart(self, question: OpenQuestion, unread: tuple[Any, ...]) -> None:
         """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. An
-        answer it was handling may have died with it: its file, if any, is offered again
-        now (the Watcher hands a version on once; a second sighting of the file that
-        answered is routed to the question, dropped by it once closed, and never late:
-        it is the one that answered)."""
+        answer it was handling may have died with it: the Watcher offers its file again
+        `reoffer_s` after it handed it on (a second sighting of the file that answered is
+        routed to the question, dropped by it once closed, and never late: it is the one
+        that answered)."""
         spec = self.w.store.open_spec(question.qid, question.child)
         if spec is None:
             self._ended(question, None)
             return
-        self.w.watcher.tell(OfferAgain(answer_name(question.qid)))
         self._spawn(question, spec, unread)
 
     def _give_up(self, question: OpenQuestion, verdict: str, error: str) -> None:
@@ -366,7 +362,7 @@ class QuestionRouter(PooledChild):
             case Rejected(reason="foreign_qid", qid=str(qid)):
                 self._not_open(name, signature, qid)
             case Rejected():
-                self.w.watcher.tell(RemoveAnswerFile(name, signature, verdict))
+                self.w.watcher.tell(RejectAnswerFile(name, signature, verdict))
 
     def _not_open(self, name: str, signature: FileSignature, qid: str) -> None:
         """Closed here (late, C15), ours undelivered (X11), a sibling's (X6), or foreign."""
@@ -375,7 +371,7 @@ class QuestionRouter(PooledChild):
             state, answered_by = closed
             if answered_by == (name, signature):
                 # the very file that answered it, offered again before its removal
-                self.w.watcher.tell(RemoveAnswerFile(name, signature))
+                self.w.watcher.tell(DisposeAnswerFile(name, signature))
             else:
                 note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
                 self._noted(name, signature, note, "late_answer", {"state": state})
@@ -388,7 +384,7 @@ class QuestionRouter(PooledChild):
             self._noted(name, signature, note, "answer_rejected",
                         {"reason": "foreign_qid", "file": name, "delivery_failed": True})
         elif self.sibling(qid) is None:  # no bridge on this host knows it: at once
-            self.w.watcher.tell(RemoveAnswerFile(name, signature, Rejected("foreign_qid", qid)))
+            self.w.watcher.tell(RejectAnswerFile(name, signature, Rejected("foreign_qid", qid)))
         # else a sibling's (X6): left for its owner, however long it is down; the Watcher
         # offers it again `reoffer_s` after it handed it on
 
@@ -399,7 +395,7 @@ class QuestionRouter(PooledChild):
         late rule: an answer routed to a question that closed before taking it comes
         here too, once the question has ended (`_judge_routed`)."""
         self.w.store.owe_note(note)
-        self.w.watcher.tell(RemoveAnswerFile(name, signature))
+        self.w.watcher.tell(DisposeAnswerFile(name, signature))
         self._log(log_record(self.w.now(), note.qid, event, detail))
         self.w.delivery.tell(note)
 
@@ -471,7 +467,7 @@ class QuestionActor(PooledChild):
                                   answer_file=(name, signature)):
                         self._close((name, signature))
                         self.w.peer.tell(owed)
-                        self.w.watcher.tell(RemoveAnswerFile(name, signature))
+                        self.w.watcher.tell(DisposeAnswerFile(name, signature))
                 # else closed under it: dropped; the Router, which routed it, judges it
                 # late (C15) once it hears of the close
             case CancelRequested():

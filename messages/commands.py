@@ -166,22 +166,21 @@ class AnswerFileSeen:
 
 
 @dataclass(frozen=True, slots=True)
-class RemoveAnswerFile:
-    """Remove this version of the file: used (C2) or answered with a note; or, with a
-    `verdict`, refused (C9), which the Watcher logs first and may leave for its grace (C10)."""
+class DisposeAnswerFile:
+    """This version of the file was judged (used, C2, or answered with a note): remove it."""
 
     name: str
     signature: FileSignature
-    verdict: Rejected | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class OfferAgain:
-    """Router -> Watcher: the question this file went to restarted while handling it (or
-    the Router did), so whatever is there now is handed on again at once, not after the
-    Watcher's re-offer age."""
+class RejectAnswerFile:
+    """This version of the file is refused (C9): the Watcher removes and logs it, after
+    its grace if it may be half written (C10)."""
 
     name: str
+    signature: FileSignature
+    rejected: Rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,30 +206,10 @@ class FilesChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class WatchEnded:
-    """The kernel ended inotify watch `wd` (its directory was deleted or moved)."""
-
-    wd: int
-
-
-@dataclass(frozen=True, slots=True)
-class WatchLost:
-    """Reading the inotify descriptor failed: the Watcher must fail so that it is restarted
-    whole, with a new one."""
-
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
 class Rescan:
-    """Time for the safety-net scan of the whole questions directory.
-
-    A plain beat skips the files already handed on and not yet due again,
-    without touching them: inotify reports any change to those. A `deep` one
-    (after inotify overflowed and events were lost) looks at every file.
-    """
-
-    deep: bool = False
+    """Look at every file of the questions directory, and watch it anew if its watch is
+    gone: the safety-net beat, and what inotify says when events were lost or the watch
+    ended."""
 
 
 # -- log ----------------------------------------------------------------------

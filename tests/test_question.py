@@ -29,13 +29,13 @@ from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
     CancelRequested,
     ChildFailed,
+    DisposeAnswerFile,
     FileSignature,
     HermesRan,
     LogEvent,
     QuestionClosed,
     QuestionSpec,
     RemindDue,
-    RemoveAnswerFile,
     SendResponse,
     SendText,
     TimedOut,
@@ -202,7 +202,7 @@ def test_answer_closes_the_question(
     events = rig.events(3 if delivered else 2)
     assert events[-1] == ("answered", {"answered_by": "telegram:alice"})
     assert rig.peer.expect(SendResponse) == SendResponse(PROMPT, response, None, NAME)
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(f"{QID}.answer.json", SIG)
     # the Router is told which file answered: every other version it routed here is late
     assert rig.router.next() == QuestionClosed(QID, NAME, (f"{QID}.answer.json", SIG))
     rig.stopped()
@@ -265,7 +265,7 @@ def test_answer_after_each_terminal_state_is_late(start: Start, closing: Any, st
     rig.stopped()
     assert rig.events(2)[1][0] == state  # (after question_received) and nothing more:
     assert rig.rest("logger") == []  # no late_answer from here, and no second close
-    assert rig.rest("watcher") == ([RemoveAnswerFile(name, SIG)] if answered else [])
+    assert rig.rest("watcher") == ([DisposeAnswerFile(name, SIG)] if answered else [])
     assert len(rig.rest("peer")) == (state != "cancelled")  # the close's response alone
     rig.router.assert_nothing()  # closed exactly once
 

@@ -57,7 +57,7 @@ def test_deleted_directory_heals_without_a_crash_loop(bridge: Bridge) -> None:
         time.sleep(0.25)  # the interval between deletions is the scenario
     assert bridge.proc is not None and bridge.proc.poll() is None
     assert not any("crashed" in line for line in bridge.stderr_lines), bridge.stderr_lines
-    assert any("made it again (0700)" in line for line in bridge.stderr_lines)
+    assert any("watching it anew (0700)" in line for line in bridge.stderr_lines)
     bridge.answer(qid, "yes")
     env = bridge.asker.response()
     assert (env["msg_id"], env["response"]) == (qid, {"kind": "freeform", "text": "yes"})

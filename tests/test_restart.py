@@ -13,7 +13,7 @@ import pytest
 
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import FileSignature, QuestionSpec, SendResponse
-from coms_hermes_bridge.messages.contract import late_note, parse_prompt
+from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.wire import PromptEnvelope
 from tests.bridge_process import Bridge, new_qid
 from tests.fakes import wait_for
@@ -161,47 +161,3 @@ def test_crash_between_closing_and_responding_loses_nothing(bridge: Bridge) -> N
     bridge.start()
     bridge.no_response()
     assert json.loads(bridge.entry_path().read_text())["name"] == "user-remote"
-
-
-# A removal renames the judged version aside (`.removing-<pid>-<n>-<qid>`), checks it and
-# removes it; a SIGKILL between those steps leaves it there, for the next start to give
-# back. The pid in the name keeps apart the bridges sharing the directory (X6). These
-# tests stage what such a kill leaves.
-LEFT_ASIDE = ".removing-4194304-1-{qid}"
-
-
-def test_the_judged_version_left_aside_by_a_kill_goes_quietly_after_restart(
-    bridge: Bridge,
-) -> None:  # C15: the file that answered is not a late answer, before or after its removal
-    bridge.start("--poll-ms", "200")
-    qid = bridge.ask("Answered while a removal is cut short?")
-    bridge.wait_log("delivered", qid)
-    crash(bridge)
-    path = bridge.answer(qid, "yes")
-    os.link(path, bridge.questions / LEFT_ASIDE.format(qid=qid))  # the very version, aside
-    bridge.start("--poll-ms", "200")
-    assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "yes"}
-    wait_for(lambda: os.listdir(bridge.questions) == [], what="both names of the version gone")
-    assert bridge.events(qid) == ["question_received", "delivered", "answered"]
-    assert [r for r in bridge.log_records() if r["event"] == "answer_rejected"] == []
-    assert len(bridge.hermes.calls()) == 1  # the question; no late note
-    bridge.no_response()
-
-
-def test_a_newer_answer_left_aside_by_a_kill_is_judged_after_restart(bridge: Bridge) -> None:
-    # C15: a second answer renamed over the first just before the kill is late, not lost
-    bridge.start("--poll-ms", "200")
-    qid = bridge.ask("Answered twice?")
-    bridge.wait_log("delivered", qid)
-    bridge.answer(qid, "first")
-    assert bridge.asker.response()["response"] == {"kind": "freeform", "text": "first"}
-    wait_for(lambda: bridge.owed() == 0, what="the response recorded as sent")
-    crash(bridge)
-    bridge.drop(LEFT_ASIDE.format(qid=qid), json.dumps(
-        {"qid": qid, "answer": "second", "answered_by": "telegram:alice",
-         "at": "2026-11-30T12:02:00.000Z"}).encode())
-    bridge.start("--poll-ms", "200")
-    assert bridge.wait_log("late_answer", qid)["detail"] == {"state": "answered"}
-    wait_for(lambda: os.listdir(bridge.questions) == [], what="the late file removed")
-    wait_for(lambda: bridge.sent_texts()[1:] == [late_note(qid)], what="the human's late note")
-    bridge.no_response()

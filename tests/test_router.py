@@ -36,13 +36,13 @@ from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
     CancelRequested,
     ChildFailed,
+    DisposeAnswerFile,
     FileSignature,
     LogEvent,
     NewQuestion,
-    OfferAgain,
     QuestionClosed,
     QuestionSpec,
-    RemoveAnswerFile,
+    RejectAnswerFile,
     RestartChild,
     SendResponse,
     SendText,
@@ -328,9 +328,9 @@ def test_the_closed_qids_remembered_are_the_stores_and_no_others(
 
 def test_an_answer_reaches_its_question_and_again_after_it_restarted(make: Make) -> None:
     # Watcher -> Router -> Question. A question that crashes may have lost the answer it
-    # was handling: each restart asks the Watcher for its file again at once (it hands a
-    # version on once); the file, if there, reaches the restarted question. A sighting
-    # while one is handled goes on too: the question, closed by then, sends it back
+    # was handling: the Watcher offers its file again after its re-offer age, and it
+    # reaches the restarted question. A sighting while one is handled goes on too: the
+    # question, closed by then, sends it back
     rig = make()
     _spec, child, question = rig.opened(prompt_envelope(QID))
     name = f"{QID}.answer.json"
@@ -342,9 +342,7 @@ def test_an_answer_reaches_its_question_and_again_after_it_restarted(make: Make)
         assert (arrived.answer.answer, arrived.name, arrived.signature) == ("yes", name, SIG)
     question.assert_nothing()
     rig.ref.tell(ChildFailed(child, "RuntimeError: boom"))
-    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
     rig.ref.tell(ChildFailed(child, "RuntimeError: boom"))
-    assert rig.watcher.expect(OfferAgain) == OfferAgain(name)
     rig.depth()
     rig.watcher.assert_nothing()
     assert [c for _spec, c, _q in rig.started[QID]] == [child] * 3  # restarted twice, same name
@@ -359,13 +357,13 @@ def test_a_file_whose_name_or_content_is_no_answer_is_refused(make: Make) -> Non
     rig = make()
     rig.opened(prompt_envelope(QIDS[0]))
     rig.ref.tell(AnswerFileSeen("notes.txt", b"{}", SIG))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
+    assert rig.watcher.expect(RejectAnswerFile) == RejectAnswerFile(
         "notes.txt", SIG, Rejected("invalid_path"))
     rig.ref.tell(seen(QIDS[1], b"{not json"))  # a foreign qid: never read
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
+    assert rig.watcher.expect(RejectAnswerFile) == RejectAnswerFile(
         f"{QIDS[1]}.answer.json", SIG, Rejected("foreign_qid", QIDS[1]))
     rig.ref.tell(seen(QIDS[0], answer_file(QIDS[1])))  # an open one's, with another qid inside
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
+    assert rig.watcher.expect(RejectAnswerFile) == RejectAnswerFile(
         f"{QIDS[0]}.answer.json", SIG, Rejected("qid_mismatch", QIDS[0]))
 
 
@@ -395,7 +393,7 @@ def test_a_late_answer_owes_its_note_when_judged(make: Make) -> None:
     rig.close(QIDS[0], "cancelled", child)
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(seen(QIDS[0]))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(name, SIG)
     record = rig.logger.expect(LogEvent).record
     assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
     [note] = _late_notes(rig, 1)
@@ -414,9 +412,9 @@ def test_each_late_file_gets_its_own_note_and_log_line(make: Make) -> None:
         rig.close(qid, state, child)  # type: ignore[arg-type]
     for qid in QIDS[:2]:
         rig.ref.tell(seen(qid))
-    assert [rig.watcher.expect(RemoveAnswerFile) for _ in range(2)] == [
-        RemoveAnswerFile(f"{QIDS[0]}.answer.json", SIG),
-        RemoveAnswerFile(f"{QIDS[1]}.answer.json", SIG),
+    assert [rig.watcher.expect(DisposeAnswerFile) for _ in range(2)] == [
+        DisposeAnswerFile(f"{QIDS[0]}.answer.json", SIG),
+        DisposeAnswerFile(f"{QIDS[1]}.answer.json", SIG),
     ]
     assert [(r.qid, r.detail) for r in _late_records(rig, 2)] == [
         (QIDS[0], {"state": "cancelled"}),
@@ -437,7 +435,7 @@ def test_the_file_that_answered_a_question_is_not_late_after_a_restart(make: Mak
     first.ref.stop()
     rig = make()
     rig.ref.tell(seen(QIDS[0]))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QIDS[0]}.answer.json", SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(f"{QIDS[0]}.answer.json", SIG)
     rig.depth()  # that turn is over
     rig.logger.assert_nothing()
 
@@ -453,14 +451,14 @@ def test_the_file_that_answered_is_not_late_before_the_watcher_removed_it(make: 
     # the question closes its row with the file that answered, then says so
     rig.close(QIDS[0], "answered", child, answer_file=(name, SIG))
     rig.ref.tell(seen(QIDS[0]))  # offered again
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(name, SIG)
     rig.depth()  # that turn is over
     rig.logger.assert_nothing()
     assert rig.store.owed_notes() == []
     # another version of the file after the close is late, as before (C15)
     other = FileSignature(SIG.inode, SIG.size + 1, SIG.mtime_ns)
     rig.ref.tell(seen(QIDS[0], signature=other))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, other)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(name, other)
     assert rig.logger.expect(LogEvent).record.event == "late_answer"
 
 
@@ -489,7 +487,7 @@ def test_an_answer_routed_to_a_question_that_closed_before_taking_it_is_late_at_
     assert [type(question.next()) for _ in range(2)] == [AnswerArrived, AnswerArrived]
     _settled(rig)  # routed, not judged: the question may yet take it
     rig.close(QID, state, child)  # type: ignore[arg-type]
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(name, SIG)
     record = rig.logger.expect(LogEvent).record
     assert (record.qid, record.event, record.detail) == (QID, "late_answer", {"state": state})
     [note] = _late_notes(rig, 1)
@@ -517,7 +515,7 @@ def test_the_answer_that_closed_its_question_is_not_late_and_a_second_one_is(
     rig.close(QIDS[0], "answered", child, answer_file=(first, SIG))
     _settled(rig)  # the one that answered: nothing from the Router
     rig.close(QIDS[1], "answered", other, answer_file=(second, SIG))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(second, newer)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(second, newer)
     record = rig.logger.expect(LogEvent).record
     assert (record.qid, record.event, record.detail) == (
         QIDS[1], "late_answer", {"state": "answered"})
@@ -535,7 +533,7 @@ def test_of_several_versions_routed_only_the_newest_is_judged_late(make: Make) -
     for version in versions:
         rig.ref.tell(seen(QID, signature=version))
     rig.close(QID, "cancelled", child)
-    assert rig.watcher.expect(RemoveAnswerFile).signature == versions[-1]
+    assert rig.watcher.expect(DisposeAnswerFile).signature == versions[-1]
     assert len(_late_notes(rig, 1)) == 1
     assert len(_late_records(rig, 1)) == 1
     _settled(rig)
@@ -551,7 +549,7 @@ def test_an_answer_routed_to_a_question_whose_delivery_failed_gets_the_human_a_n
     rig.delivery.expect(SendText)
     rig.ref.tell(seen(QID))
     rig.close(QID, None, child, undelivered_at=time.time())
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(f"{QID}.answer.json", SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(f"{QID}.answer.json", SIG)
     assert rig.logger.expect(LogEvent).record.detail == {
         "reason": "foreign_qid", "file": f"{QID}.answer.json", "delivery_failed": True}
     assert rig.delivery.expect(SendText).text == undelivered_note(QID)
@@ -586,7 +584,7 @@ def test_a_siblings_undelivered_qid_past_the_hour_is_foreign(make: Make, tmp_pat
         sibling.shutdown()
     rig = make()
     rig.ref.tell(seen(QIDS[1]))
-    assert rig.watcher.expect(RemoveAnswerFile).verdict == Rejected("foreign_qid", QIDS[1])
+    assert rig.watcher.expect(RejectAnswerFile).rejected == Rejected("foreign_qid", QIDS[1])
 
 
 def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Make) -> None:
@@ -597,7 +595,7 @@ def test_an_answer_to_our_undelivered_question_gets_the_human_a_note(make: Make)
     rig.close(QIDS[0], None, child, undelivered_at=time.time())
     name = f"{QIDS[0]}.answer.json"
     rig.ref.tell(seen(QIDS[0]))
-    assert rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(name, SIG)
     record = rig.logger.expect(LogEvent).record
     assert (record.qid, record.event, record.detail) == (
         QIDS[0], "answer_rejected",
@@ -625,7 +623,7 @@ def test_siblings_are_not_read_when_our_own_memory_decides(make: Make) -> None: 
     _spec, child, _question = rig.opened(prompt_envelope(QIDS[0]))
     rig.close(QIDS[0], None, child, undelivered_at=time.time())
     rig.ref.tell(seen(QIDS[0]))
-    assert rig.watcher.expect(RemoveAnswerFile).name == f"{QIDS[0]}.answer.json"  # X11's way
+    assert rig.watcher.expect(DisposeAnswerFile).name == f"{QIDS[0]}.answer.json"  # X11's way
     rig.ref.tell(seen(QIDS[1]))
     rig.depth()
     rig.watcher.assert_nothing()  # the sibling's: left alone
@@ -707,12 +705,12 @@ def test_the_restore_line_counts_what_there_was_and_is_left_out_for_nothing(
         if what == "only closed" else "")
 
 
-def test_a_restarted_router_runs_its_questions_afresh_and_has_their_files_looked_at_again(
+def test_a_restarted_router_runs_its_questions_afresh(
     make: Make, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the Router crashed: its questions died with it and start again under new names
-    # (the store's owner guard keeps a leftover from writing); it cannot know which
-    # answer they were handling, so each open qid's file is offered again at once. It
+    # (the store's owner guard keeps a leftover from writing); the answers they were
+    # handling come again from the Watcher's re-offer. It
     # restores without a line (the line is the daemon's start) and sends nothing owed
     # again (that is the first start's)
     first = make()
@@ -725,12 +723,11 @@ def test_a_restarted_router_runs_its_questions_afresh_and_has_their_files_looked
     first.ref.stop()
     capsys.readouterr()
     again = make(incarnation=1)  # the same state file, as a restarted child
-    offered = {again.watcher.expect(OfferAgain).name for _ in range(2)}
-    assert offered == {f"{QIDS[0]}.answer.json", f"{QIDS[1]}.answer.json"}
+    again.depth()  # its begin() has run
     [(_spec, new, _question)] = again.started[QIDS[0]]
     assert new == f"question:{QIDS[0]}:t.1.1" and new != old
     assert again.store.open_spec(QIDS[0], old) is None  # the old name writes no more
-    again.ref.tell(seen(QIDS[0]))  # the Watcher's answer to OfferAgain
+    again.ref.tell(seen(QIDS[0]))  # the Watcher's re-offer
     again.depth()
     assert isinstance(again.question(QIDS[0]).next(), AnswerArrived)
     # both still pending: asked again, at least once; the owed note is not sent again
@@ -908,10 +905,9 @@ def test_an_answer_routed_to_a_poison_question_is_judged_as_it_closes(
                                               f"{QID}.answer.json", SIG))
     for _ in range(3):
         c.crash()
-        assert c.rig.watcher.expect(OfferAgain) == OfferAgain(f"{QID}.answer.json")
     c.slot.tell(Boom())
     c.rig.peer.expect(SendResponse)
-    assert c.rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(
+    assert c.rig.watcher.expect(RejectAnswerFile) == RejectAnswerFile(
         f"{QID}.answer.json", SIG, Rejected("foreign_qid", QID))
     c.rig.depth()
     c.rig.watcher.assert_nothing()
@@ -928,13 +924,12 @@ def test_an_answer_routed_before_a_restart_is_late_once_the_question_closes(
     name = f"{QID}.answer.json"
     c.rig.ref.tell(seen(QID))
     c.crash()
-    assert c.rig.watcher.expect(OfferAgain) == OfferAgain(name)
-    c.rig.ref.tell(seen(QID))  # the Watcher's answer: the same version, routed again
+    c.rig.ref.tell(seen(QID))  # the Watcher's re-offer: the same version, routed again
     c.rig.store.close(QID, "cancelled", owner=c.child)  # its close, then a crash
     before = c.slot.ref
     c.slot.tell(Boom())
     wait_for(lambda: before is not None and not before.is_alive(), what="the question crashed")
-    assert c.rig.watcher.expect(RemoveAnswerFile) == RemoveAnswerFile(name, SIG)
+    assert c.rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(name, SIG)
     record = c.rig.logger.expect(LogEvent).record
     assert (record.event, record.detail) == ("late_answer", {"state": "cancelled"})
     assert c.rig.depth() == 0

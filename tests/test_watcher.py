@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import queue
-import re
 import shutil
 import socket
 import threading
@@ -34,11 +33,11 @@ from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
+    DisposeAnswerFile,
     FilesChanged,
     FileSignature,
     LogEvent,
-    OfferAgain,
-    RemoveAnswerFile,
+    RejectAnswerFile,
     Rescan,
     SendText,
 )
@@ -205,23 +204,23 @@ def test_rescan_does_not_hand_on_a_file_again_until_it_is_due(
     assert rig.seen(ANSWER.replace(b'"yes"', b'"no"')).signature == newer
 
 
-def test_a_plain_rescan_leaves_a_handed_file_alone_a_deep_one_looks_again(
+def test_a_rescan_hands_on_a_version_that_changed_without_an_event(
     tmp_path: Path,
-) -> None:
+) -> None:  # the safety net: an event lost, and the handed version is not the one there
     clock = FakeClock()
     (tmp_path / "questions").mkdir()
     write(tmp_path / "questions" / NAME, ANSWER)  # before the start: no event still to come
     rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.seen(ANSWER)  # by the start's scan
-    changed = untold_change(rig.dir / NAME)
     rig.ref.tell(Rescan())
     rig.sync()
-    rig.router.assert_nothing()  # handed on and not due: not even looked at
-    rig.ref.tell(Rescan(deep=True))
+    rig.router.assert_nothing()  # handed on and not due
+    changed = untold_change(rig.dir / NAME)
+    rig.ref.tell(Rescan())
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, changed)
 
 
-def test_an_inotify_overflow_brings_a_deep_rescan(
+def test_an_inotify_overflow_brings_a_rescan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # events lost, so every file is looked at again
     overflow = threading.Event()
@@ -238,85 +237,11 @@ def test_an_inotify_overflow_brings_a_deep_rescan(
     write(tmp_path / "questions" / NAME, ANSWER)  # before the start: no event still to come
     rig = start(tmp_path, reoffer_s=3600)
     rig.seen(ANSWER)
-    changed = untold_change(rig.dir / NAME)
-    rig.ref.tell(Rescan())  # a plain beat does not look at it
     rig.sync()
-    rig.router.assert_nothing()
+    changed = untold_change(rig.dir / NAME)  # no beat comes: only the overflow's rescan
     overflow.set()
     (rig.dir / "unrelated").write_text("")  # an event, so that inotify is read (and overflows)
     assert rig.seen().signature == changed
-
-
-def test_overflows_before_the_deep_rescan_bring_one_and_a_later_one_another(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # bounded: a storm of overflows queues one deep rescan at a time, not one each
-    deeps: list[bool] = []
-    real_rescan = WatcherActor._rescan
-
-    def rescan(actor: WatcherActor, *, deep: bool = False) -> None:
-        if deep:
-            deeps.append(True)
-        real_rescan(actor, deep=deep)
-
-    monkeypatch.setattr(WatcherActor, "_rescan", rescan)
-
-    class Overflowed:  # what the loop reads after the kernel dropped events
-        def read(self, timeout: int | None = None) -> list[Any]:
-            return [inotify_simple.Event(-1, inotify_simple.flags.Q_OVERFLOW, 0, "")]
-
-    rig = start(tmp_path)
-    rig.sync()
-    assert deeps == [True]  # the start's own
-    edge, free = hermes.shared_edge(), threading.Event()
-    edge.call(free.wait, 10)  # the loop is busy: the rescan told cannot run yet
-    rig.actor._events(Overflowed())  # white-box: two reads on the loop, as a storm
-    rig.actor._events(Overflowed())  # of events between two turns of the watcher
-    free.set()
-    rig.sync()
-    assert deeps == [True, True]
-    edge.call(rig.actor._events, Overflowed())  # after it ran, an overflow brings another
-    wait_for(lambda: deeps == [True, True, True], what="the third deep rescan")
-    rig.sync()
-    assert deeps == [True, True, True]
-
-
-def test_offer_again_hands_the_file_on_at_once(tmp_path: Path) -> None:
-    clock = FakeClock()
-    rig = start(tmp_path, clock=clock)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.ref.tell(Rescan())
-    rig.sync()
-    rig.router.assert_nothing()  # in flight: not again by itself
-    rig.ref.tell(OfferAgain(NAME))  # its question restarted while handling it
-    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
-    rig.ref.tell(OfferAgain(OTHER))  # gone: nothing
-    rig.sync()
-    rig.router.assert_nothing()
-
-
-def test_a_version_offered_again_that_cannot_be_read_now_is_read_at_the_next_rescan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # C15: offered again means not handed on, until it is read
-    rig = start(tmp_path, clock=FakeClock(), reoffer_s=30)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    real_open, refused = os.open, [1]
-
-    def open_once_refused(path: Any, *args: Any, **kwargs: Any) -> int:
-        if str(path).endswith(NAME) and refused:
-            refused.pop()
-            raise PermissionError(errno.EACCES, "Permission denied")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", open_once_refused)
-    rig.ref.tell(OfferAgain(NAME))  # its read fails: not handed on
-    rig.sync()
-    rig.router.assert_nothing()
-    rig.ref.tell(Rescan())  # so the next look reads it, long before the re-offer age
-    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
 
 
 def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
@@ -347,12 +272,12 @@ def test_a_well_named_fifo_socket_or_symlink_is_rejected_after_the_grace(
     os.mkfifo(rig.dir / closed_fifo)
     write(rig.dir / closed_file, ANSWER.replace(QID.encode(), closed_file[:26].encode()))
     (rig.dir / closed_dir).mkdir()
-    rig.ref.tell(Rescan(deep=True))  # first sighting of each
+    rig.ref.tell(Rescan())  # first sighting of each
     rig.sync()
     rig.logger.assert_nothing()  # within the grace: nothing rejected yet,
     rig.router.assert_nothing()  # and nothing handed on as an answer
     clock.now += 1.1
-    rig.ref.tell(Rescan(deep=True))
+    rig.ref.tell(Rescan())
     records = [rig.logged() for _ in range(4)]
     assert all((r.qid, r.event) == (NO_QID, "answer_rejected") for r in records)
     assert sorted(json.dumps(r.detail, sort_keys=True) for r in records) == sorted(
@@ -372,10 +297,10 @@ def test_a_directory_with_an_answers_name_is_left_alone(
     rig = start(tmp_path, poll_ms=500, clock=clock)  # grace 1000 ms
     rig.sync()
     (rig.dir / NAME).mkdir()
-    rig.ref.tell(Rescan(deep=True))  # its first sighting
+    rig.ref.tell(Rescan())  # its first sighting
     rig.sync()
     clock.now += 5
-    rig.ref.tell(Rescan(deep=True))
+    rig.ref.tell(Rescan())
     rig.sync()
     assert (rig.dir / NAME).is_dir() and os.listdir(rig.dir) == [NAME]
     rig.router.assert_nothing()
@@ -400,7 +325,7 @@ def test_a_rejected_file_is_logged_removed_and_said(
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
     capsys.readouterr()
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected(reason, QID, error)))
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected(reason, QID, error)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": reason, "file": NAME, **({"error": error} if error else {})}
@@ -414,298 +339,6 @@ def test_a_rejected_file_is_logged_removed_and_said(
         assert rig.delivery.next() == note(reason)
     rig.delivery.assert_nothing()
 
-
-def test_the_events_of_its_own_removals_are_not_examined(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # a removal renames the file aside: that name's event is not worth a look
-    examined: list[str] = []
-    real = WatcherActor._examine
-
-    def counted(self: WatcherActor, name: str) -> None:
-        examined.append(name)
-        real(self, name)
-
-    monkeypatch.setattr(WatcherActor, "_examine", counted)
-    rig = start(tmp_path)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, None))
-    wait_for(lambda: not (rig.dir / NAME).exists(), what="the answer file removed")
-    other_aside = ".removing-1-1"  # another process's: looked at (and, a bad name, in time rejected)
-    write(rig.dir / other_aside, b"x")
-    rig.sync()
-    assert NAME in examined
-    assert {name for name in examined if name.startswith(".removing-")} == {other_aside}
-
-
-@pytest.mark.parametrize("killed", ["another pid", "the same pid"])
-def test_a_version_left_aside_by_a_removal_cut_short_goes_back_to_be_judged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    killed: str,
-) -> None:  # C2, C15: a bridge killed mid-removal loses no answer, and says what it found
-    # the bridge that is killed: another process, with another pid, or with this pid
-    # (the next start in a container often has the same one)
-    pid = 4194304 if killed == "another pid" else os.getpid()
-    monkeypatch.setattr(os, "getpid", lambda: pid)
-    monkeypatch.setattr(hermes, "_RUN", "0123456789")
-    crashed = start(tmp_path)
-    monkeypatch.undo()
-    crashed.sync()
-    signature = write(crashed.dir / NAME, ANSWER)
-    crashed.seen(ANSWER)
-    real_remove = os.remove
-    monkeypatch.setattr(os, "remove", lambda path: (_ for _ in ()).throw(RuntimeError("killed")))
-    crashed.ref.tell(RemoveAnswerFile(NAME, signature))  # renamed aside, then "killed"
-    wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
-    monkeypatch.setattr(os, "remove", real_remove)
-    [left] = os.listdir(crashed.dir)
-    assert re.fullmatch(rf"\.removing-{pid}-0123456789\d+-{QID}", left), left
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)  # the next bridge; grace 1000 ms
-    rig.sync()  # its first look: the aside may be a sibling's, mid-removal
-    assert os.listdir(rig.dir) == [left]
-    rig.router.assert_nothing()
-    clock.now += 1.1
-    rig.ref.tell(Rescan())
-    seen = rig.seen(ANSWER)
-    assert seen == AnswerFileSeen(NAME, ANSWER, signature)  # the very version, to be judged
-    assert os.listdir(rig.dir) == [NAME]
-    rig.sync()
-    rig.logger.assert_nothing()  # nothing rejected: not a bad name, a name to give back
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
-        f"put it back as {NAME}\n")
-
-
-def test_a_version_left_aside_in_the_older_form_under_this_pid_goes_back(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # C2: an upgrade in a container (same pid again) loses no answer left aside
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    left = f".removing-{os.getpid()}-7-{QID}"  # no run: the form before it had one
-    signature = write(rig.dir / left, ANSWER)
-    rig.sync()
-    clock.now += 1.1
-    rig.ref.tell(Rescan())
-    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
-        f"put it back as {NAME}\n")
-
-
-def test_a_bad_names_version_left_aside_by_a_removal_cut_short_is_rejected_later(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # C9: no name to give back; an answer's name is never made up
-    clock = FakeClock()
-    crashed = start(tmp_path, poll_ms=500, clock=clock)
-    crashed.sync()
-    write(crashed.dir / "notes.txt", ANSWER)
-    crashed.sync()
-    clock.now += 1.1
-    monkeypatch.setattr(os, "remove", lambda path: (_ for _ in ()).throw(RuntimeError("killed")))
-    crashed.ref.tell(Rescan())  # rejected: renamed aside, then "killed"
-    wait_for(lambda: not crashed.ref.is_alive(), what="the watcher dead mid-removal")
-    monkeypatch.undo()
-    [left] = os.listdir(crashed.dir)
-    assert re.fullmatch(rf"\.removing-{os.getpid()}-{hermes._RUN}\d+", left), left
-    later = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=later)
-    rig.sync()
-    later.now += 1.1
-    rig.ref.tell(Rescan())
-    record = rig.logged()
-    assert (record.event, record.detail) == ("answer_rejected", {"reason": "invalid_path", "file": left})
-    assert os.listdir(rig.dir) == []
-    rig.router.assert_nothing()
-
-
-def test_an_aside_this_bridge_could_not_delete_is_never_given_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # C2, C15: not judged again (no second note), and said once, not every rescan
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-
-    def failing(path: Any) -> None:
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "remove", failing)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature))
-    rig.sync()
-    [left] = os.listdir(rig.dir)
-    assert re.fullmatch(rf"\.removing-{os.getpid()}-{hermes._RUN}\d+-{QID}", left), left
-    for _ in range(3):
-        clock.now += 1.1
-        rig.ref.tell(Rescan())
-        rig.sync()
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: cannot remove {NAME}: [Errno 5] Input/output error\n")
-    assert NAME not in os.listdir(rig.dir)  # never given back, so never judged again
-    rig.router.assert_nothing()
-    rig.logger.assert_nothing()
-    rig.ref.stop()  # nor by the watcher restarted in this process (same pid, same run)
-    again = start(tmp_path, poll_ms=500, clock=clock)
-    again.sync()
-    clock.now += 1.1
-    again.ref.tell(Rescan())
-    again.sync()
-    assert NAME not in os.listdir(again.dir)
-    again.router.assert_nothing()
-    assert "removal cut short" not in capsys.readouterr().err
-
-
-def test_a_version_left_aside_goes_when_its_name_holds_a_newer_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # C2: the newer file is the one to judge; the older one is superseded
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    left = f".removing-1-7-{QID}"
-    write(rig.dir / left, b"the older version")
-    newer = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.sync()
-    clock.now += 1.1
-    rig.ref.tell(Rescan())
-    rig.sync()
-    assert os.listdir(rig.dir) == [NAME]
-    assert signature_of(rig.dir / NAME) == newer and (rig.dir / NAME).read_bytes() == ANSWER
-    rig.router.assert_nothing()  # the older version is never offered
-    rig.logger.assert_nothing()
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
-        f"dropped it ({NAME} is there)\n")
-
-
-@pytest.mark.parametrize("left", [
-    ".removing-1-7", ".removing-1-7-NOTAQID", ".removing-x-7-" + QID, "removing-1-7-" + QID,
-    ".removing-1-01234567897", ".removing-1.0123abcd-7-" + QID, ".removing-1--7-" + QID,
-    ".removing-1-7x-" + QID, ".removing--7-" + QID])
-def test_a_name_that_only_looks_left_aside_is_rejected_as_any(
-    tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str]
-) -> None:  # C9, C10: only `.removing-<pid>-<run><n>-<qid>` names a version to give back
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    write(rig.dir / left, ANSWER)
-    rig.sync()
-    clock.now += 1.1
-    rig.ref.tell(Rescan())
-    record = rig.logged()
-    assert (record.qid, record.event, record.detail) == (
-        NO_QID, "answer_rejected", {"reason": "invalid_path", "file": left})
-    assert os.listdir(rig.dir) == []
-    rig.router.assert_nothing()
-    assert "removal cut short" not in capsys.readouterr().err
-
-
-def test_a_version_left_aside_that_cannot_go_back_is_said_once_per_cause_and_tried_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # C15: bounded logs; the version stays, tried again at every rescan
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    left = f".removing-1-7-{QID}"
-    signature = write(rig.dir / left, ANSWER)
-    rig.sync()
-    clock.now += 1.1
-    tries: list[str] = []
-    causes = [(errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied")]
-
-    def refused(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        tries.append(os.path.basename(dst))
-        raise OSError(*causes[len(tries) > 4])
-
-    monkeypatch.setattr(os, "link", refused)
-    monkeypatch.setattr(os, "rename", refused)  # link_new's way without hard links
-    for _ in range(3):
-        rig.ref.tell(Rescan())
-        rig.sync()
-    assert tries == [NAME] * 6  # a link and, as without hard links, a rename each time
-    assert os.listdir(rig.dir) == [left]
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: cannot put back {left}: [Errno 30] Read-only file system\n"
-        f"coms-hermes-bridge: watcher: cannot put back {left}: [Errno 13] Permission denied\n")
-    monkeypatch.undo()
-    rig.ref.tell(Rescan())
-    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
-    assert os.listdir(rig.dir) == [NAME]
-    rig.sync()
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: warning: watcher: {left} was left by a removal cut short; "
-        f"put it back as {NAME}\n")
-    rig.router.assert_nothing()
-    rig.logger.assert_nothing()
-
-
-def test_a_put_back_failing_is_its_own_episode_apart_from_removals(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # C15: each failure said when it begins, even with a cause the other had
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    signature = write(rig.dir / OTHER, ANSWER)
-    rig.seen(ANSWER)
-
-    def read_only(*args: Any, **kwargs: Any) -> None:
-        raise OSError(errno.EROFS, "Read-only file system")
-
-    monkeypatch.setattr(os, "rename", read_only)
-    rig.ref.tell(RemoveAnswerFile(OTHER, signature))
-    rig.sync()
-    monkeypatch.undo()
-    first, second = f".removing-1-7-{QID}", f".removing-1-8-{QID}"
-
-    def cannot_put_back(left: str) -> None:  # left aside, past the grace, on a read-only fs
-        write(rig.dir / left, ANSWER)
-        rig.sync()
-        clock.now += 1.1
-        monkeypatch.setattr(os, "link", read_only)
-        monkeypatch.setattr(os, "rename", read_only)
-        rig.ref.tell(Rescan())
-        rig.sync()
-        monkeypatch.undo()
-
-    cannot_put_back(first)
-    rig.ref.tell(Rescan())  # it goes back; the episode is over
-    rig.seen(ANSWER)
-    (rig.dir / NAME).unlink()
-    cannot_put_back(second)
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: cannot remove {OTHER}: [Errno 30] Read-only file system\n"
-        f"coms-hermes-bridge: watcher: cannot put back {first}: [Errno 30] Read-only file system\n"
-        f"coms-hermes-bridge: warning: watcher: {first} was left by a removal cut short; "
-        f"put it back as {NAME}\n"
-        f"coms-hermes-bridge: watcher: cannot put back {second}: [Errno 30] Read-only file system\n")
-
-
-def test_a_version_left_aside_and_taken_back_by_another_bridge_is_forgotten_quietly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # two bridges sharing the directory: the one that lost the race says nothing
-    clock = FakeClock()
-    rig = start(tmp_path, poll_ms=500, clock=clock)
-    rig.sync()
-    left = f".removing-1-7-{QID}"
-    write(rig.dir / left, ANSWER)
-    rig.sync()
-    real_link = os.link
-
-    def sibling_first(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        os.rename(src, dst)  # the other bridge put it back a moment before
-        real_link(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "link", sibling_first)
-    clock.now += 1.1
-    rig.ref.tell(Rescan())
-    rig.sync()
-    monkeypatch.setattr(os, "link", real_link)
-    assert os.listdir(rig.dir) == [NAME]
-    assert "removal cut short" not in capsys.readouterr().err
-    rig.logger.assert_nothing()
 
 def test_a_badly_named_file_gone_before_it_is_looked_at_is_forgotten_quietly(
     tmp_path: Path,
@@ -731,7 +364,7 @@ def test_a_file_is_read_up_to_the_limit_and_past_it_handed_on_unread(
     over = size > ANSWER_FILE_LIMIT
     assert rig.seen(version=signature) == AnswerFileSeen(
         NAME, None if over else b"\0" * size, signature)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": "invalid_schema", "file": NAME,
@@ -809,10 +442,10 @@ def test_invalid_json_stays_for_the_grace_then_goes_and_only_then_is_noted(
     rig.sync()
     signature = write(rig.dir / NAME, b'{"qid": "01')
     rig.seen(b'{"qid": "01')
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     clock.now += 0.9995
     rig.ref.tell(Rescan())  # held: this version is not sent again within its grace
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     rig.sync()
     rig.router.assert_nothing()
     assert (rig.dir / NAME).exists()
@@ -822,7 +455,7 @@ def test_invalid_json_stays_for_the_grace_then_goes_and_only_then_is_noted(
     rig.ref.tell(Rescan())  # so it is due: sent again for a fresh verdict
     assert rig.seen() == AnswerFileSeen(NAME, b'{"qid": "01', signature)
     clock.now += 0.02
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("invalid_json", QID)))
     record = rig.logged()
     assert (record.qid, record.event) == (QID, "answer_rejected")
     assert record.detail == {"reason": "invalid_json", "file": NAME}
@@ -844,23 +477,23 @@ def test_a_file_gone_is_forgotten_and_a_new_one_by_its_name_gets_a_fresh_grace(
     rig.sync()  # every event of that write handled: the watcher still knows the name
     clock.now += 121  # past the grace of its first sighting
     if gone == "rejected by it":
-        rig.ref.tell(RemoveAnswerFile(NAME, old, Rejected("invalid_json", QID)))
+        rig.ref.tell(RejectAnswerFile(NAME, old, Rejected("invalid_json", QID)))
         assert rig.logged().detail == {"reason": "invalid_json", "file": NAME}
     else:
         os.remove(rig.dir / NAME)  # meanwhile, by someone else (a sibling bridge, say)
         if gone == "removed by another":
             for verdict in (Rejected("invalid_json", QID), Rejected("foreign_qid", QID)):
-                rig.ref.tell(RemoveAnswerFile(NAME, old, verdict))
+                rig.ref.tell(RejectAnswerFile(NAME, old, verdict))
         elif gone == "seen gone":  # an event for a name whose file is gone by then
             rig.ref.tell(FilesChanged((NAME,)))
         else:
-            rig.ref.tell(RemoveAnswerFile(NAME, old))
+            rig.ref.tell(DisposeAnswerFile(NAME, old))
         rig.sync()
         rig.logger.assert_nothing()
         rig.delivery.assert_nothing()
     new = write(rig.dir / NAME, b"[")
     rig.seen(b"[")
-    rig.ref.tell(RemoveAnswerFile(NAME, new, Rejected("invalid_json", QID)))
+    rig.ref.tell(RejectAnswerFile(NAME, new, Rejected("invalid_json", QID)))
     rig.sync()
     assert (rig.dir / NAME).exists()  # half written, for all we know: its grace runs
     rig.logger.assert_nothing()
@@ -872,7 +505,7 @@ def test_a_verdict_on_an_older_version_re_examines_the_file(tmp_path: Path) -> N
     old = write(rig.dir / NAME, b"{}")
     rig.seen(b"{}")
     new = write(rig.dir / NAME, ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, old, Rejected("invalid_schema", QID)))
+    rig.ref.tell(RejectAnswerFile(NAME, old, Rejected("invalid_schema", QID)))
     assert rig.seen(ANSWER).signature == new
     rig.sync()
     assert (rig.dir / NAME).read_bytes() == ANSWER
@@ -891,13 +524,13 @@ def test_remove_answer_file_removes_only_the_version_that_was_read(tmp_path: Pat
     newer = ANSWER.replace(b'"yes"', b'"no, wait"')
     second = write(rig.dir / NAME, newer)
     assert first != second
-    rig.ref.tell(RemoveAnswerFile(NAME, first))
+    rig.ref.tell(DisposeAnswerFile(NAME, first))
     rig.sync()
     assert (rig.dir / NAME).read_bytes() == newer
-    rig.ref.tell(RemoveAnswerFile(NAME, second))
+    rig.ref.tell(DisposeAnswerFile(NAME, second))
     rig.sync()
     assert not (rig.dir / NAME).exists()
-    rig.ref.tell(RemoveAnswerFile(NAME, second))  # gone already: nothing to do
+    rig.ref.tell(DisposeAnswerFile(NAME, second))  # gone already: nothing to do
     rig.sync()
     rig.logger.assert_nothing()
 
@@ -909,19 +542,20 @@ def test_a_used_file_goes_only_after_the_store_committed_what_used_it(tmp_path: 
     rig.sync()
     first = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, first))
+    rig.ref.tell(DisposeAnswerFile(NAME, first))
     rig.sync()
     assert commits.flushes == [True]
     assert not (rig.dir / NAME).exists()
     commits.fails = StoreClosedError("the group's commit failed")  # the daemon is ending:
     second = write(rig.dir / NAME, ANSWER)  # the file stays, to be judged after a restart
     rig.seen(ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, second))
+    rig.ref.tell(DisposeAnswerFile(NAME, second))
     rig.sync()
     assert commits.flushes == [True, True]
     assert (rig.dir / NAME).read_bytes() == ANSWER
-    assert rig.actor._tracked[NAME].doomed  # white-box: its removal is tried again later
-    rig.ref.tell(RemoveAnswerFile(NAME, second, Rejected("invalid_schema", QID)))
+    tracked = rig.actor._tracked[NAME]  # white-box: judged, so never offered again here
+    assert (tracked.handed, tracked.resend_at) == (second, float("inf"))
+    rig.ref.tell(RejectAnswerFile(NAME, second, Rejected("invalid_schema", QID)))
     rig.sync()  # refused, and not removed: not logged as rejected either
     assert (rig.dir / NAME).read_bytes() == ANSWER
     rig.logger.assert_nothing()
@@ -938,42 +572,24 @@ def test_only_the_judged_version_is_ever_removed(tmp_path: Path) -> None:  # C9,
     actor = rig.actor  # white-box: the window
     assert actor._remove(NAME, old) is False
     assert (rig.dir / NAME).read_bytes() == ANSWER
-    assert sorted(p.name for p in rig.dir.iterdir()) == [NAME]  # nothing left aside
+    assert sorted(p.name for p in rig.dir.iterdir()) == [NAME]
     assert rig.seen(ANSWER).signature == new  # and it is looked at
     assert actor._remove(NAME, new) is True and not (rig.dir / NAME).exists()
 
 
-def test_a_version_put_back_on_a_filesystem_without_hard_links_is_renamed_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # C2: a version not judged is never lost, even where link() is refused
-    def no_links(src: str, dst: str) -> None:
-        raise PermissionError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_links)
-    rig = start(tmp_path)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.sync()
-    judged = FileSignature(signature.inode, signature.size, signature.mtime_ns - 1)  # older
-    assert rig.actor._remove(NAME, judged) is False  # white-box: the race, staged
-    assert (rig.dir / NAME).read_bytes() == ANSWER
-    assert sorted(os.listdir(rig.dir)) == [NAME]  # nothing left aside
-
-
 @pytest.fixture
-def refused_renames(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """While its one item is True the watcher cannot rename a file aside (an immutable
-    file, say), so it cannot remove one: set it False to let removals through again."""
+def refused_unlinks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """While its one item is True the watcher cannot remove a file (an immutable file,
+    say): set it False to let removals through again."""
     refused = [True]
-    real = os.rename
+    real = os.unlink
 
-    def rename(src: str, dst: str) -> None:
+    def unlink(path: str) -> None:
         if refused[0]:
             raise PermissionError(errno.EPERM, "Operation not permitted")
-        real(src, dst)
+        real(path)
 
-    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "unlink", unlink)
     return refused
 
 
@@ -984,49 +600,46 @@ def test_a_file_another_bridge_removes_first_is_not_logged_here(
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    real = os.rename
+    real = os.unlink
 
-    def taken_first(src: str, dst: str) -> None:
-        os.remove(src)  # the sibling's removal lands between our look and our rename
-        real(src, dst)
+    def taken_first(path: str) -> None:
+        real(path)  # the sibling's removal lands between our look and our own
+        real(path)
 
-    monkeypatch.setattr(os, "rename", taken_first)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+    monkeypatch.setattr(os, "unlink", taken_first)
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
     rig.sync()
     rig.logger.assert_nothing()
     rig.delivery.assert_nothing()
 
 
-def test_a_judged_version_that_cannot_go_is_never_offered_again_and_goes_later(
-    tmp_path: Path, refused_renames: list[bool], capsys: pytest.CaptureFixture[str]
+def test_a_judged_version_that_cannot_go_is_never_offered_again_until_a_restart(
+    tmp_path: Path, refused_unlinks: list[bool], capsys: pytest.CaptureFixture[str]
 ) -> None:  # C2, C15: a version is judged once, so a late file gets one note
     clock = FakeClock()
     rig = start(tmp_path, clock=clock, reoffer_s=30)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature))
+    rig.ref.tell(DisposeAnswerFile(NAME, signature))
     rig.sync()
     assert (rig.dir / NAME).exists()
     assert f"watcher: cannot remove {NAME}: [Errno 1] Operation not permitted" in capsys.readouterr().err
     clock.now += 30  # due: a file handed on and not judged would be offered again now
     rig.ref.tell(Rescan())
-    rig.ref.tell(Rescan(deep=True))
     rig.sync()
     rig.router.assert_nothing()  # judged once: never offered again
-    assert capsys.readouterr().err == ""  # tried again when due, and not said again
-    refused_renames[0] = False
-    rig.ref.tell(Rescan(deep=True))  # not due again yet: left be
+    refused_unlinks[0] = False
+    other = write(rig.dir / OTHER, ANSWER)
+    rig.seen(ANSWER)
+    rig.ref.tell(DisposeAnswerFile(OTHER, other))
     rig.sync()
-    assert (rig.dir / NAME).exists()
-    clock.now += 30
-    rig.ref.tell(Rescan())
-    rig.sync()
-    assert not (rig.dir / NAME).exists()
     assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: removing files from {rig.dir} works again (2 failed attempt(s))\n"
+        f"coms-hermes-bridge: watcher: removing files from {rig.dir} works again (1 failed attempt(s))\n"
     )
-    rig.router.assert_nothing()
+    rig.ref.stop()
+    again = start(tmp_path)  # a restart is a start: what is there is looked at afresh
+    assert again.seen() == AnswerFileSeen(NAME, ANSWER, signature)
     rig.logger.assert_nothing()
 
 
@@ -1038,7 +651,7 @@ def test_files_that_cannot_go_are_said_once_per_cause(
     # but each new reason is news to the operator
     causes = [errno.EPERM, second]
 
-    def rename(src: str, dst: str) -> None:
+    def unlink(path: str) -> None:
         code = causes.pop(0)
         raise OSError(code, os.strerror(code))
 
@@ -1048,9 +661,9 @@ def test_files_that_cannot_go_are_said_once_per_cause(
     signatures = {name: write(rig.dir / name, ANSWER) for name in (NAME, other)}
     for _ in signatures:
         rig.seen(ANSWER)
-    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "unlink", unlink)
     for name, signature in signatures.items():
-        rig.ref.tell(RemoveAnswerFile(name, signature))
+        rig.ref.tell(DisposeAnswerFile(name, signature))
     rig.sync()
     lines = f"coms-hermes-bridge: watcher: cannot remove {NAME}: [Errno 1] Operation not permitted\n"
     if second == errno.EROFS:
@@ -1060,33 +673,17 @@ def test_files_that_cannot_go_are_said_once_per_cause(
 
 
 def test_a_new_version_over_a_judged_one_that_could_not_go_is_offered(
-    tmp_path: Path, refused_renames: list[bool]
+    tmp_path: Path, refused_unlinks: list[bool]
 ) -> None:  # C2: the human's second answer is never held back by the first one's fate
     rig = start(tmp_path, reoffer_s=3600)
     rig.sync()
     signature = write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature))
+    rig.ref.tell(DisposeAnswerFile(NAME, signature))
     rig.sync()
     newer = ANSWER.replace(b'"yes"', b'"no"')
     newer_signature = write(rig.dir / NAME, newer)
     assert rig.seen(newer).signature == newer_signature
-
-
-def test_offer_again_lifts_the_judgement_of_a_version_that_could_not_go(
-    tmp_path: Path, refused_renames: list[bool]
-) -> None:  # a restarted Router judges afresh what its last incarnation judged
-    clock = FakeClock()
-    rig = start(tmp_path, clock=clock, reoffer_s=30)
-    rig.sync()
-    signature = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.ref.tell(RemoveAnswerFile(NAME, signature))
-    rig.ref.tell(OfferAgain(NAME))
-    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)
-    clock.now += 30
-    rig.ref.tell(Rescan())
-    assert rig.seen() == AnswerFileSeen(NAME, ANSWER, signature)  # offered again, as any
 
 
 # -- the directory: private, and it heals (C7) ------------------------------------
@@ -1122,40 +719,25 @@ def test_a_directory_that_cannot_be_made_at_start_fails_the_start(tmp_path: Path
         "watcher", f"NotADirectoryError: {rig.dir} is not a directory")
 
 
-def test_a_deleted_directory_is_made_again_and_said_once_per_interval_with_a_count(
+def test_a_deleted_or_replaced_directory_is_made_again_and_said(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # C7: kept in being and watched all along, without a restart; the
-    # operator's words, at most one line per 10 s
-    clock = FakeClock()
-    rig = start(tmp_path, clock=clock)
+) -> None:  # C7: kept in being and watched all along, without a restart; one line a heal
+    rig = start(tmp_path)
     rig.sync()
     capsys.readouterr()
-
-    def delete_and_wait() -> None:
+    healed = (f"coms-hermes-bridge: watcher: {rig.dir} was deleted, moved or no longer "
+              "watched; watching it anew (0700)\n")
+    for _ in range(3):
         write(rig.dir / "leftover.tmp", b"x")
         shutil.rmtree(rig.dir)  # as an operator's rm -r would
         wait_for(lambda: rig.dir.is_dir() and mode(rig.dir) == 0o700, what="directory back")
         rig.sync()
-
-    delete_and_wait()
-    gone = f"coms-hermes-bridge: watcher: {rig.dir} was gone; made it again (0700)"
-    assert capsys.readouterr().err == gone + "\n"
-    delete_and_wait()
-    delete_and_wait()
-    clock.now += hermes.HEAL_REPORT_INTERVAL_S - 0.5
-    delete_and_wait()
-    assert capsys.readouterr().err == ""  # within the interval: counted, not said
-    clock.now += 0.5  # exactly the interval since the line
+        assert capsys.readouterr().err == healed
     fresh = tmp_path / "fresh"
     fresh.mkdir(mode=0o700)
     os.rename(fresh, rig.dir)  # replaced by another (empty) directory
-    wait_for(lambda: capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: {rig.dir} was replaced; watching the new one"
-        " (3 more time(s) since the last report)\n"), what="the replaced line")
-    rig.sync()  # said before its rescan of the new one, in the same turn: that too is over
-    clock.now += hermes.HEAL_REPORT_INTERVAL_S
-    delete_and_wait()
-    assert capsys.readouterr().err == gone + "\n"  # the count starts again
+    wait_for(lambda: capsys.readouterr().err == healed, what="the replaced line")
+    rig.sync()
     signature = write(rig.dir / NAME, ANSWER)  # only inotify can bring it: no rescan beat
     assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
     rig.supervisor.assert_nothing()  # never failed, so never restarted
@@ -1207,16 +789,16 @@ def test_a_watch_the_kernel_ended_is_made_again_and_what_changed_is_looked_at(
     rig.sync()
     write(rig.dir / NAME, ANSWER)
     rig.seen(ANSWER)
-    rig.sync()  # every event of that write handled: only a deep rescan looks at it again
+    rig.sync()  # every event of that write handled: only a rescan looks at it again
     changed = untold_change(rig.dir / NAME)
     actor = rig.actor
     assert actor._inotify is not None and actor._wd is not None
     actor._inotify.rm_watch(actor._wd)  # white-box: as the kernel ends a watch
-    # looked at again (deeply): the version changed while nothing watched
+    # looked at again: the version changed while nothing watched
     assert rig.seen() == AnswerFileSeen(NAME, ANSWER, changed)
     rig.sync()
-    assert capsys.readouterr().err == (
-        f"coms-hermes-bridge: watcher: {rig.dir} was no longer watched; watching it again\n")
+    assert capsys.readouterr().err == (f"coms-hermes-bridge: watcher: {rig.dir} was deleted, "
+                                       "moved or no longer watched; watching it anew (0700)\n")
     signature = write(rig.dir / OTHER, ANSWER)  # only a new watch brings it: no beat
     assert rig.seen(ANSWER) == AnswerFileSeen(OTHER, ANSWER, signature)
     rig.supervisor.assert_nothing()
@@ -1342,9 +924,9 @@ def test_a_directory_that_cannot_be_listed_is_said(
 # -- the watch itself: inotify lost, events that cost no rescan ------------------
 
 
-def test_a_failed_inotify_read_fails_the_watcher_with_its_cause(
+def test_a_failed_inotify_read_is_said_and_the_next_rescan_listens_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # without inotify no answer is noticed again: the supervisor restarts it whole
+) -> None:  # a broken read is not retried in a busy loop; the beat finds what came meanwhile
     broken = threading.Event()
 
     class BrokenINotify(INotify):  # type: ignore[misc]
@@ -1356,43 +938,39 @@ def test_a_failed_inotify_read_fails_the_watcher_with_its_cause(
     monkeypatch.setattr(hermes, "INotify", BrokenINotify)
     rig = start(tmp_path)
     rig.sync()
+    capsys.readouterr()
     broken.set()
-    write(rig.dir / NAME, ANSWER)  # an event, so that inotify is read
-    failed = rig.supervisor.next()
-    assert failed.child == "watcher"
-    assert failed.error == "RuntimeError: inotify watch lost: OSError: [Errno 5] Input/output error"
+    signature = write(rig.dir / NAME, ANSWER)  # an event, so that inotify is read
+    assert "OSError(5, 'Input/output error')" in said(capsys, "the fault")
+    rig.sync()
     rig.router.assert_nothing()
-    edge_caught_up()  # the release's own unlisten has run: the closed instance is let be
-    assert capsys.readouterr().err == ""
+    broken.clear()
+    rig.ref.tell(Rescan())  # a beat: it is listed, and the watcher listens again
+    assert rig.seen(ANSWER) == AnswerFileSeen(NAME, ANSWER, signature)
+    other = write(rig.dir / OTHER, ANSWER)  # only inotify can bring it: no rescan beat
+    assert rig.seen(ANSWER, version=other).name == OTHER
+    rig.supervisor.assert_nothing()
 
 
-def test_file_events_neither_remake_the_watch_nor_rescan_deeply(
+def test_file_events_cost_no_rescan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # only the end of the watch, or lost events, cost a look at every file
-    watches: list[str] = []
-    deep_scans: list[bool] = []
-
-    class CountingINotify(INotify):  # type: ignore[misc]
-        def add_watch(self, path: str, mask: int) -> int:
-            watches.append(path)
-            return int(super().add_watch(path, mask))
-
+) -> None:  # only the end of the watch, lost events, or the beat cost a look at every file
+    rescans: list[bool] = []
     real_rescan = WatcherActor._rescan
 
-    def rescan(self: WatcherActor, *, deep: bool = False) -> None:
-        deep_scans.append(deep)
-        real_rescan(self, deep=deep)
+    def rescan(self: WatcherActor) -> None:
+        rescans.append(True)
+        real_rescan(self)
 
-    monkeypatch.setattr(hermes, "INotify", CountingINotify)
     monkeypatch.setattr(WatcherActor, "_rescan", rescan)
     rig = start(tmp_path)
     rig.sync()
-    assert (len(watches), deep_scans) == (1, [True])  # the start: one watch, one deep scan
+    assert rescans == [True]  # the start's
     for n in range(5):
         write(rig.dir / f"01HZY3K4M5N6P7Q8R9S0T1V2W{n}.answer.json", ANSWER)
         rig.seen(ANSWER)
     rig.sync()
-    assert (len(watches), deep_scans) == (1, [True])
+    assert rescans == [True]
 
 
 # -- bounds: reads, names remembered, names looked at ------------------------------
@@ -1450,7 +1028,7 @@ def test_the_memory_of_names_is_bounded_and_a_name_forgotten_is_still_removed(
         rig.seen(ANSWER)
         rig.sync()
     assert list(rig.actor._tracked) == names[1:]
-    rig.ref.tell(RemoveAnswerFile(names[0], signatures[0]))
+    rig.ref.tell(DisposeAnswerFile(names[0], signatures[0]))
     rig.sync()
     assert not (rig.dir / names[0]).exists()
     rig.supervisor.assert_nothing()
@@ -1486,7 +1064,7 @@ def test_a_rescan_cut_at_its_limit_says_so_once_and_forgets_nothing(
     assert capsys.readouterr().err == ""
 
 
-def test_a_plain_rescan_goes_on_past_a_file_handed_on_and_not_due(
+def test_a_rescan_goes_on_past_a_file_handed_on_and_not_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # a file not handed on yet, after one that was, is still looked at
     real_open = os.open
@@ -1565,7 +1143,7 @@ def test_two_watchers_on_one_directory_log_a_foreign_file_once(tmp_path: Path) -
     a.seen(ANSWER)
     b.seen(ANSWER)
     for rig in (a, b):
-        rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
+        rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("foreign_qid", QID)))
         rig.sync()
     assert not (a.dir / NAME).exists()
     assert a.logged().detail == {"reason": "foreign_qid", "file": NAME}
@@ -1586,7 +1164,7 @@ def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
         clock.now += step
         signature = write(rig.dir / NAME, b"{}")
         rig.seen(b"{}")
-        rig.ref.tell(RemoveAnswerFile(NAME, signature, Rejected(reason, QID)))
+        rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected(reason, QID)))
         assert rig.logged().detail == {"reason": reason, "file": NAME}
         if step != 59.9:
             assert rig.delivery.next() == note(reason)
@@ -1661,7 +1239,7 @@ class SimulatedRouter:
             except ValueError:
                 verdict = Rejected("invalid_json", QID)
                 try:
-                    self.rig.ref.tell(RemoveAnswerFile(message.name, message.signature, verdict))
+                    self.rig.ref.tell(RejectAnswerFile(message.name, message.signature, verdict))
                 except pykka.ActorDeadError:
                     return
                 self.judged.append(message.content)
