@@ -39,7 +39,6 @@ MAX_CONNECTIONS = 64
 ADMIT_TIMEOUT_S = 5.0  # for the Router to take a question before it is refused
 DEPTH_TIMEOUT_S = 2.0  # for the Router's open count; the last one seen is used after
 ACCEPT_PAUSE_S = 0.1  # after accept() ran out of descriptors
-ACCEPT_BATCH = 64
 
 LINE_TOO_LARGE = "line too large"
 INVALID_JSON = "invalid json"
@@ -113,7 +112,7 @@ class Listener:
                  edge: Edge | None = None, durable: Callable[[], None] = lambda: None,
                  max_connections: int = MAX_CONNECTIONS,
                  line_deadline_s: float = LINE_DEADLINE_S) -> None:
-        server.setblocking(False)  # accept() in a batch must never wait
+        server.setblocking(False)  # accept() must never wait
         self._server = server
         self._router = router
         self._card = card
@@ -142,19 +141,17 @@ class Listener:
             return
         try:
             self.edge.loop.add_reader(self._server.fileno(), self._accept)
-        except (ValueError, OSError) as exc:  # the kernel is short of room for the watch
+        except OSError as exc:  # the kernel is short of room for the watch
             self._pause(exc)
 
-    def _pause(self, exc: OSError | ValueError) -> None:
+    def _pause(self, exc: OSError) -> None:
         """Out of descriptors (or room to watch): its backlog waits, and it tries again."""
-        code = getattr(exc, "errno", None)
-        if code not in _SHORTAGE:
+        if exc.errno not in _SHORTAGE:
             report(f"cannot accept a coms connection: {exc}", "warning")
         elif self._short.happened():
-            report(f"cannot accept a coms connection: {getattr(exc, 'strerror', '') or exc}; "
+            report(f"cannot accept a coms connection: {exc.strerror or exc}; "
                    f"retrying every {ACCEPT_PAUSE_S:g}s", "warning")
-        with contextlib.suppress(ValueError, OSError):
-            self.edge.loop.remove_reader(self._server.fileno())
+        self.edge.loop.remove_reader(self._server.fileno())
         self.edge.loop.call_later(ACCEPT_PAUSE_S, self._listen)
 
     def _shut(self) -> None:
@@ -167,28 +164,28 @@ class Listener:
             task.cancel()
 
     def _accept(self) -> None:
-        """Take every waiting connection; out of descriptors, pause and try again."""
-        for _ in range(ACCEPT_BATCH):
-            try:
-                conn, _ = self._server.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                if not self._stopped:
-                    self._pause(exc)
-                return
-            if self._short.over():
-                report("accepting coms connections again", "info")
-            if len(self._clients) >= self.max_connections:
-                self._refuse(conn)
-                continue
-            if refused := self._refused.over():
-                report(f"refused {refused} coms connection(s) while "
-                       f"{self.max_connections} were open", "warning")
-            conn.setblocking(False)
-            task = self.edge.loop.create_task(self._client(conn))
-            self._clients.add(task)
-            task.add_done_callback(self._clients.discard)
+        """Take one waiting connection (the loop calls again while more wait); out of
+        descriptors, pause and try again."""
+        try:
+            conn, _ = self._server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if not self._stopped:
+                self._pause(exc)
+            return
+        if self._short.over():
+            report("accepting coms connections again", "info")
+        if len(self._clients) >= self.max_connections:
+            self._refuse(conn)
+            return
+        if refused := self._refused.over():
+            report(f"refused {refused} coms connection(s) while "
+                   f"{self.max_connections} were open", "warning")
+        conn.setblocking(False)
+        task = self.edge.loop.create_task(self._client(conn))
+        self._clients.add(task)
+        task.add_done_callback(self._clients.discard)
 
     def _refuse(self, conn: socket.socket) -> None:
         """Past the cap: a nack if it fits in the socket buffer, then close."""

@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..messages.commands import (
@@ -131,7 +128,7 @@ class PeerActor(PooledChild):
         beat: restarting would not help."""
         try:
             self._heal()
-            if not _is_socket(self.identity.endpoint):
+            if not self.identity.endpoint.is_socket():
                 raise RuntimeError(f"{self.identity.endpoint} was gone")
             self._publish(depth)
         except OSError as exc:
@@ -191,9 +188,3 @@ class PeerActor(PooledChild):
                    "already being sent (the limit); it stays owed in the state database and "
                    "is sent at the next start", "error")
 
-
-def _is_socket(path: Path) -> bool:
-    try:
-        return stat.S_ISSOCK(os.lstat(path).st_mode)
-    except OSError:
-        return False

@@ -62,7 +62,7 @@ def send_envelope(endpoint: str, line: bytes, timeout: float) -> Outcome:
 class ResponsePool:
     """Slow askers cost no thread and at most `flights` descriptors. Not tied to one Peer's
     life: a restarted Peer must not drop a response mid-retry. `done(reason)` is called
-    on the loop once per response (None when acked); it must be quick and never raise."""
+    on the loop once per response (None when acked): it only tells."""
 
     def __init__(self, capacity: int = RESPONSE_QUEUE, flights: int = FLIGHTS,
                  edge: Edge | None = None) -> None:

@@ -321,34 +321,32 @@ def test_an_accept_that_fails_otherwise_is_said_and_tried_again(
         " error\n")
 
 
-class Unwatchable(socket.socket):
-    """A listening unix socket at `path` that the loop cannot watch the first `fails`
-    times for want of kernel memory (its fileno() fails as epoll_ctl would)."""
-
-    def __init__(self, path: Path, fails: int) -> None:
-        super().__init__(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.fails, self.calls = fails, 0
-        self.bind(str(path))
-        self.listen(8)
-
-    def fileno(self) -> int:
-        self.calls += 1
-        if self.calls <= self.fails:
-            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
-        return super().fileno()
-
-
 def test_a_socket_that_cannot_be_watched_yet_is_said_once_and_watched_once_it_can(
-    coms_dir: Path, serve: Callable[..., Served], capfd: pytest.CaptureFixture[str]
+    coms_dir: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:  # a shortage is waited out, not a crash
-    server = Unwatchable(coms_dir / "l.sock", fails=3)
-    served = serve(server=server)
-    assert json.loads(talk(served.path, PING))["type"] == "pong"
-    assert server.calls > 3
-    assert capfd.readouterr().err == (
-        "coms-hermes-bridge: warning: cannot accept a coms connection: Cannot allocate memory;"
-        " retrying every 0.1s\n"
-        "coms-hermes-bridge: info: accepting coms connections again\n")
+    edge = Edge("test-listener")
+    watch, tries = edge.loop.add_reader, [0]
+
+    def short_of_memory(*args: Any) -> None:  # as epoll_ctl fails the first three times
+        tries[0] += 1
+        if tries[0] <= 3:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+        watch(*args)
+
+    edge.loop.add_reader = short_of_memory  # type: ignore[method-assign]
+    path = coms_dir / "l.sock"
+    listener = Listener(bind_endpoint(path), refusing(), card, edge=edge)
+    try:
+        listener.start()
+        assert json.loads(talk(path, PING))["type"] == "pong"
+        assert tries[0] > 3
+        assert capfd.readouterr().err == (
+            "coms-hermes-bridge: warning: cannot accept a coms connection: Cannot allocate"
+            " memory; retrying every 0.1s\n"
+            "coms-hermes-bridge: info: accepting coms connections again\n")
+    finally:
+        listener.stop()
+        close_edge(edge)
 
 
 class Paused:
