@@ -22,10 +22,11 @@ import pykka
 from ..messages.commands import Address, ChildFailed, QueueDepthQuery, RestartChild, UnknownMessage
 from .config import BridgeConfig
 from .delivery import DeliveryActor
+from .listener import DEPTH_TIMEOUT_S
 from .logger import LoggerActor
 from .loop import is_resource_shortage, later, report, shared_edge
 from .loop import utc_now as _utc_now
-from .peer import DEPTH_TIMEOUT_S, PeerActor
+from .peer import PeerActor
 from .questions import QuestionRouter
 from .store import Store
 from .supervision import GiveUp, RestartPolicy, Schedule, Slot

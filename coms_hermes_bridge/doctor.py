@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .actors.config import BridgeConfig, home_dir
-from .actors.peer import exchange, failure
+from .actors.responses import exchange, failure
 from .actors.store import read_snapshot
 from .messages.wire import PingEnvelope
 from .ops import running_bridge

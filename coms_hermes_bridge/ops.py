@@ -18,8 +18,9 @@ from ulid import ULID
 from .actors.config import BridgeConfig
 from .actors.files import private_dir, write_atomic
 from .actors.loop import utc_now
-from .actors.peer import MODEL, send_envelope
+from .actors.peer import MODEL
 from .actors.registry import IdentityError, agents_dir, is_live, read_entry, validate_project
+from .actors.responses import send_envelope
 from .actors.store import (
     CLOSED_MEMORY,
     Snapshot,

@@ -224,15 +224,20 @@ class LogEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class HeartbeatDue:
-    """Time for the Peer to ask for the open count and beat (W6)."""
+class Heartbeat:
+    """Rewrite the registry entry with a fresh heartbeat and this open count (W6)."""
+
+    queue_depth: int
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """Rewrite the registry entry with a fresh heartbeat (W6)."""
+class ResponseDone:
+    """The response for `qid` owed by `owner` is no longer owed: the asker acked it
+    (`error` None), or it is gone for good (`error` says why) (W15)."""
 
-    queue_depth: int
+    qid: str
+    owner: str | None
+    error: str | None
 
 
 # -- supervision --------------------------------------------------------------

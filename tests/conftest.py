@@ -13,7 +13,7 @@ import pykka
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coms_hermes_bridge.actors import loop, peer, sends
+from coms_hermes_bridge.actors import loop, responses, sends
 
 
 def _forget_shared_services() -> None:
@@ -27,7 +27,7 @@ def _forget_shared_services() -> None:
     loop._SHARED_LOCK = threading.Lock()
     loop._SHARED_EDGE = None
     sends.spawner.cache_clear()
-    peer.shared_responses.cache_clear()
+    responses.shared_responses.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)

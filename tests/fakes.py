@@ -26,8 +26,9 @@ import pykka
 from ulid import ULID
 
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.listener import Listener
 from coms_hermes_bridge.actors.loop import Edge, shared_edge, utc_now
-from coms_hermes_bridge.actors.peer import MODEL, Listener, PeerActor
+from coms_hermes_bridge.actors.peer import MODEL, PeerActor
 from coms_hermes_bridge.actors.questions import QuestionRouter
 from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir, write_entry
 from coms_hermes_bridge.actors.store import Store

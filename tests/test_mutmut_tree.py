@@ -91,7 +91,7 @@ def test_a_fork_of_a_process_that_ran_tests_gets_shared_services_of_its_own() ->
     # that kept the parent's loop, spawner or response sender (threads it does not have)
     # would hang each test that sends a response, and every mutant would count as killed
     from coms_hermes_bridge.actors import loop as runtime
-    from coms_hermes_bridge.actors.peer import shared_responses
+    from coms_hermes_bridge.actors.responses import shared_responses
     from coms_hermes_bridge.actors.sends import spawner
 
     pool, edge = shared_responses(), runtime.shared_edge()

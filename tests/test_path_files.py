@@ -15,6 +15,7 @@ from tests.fakes import SCRIPTS
 # actors/sends.py (and the private files it writes with actors/files.py): the question's
 # send runs under a waiter whose outcome a restart finds, so it is never sent twice
 PATH = {"actors/files.py", "actors/delivery.py", "actors/watcher.py", "actors/logger.py", "actors/peer.py",
+        "actors/listener.py", "actors/responses.py",
         "actors/questions.py", "actors/loop.py", "actors/turns.py", "actors/supervision.py", "actors/sends.py", "actors/store.py",
         "messages/contract.py", "messages/wire.py",
         # the marker grammar, defined once beside the liaison plugin that reads it back

@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 
+from coms_hermes_bridge.actors import listener as listener_module
 from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors import registry
 from coms_hermes_bridge.actors.daemon import unpublish_if_left
-from coms_hermes_bridge.actors.peer import PeerActor, ResponsePool
+from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import (
     ENTRY_LIMIT,
     IdentityError,
@@ -44,13 +45,13 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
+from coms_hermes_bridge.actors.responses import ResponsePool
 from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
     ChildFailed,
     Heartbeat,
-    HeartbeatDue,
     LogEvent,
     NewQuestion,
     QueueDepthQuery,
@@ -351,27 +352,27 @@ def test_a_release_that_fails_is_said_and_never_raised(
 # -- the heartbeat's bookkeeping (W6) --------------------------------------------
 
 
-def test_a_slow_router_gets_one_depth_question_and_the_beat_uses_the_last_count(
-    identity: PeerIdentity,
-) -> None:  # W6
+def test_a_slow_router_leaves_the_beat_its_last_count(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:  # W6: the beats go on while the Router is slow
+    monkeypatch.setattr(listener_module, "DEPTH_TIMEOUT_S", 0.05)
     asks: list[Callable[[int], None]] = []
-    rig = start(identity, answers={QueueDepthQuery: lambda query: asks.append(query.reply)}).ready()
+    slow = iter([False, True])  # answers the first count, then none
 
-    def depth() -> int:
-        rig.sync()
+    def depth(query: QueueDepthQuery) -> None:
+        asks.append(query.reply)
+        if not next(slow, True):
+            query.reply(5)
+
+    start(identity, answers={QueueDepthQuery: depth}, heartbeat_ms=20)
+
+    def depth_written() -> int:
         entry = read_entry(identity.entry_path)
-        assert entry is not None
-        return entry.queue_depth
+        return -1 if entry is None else entry.queue_depth
 
-    rig.ref.tell(HeartbeatDue())
-    rig.ref.tell(HeartbeatDue())  # not answered yet: beats with the last count, asks nothing more
-    assert depth() == 0 and len(asks) == 1
-    asks[0](5)  # the Router answers
-    assert depth() == 5
-    rig.ref.tell(HeartbeatDue())  # answered, so it asks again
-    rig.ref.tell(HeartbeatDue())
-    assert depth() == 5 and len(asks) == 2
-    rig.supervisor.assert_nothing()
+    wait_for(lambda: depth_written() == 5 and len(asks) >= 3,
+             what="beats with the last count while the Router says nothing")
+    assert depth_written() == 5
 
 
 def test_a_ping_asks_the_router_for_its_open_count(identity: PeerIdentity) -> None:  # W17
@@ -383,13 +384,14 @@ def test_a_ping_asks_the_router_for_its_open_count(identity: PeerIdentity) -> No
 
 
 def test_a_heartbeat_asks_the_router_for_its_open_count(identity: PeerIdentity) -> None:  # W6
-    rig = start(identity, depth=None).ready()
-    rig.ref.tell(HeartbeatDue())
+    rig = start(identity, depth=None, heartbeat_ms=50).ready()
     rig.router.expect(QueueDepthQuery).reply(7)
-    rig.sync()
-    entry = read_entry(identity.entry_path)
-    assert entry is not None and entry.queue_depth == 7
-    rig.router.assert_nothing()
+
+    def written() -> bool:
+        entry = read_entry(identity.entry_path)
+        return entry is not None and entry.queue_depth == 7
+
+    wait_for(written, what="the Router's count in the entry")
 
 
 def test_a_registry_entry_that_cannot_be_written_is_said_once_and_again_when_it_can(
@@ -420,25 +422,29 @@ def test_what_a_heartbeat_heals_it_says(
 ) -> None:  # W6
     rig = start(identity).ready()
     shutil.rmtree(identity.agents_dir)
-    shutil.rmtree(identity.endpoint.parent)
     capfd.readouterr()
     rig.ref.tell(Heartbeat(1))
     rig.sync()
     assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: warning: {identity.agents_dir} was gone; made it again (0700)\n"
-        f"coms-hermes-bridge: warning: {identity.endpoint.parent} was gone; made it again"
-        " (0700)\n"
-        f"coms-hermes-bridge: warning: {identity.endpoint} was gone; listening on it again\n")
+        f"coms-hermes-bridge: warning: {identity.agents_dir} was gone; made it again (0700)\n")
+    assert read_entry(identity.entry_path) is not None
     assert ping(identity.endpoint)["type"] == "pong"
     rig.supervisor.assert_nothing()
 
 
-def test_a_heartbeat_after_the_listener_stopped_fails_the_peer(identity: PeerIdentity) -> None:
+def test_a_socket_deleted_under_the_peer_fails_it_and_its_restart_listens_again(
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+) -> None:  # W6: a restart is a start; the pool finds us again at the same endpoint
     rig = start(identity).ready()
-    rig.listener._broken = True  # white-box: its socket could no longer be watched
+    shutil.rmtree(identity.endpoint.parent)
     rig.ref.tell(Heartbeat(1))
     failed = rig.supervisor.expect(ChildFailed)
-    assert (failed.child, failed.error) == ("peer", "RuntimeError: the coms listener stopped")
+    assert (failed.child, failed.error) == ("peer", f"RuntimeError: {identity.endpoint} was gone")
+    assert not identity.entry_path.exists()  # released: unpublished
+    assert (f"warning: {identity.endpoint.parent} was gone; made it again (0700)"
+            in capfd.readouterr().err)
+    start(identity).ready()
+    assert ping(identity.endpoint)["type"] == "pong"
 
 
 # -- responses (W15) ----------------------------------------------------------
@@ -623,12 +629,12 @@ def test_a_response_the_full_pool_refuses_stays_owed_and_is_said(
 def test_a_settle_that_fails_is_said(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    rig = start(identity, store=Settles(fails=RuntimeError("store shut")))
+    rig = start(identity, store=Settles(fails=StoreClosedError("store shut")))
     rig.respond("/tmp/none.sock", float("nan"))
     rig.sync()
     assert capfd.readouterr().err.endswith(
         f"coms-hermes-bridge: could not record the response for {QID} as sent:"
-        " RuntimeError('store shut')\n")
+        " StoreClosedError('store shut')\n")
 
 
 # -- supervision --------------------------------------------------------------

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from coms_hermes_bridge.actors import peer as peer_module
-from coms_hermes_bridge.actors.peer import EndpointInUse, bind_endpoint
+from coms_hermes_bridge.actors import responses
+from coms_hermes_bridge.actors.listener import EndpointInUse, bind_endpoint
 from coms_hermes_bridge.actors.registry import PeerIdentity, resolve_identity
 from coms_hermes_bridge.messages.commands import CancelQuestion, NewQuestion, QueueDepthQuery
 from tests.fakes import FakeRef, PeerRig, edge_caught_up, exchange, prompt_envelope
@@ -104,13 +104,13 @@ def test_the_one_off_commands_send_their_line_as_the_pool_does(
     peer: PeerRig, coms_dir: Path
 ) -> None:  # W12: `doctor` reads the reply line, `cancel` the verdict on it
     ping = b'{"type":"ping","msg_id":"p1"}\n'
-    assert peer_module.exchange(str(peer.endpoint), ping, 5) == pong("p1", 3)
-    assert peer_module.send_envelope(str(peer.endpoint), line(CANCEL), 5) == (None, True)
+    assert responses.exchange(str(peer.endpoint), ping, 5) == pong("p1", 3)
+    assert responses.send_envelope(str(peer.endpoint), line(CANCEL), 5) == (None, True)
     mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never replies
     mute.bind(str(coms_dir / "mute.sock"))
     mute.listen(1)
     with mute, pytest.raises(TimeoutError):
-        peer_module.exchange(str(coms_dir / "mute.sock"), ping, 0.2)
+        responses.exchange(str(coms_dir / "mute.sock"), ping, 0.2)
 
 
 def test_ping_without_msg_id_is_answered_with_empty_id(peer: PeerRig) -> None:  # W17

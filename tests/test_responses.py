@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from coms_hermes_bridge.actors import peer
+from coms_hermes_bridge.actors import responses
 from coms_hermes_bridge.actors.loop import Edge
-from coms_hermes_bridge.actors.peer import (
+from coms_hermes_bridge.actors.responses import (
     RESPONSE_QUEUE,
     ResponsePool,
     judge_reply,
@@ -181,11 +181,11 @@ def test_at_most_max_reply_bytes_of_a_reply_are_read(coms_dir: Path, split: bool
     # W15, bounded: a reply is judged on its first MAX_REPLY bytes at most, however it
     # is cut into writes: an ack of exactly that many is whole, one byte more is cut
     # short of its closing brace and is no ack
-    assert peer.MAX_REPLY == 65536
-    fits = padded_ack(peer.MAX_REPLY)
+    assert responses.MAX_REPLY == 65536
+    fits = padded_ack(responses.MAX_REPLY)
     asker = Asker(coms_dir / "a.sock", lambda _: fits, split=split, linger=True)
     assert send_envelope(asker.endpoint, LINE, 30.0) == (None, True)
-    long = padded_ack(peer.MAX_REPLY + 1)
+    long = padded_ack(responses.MAX_REPLY + 1)
     over = Asker(coms_dir / "b.sock", lambda _: long, split=split, linger=True)
     assert send_envelope(over.endpoint, LINE, 30.0) == (
         "unexpected reply: " + long[:200].decode(), True)
@@ -230,8 +230,8 @@ def test_judge_reply(reply: bytes, outcome: tuple[str | None, bool]) -> None:  #
 
 
 def test_a_failure_without_words_is_named_by_its_kind() -> None:
-    assert peer.failure(TimeoutError()) == "TimeoutError"
-    assert peer.failure(OSError(2, "No such file")) == "[Errno 2] No such file"
+    assert responses.failure(TimeoutError()) == "TimeoutError"
+    assert responses.failure(OSError(2, "No such file")) == "[Errno 2] No such file"
 
 
 # -- retries ---------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def test_at_most_flights_sends_hold_a_socket_at_once_in_the_order_given(
     gate = threading.Event()
     asker = Asker(coms_dir / "a.sock", gate=gate)
     sockets = _Sockets()
-    monkeypatch.setattr(peer, "socket", sockets.module)
+    monkeypatch.setattr(responses, "socket", sockets.module)
     pool, done = ResponsePool(flights=3), Done()
     lines = [b'{"type":"response","msg_id":"q%d"}\n' % i for i in range(10)]
     for i, line in enumerate(lines):
@@ -483,7 +483,7 @@ def test_a_send_that_faults_fails_alone(
             raise faults.pop()
         return socket.socket(*args, **kwargs)
 
-    monkeypatch.setattr(peer, "socket", socket_module(make))
+    monkeypatch.setattr(responses, "socket", socket_module(make))
     pool.submit(asker.endpoint, LINE, 5.0, (), done("a"))
     wait_for(lambda: "a" in done.outcomes, what="the first outcome")
     pool.submit(asker.endpoint, LINE, 5.0, (), done("b"))
