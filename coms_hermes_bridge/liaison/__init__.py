@@ -279,6 +279,8 @@ def _guard_busy_chats(gateway: Any, event: Any) -> None:
     global _busy_path_said
     try:
         platform = getattr(getattr(event, "source", None), "platform", None)
+        if getattr(platform, "value", None) != "telegram":
+            return  # answers come by Telegram alone: other adapters are left as they are
         adapters = getattr(gateway, "adapters", None)
         adapter = adapters.get(platform) if isinstance(adapters, dict) else None
         inner = getattr(adapter, "_busy_session_handler", None)
