@@ -14,8 +14,10 @@ Hermes' "Provider authentication failed" reply in the chat without a request (He
 gives up before dialling); the count of those replies is the count of agent turns, and
 a control at the end (one ordinary message) checks that the count does see a turn.
 Besides, the gateway's HTTP(S)_PROXY is the fake Telegram's proxy, which records every
-CONNECT: a request to any host but api.telegram.org would be seen. Either seen during the
-answers fails the run. No turn and no request out: no LLM call, no token spent.
+CONNECT (the gateway's and `hermes send`'s): a connection to any host but api.telegram.org
+would be seen; the Bot API requests inside Telegram's are counted by the fake itself.
+A turn or a connection elsewhere during the answers fails the run. Neither: no LLM call,
+no token spent.
 Usage: .venv/bin/python scripts/bench_liaison.py [--answers 20]
 """
 
@@ -40,9 +42,10 @@ from tests.test_real_hermes import RealBridge
 TELEGRAM = "CONNECT api.telegram.org:443"
 
 
-def measure(answers: int) -> tuple[list[float], list[str], int]:
-    """The latencies in ms, every request the gateway sent out (its proxy's first lines)
-    and the number of Hermes' own replies in the chat (agent turns)."""
+def measure(answers: int) -> tuple[list[float], list[str], int, int]:
+    """The latencies in ms, every connection the gateway opened out (the CONNECT lines
+    its proxy saw), the Bot API requests it made, and the number of Hermes' own replies
+    in the chat (agent turns)."""
     hermes_bin = ensure_hermes_bin()
     with tempfile.TemporaryDirectory(prefix="chbl") as tmp, \
             running_gateway(Path(tmp), hermes_bin, all_http_to_proxy=True) as gateway:
@@ -74,11 +77,11 @@ def measure(answers: int) -> tuple[list[float], list[str], int]:
 
                 wait_for(thumbed, WAIT, f"the 👍 on answer {i}; gateway log:\n{gateway.tail()}")
             replies = sum(LEFT_TO_HERMES in t for t in telegram.texts())
-            requests = telegram.connects()
+            connections, requests = telegram.connects(), len(telegram.calls())
             # the control: an ordinary message is an agent turn, and the count sees it
             telegram.send("what's the weather like?")
             gateway.hermes_replies(replies + 1)
-            return latencies, requests, replies
+            return latencies, connections, requests, replies
         finally:
             bridge.close()
 
@@ -89,11 +92,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.answers < 1:
         parser.error("--answers must be at least 1")
-    latencies, requests, agent_turns = measure(args.answers)
-    elsewhere = [r for r in requests if r != TELEGRAM]
+    latencies, connections, requests, agent_turns = measure(args.answers)
+    elsewhere = [c for c in connections if c != TELEGRAM]
     print(summary(latencies))
-    print(f"outbound requests: {len(requests)}, all to api.telegram.org:443"
-          if not elsewhere else f"outbound requests not to Telegram: {elsewhere}")
+    print(f"connections through the proxy (gateway and hermes send): {len(connections)}, "
+          f"all to api.telegram.org:443, carrying {requests} Bot API requests"
+          if not elsewhere else f"connections not to Telegram: {elsewhere}")
     print(f"agent turns (Hermes replies in the chat): {agent_turns} "
           "(the control message after them: 1, as it must)")
     llm_calls = len(elsewhere) + agent_turns

@@ -1,10 +1,10 @@
 """A fake OpenAI-compatible model endpoint on 127.0.0.1 for the real Hermes gateway, so a
 test can hold an agent turn running for exactly as long as it needs (a busy chat, X14).
 
-It answers every chat completion with one fixed line, at once, except a request whose
-newest user message contains `hold_on`: that one waits until the test calls `release()`
-(or its deadline passes), so "a turn is running" is a fact the test observes, not a guess
-about timing. Streaming requests get the same line as server-sent events.
+It answers every chat completion with one fixed line, at once, except, once the test has
+called `hold()`, the next request whose newest user message contains `hold_on`: that one
+waits until the test calls `release()` (or its deadline passes), so "a turn is running"
+is a fact the test observes, not a guess about timing. Streaming requests get the same line as server-sent events.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class FakeLLM:
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
         self._held = threading.Event()
+        self._armed = False
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,7 +52,9 @@ class FakeLLM:
                     return
                 with fake._lock:
                     fake._requests.append(body)
-                if fake.hold_on in fake.last_user_text(body):
+                    hold = fake._armed and fake.hold_on in fake.last_user_text(body)
+                    fake._armed = fake._armed and not hold
+                if hold:
                     fake._held.set()
                     fake._released.wait(HOLD_DEADLINE_S)
                 try:
@@ -116,6 +119,13 @@ class FakeLLM:
     def requests(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._requests)
+
+    def hold(self) -> None:
+        """Hold the next request for `hold_on` until `release()`."""
+        with self._lock:
+            self._armed = True
+            self._held.clear()
+            self._released.clear()
 
     def holding(self) -> bool:
         """Whether the held request has arrived: a turn is running in the chat."""

@@ -857,6 +857,17 @@ class FakeTelegram:
             self._world.arrived.notify_all()
         return ids
 
+    def edit(self, message_id: int, text: str) -> None:
+        """The human edits a message they sent: Telegram serves it again, with its new
+        text and an `edit_date`, as an `edited_message` update."""
+        with self._world.arrived:
+            sent = next(m for m in self._world.inbound if m["message_id"] == message_id)
+            edited = {**sent, "text": text, "edit_date": int(time.time())}
+            self._world.inbound.append(edited)
+            number = len(self._world.inbound)
+            self._world.updates.append({"update_id": 500_000 + number, "edited_message": edited})
+            self._world.arrived.notify_all()
+
     def bot_said(self, text: str, chat_id: str = "4242") -> Seen:
         """A message the bot sent earlier (by `hermes send`, say), there to be replied to."""
         with self._world.lock:

@@ -5,6 +5,7 @@ gateway runs it in tests/test_liaison_gateway.py."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import stat
@@ -76,9 +77,9 @@ def test_the_question_a_bot_message_names(text: str | None, qid: str | None) -> 
         # several answers in one (merged) event: each runs to the next HUB-Q: line
         (f"HUB-Q:{Q1}: yes\nHUB-Q:{Q2}: no\nreally no", None, [(Q1, "yes"), (Q2, "no\nreally no")]),
         (f"for the reply\nHUB-Q:{Q2}: two", Q1, [(Q1, "for the reply"), (Q2, "two")]),
-        (f"before\nHUB-Q:{Q2}: two", None, [(Q2, "two")]),  # no reply: nobody's text
-        (f"HUB-Q:{Q1}: one\nHUB-Q:{BAD}: lost\nstill lost\nHUB-Q:{Q2}: two", None,
-         [(Q1, "one"), (Q2, "two")]),  # a bad head takes its lines with it
+        (f"before\nHUB-Q:{Q2}: two", None, [(Q2, "two")]),  # no reply: Hermes' text
+        (f"HUB-Q:{Q1}: one\nHUB-Q:{BAD}: no qid\nits line\nHUB-Q:{Q2}: two", None,
+         [(Q1, "one"), (Q2, "two")]),  # a bad head ends one answer, and the next is whole
         (f"HUB-Q:{Q1}:\nHUB-Q:{Q2}: two", None, [(Q2, "two")]),
         (f"HUB-Q:{Q2}: typed wins\n", Q1, [(Q2, "typed wins")]),  # nothing before: no reply answer
         # CR LF as typed stays inside the answer, its ends trimmed
@@ -89,7 +90,27 @@ def test_the_answers_a_message_carries(
     text: str, replied: str | None, answers: list[tuple[str, str]]
 ) -> None:
     # X14, W21
-    assert read_answers(text, replied) == [Answer(q, t) for q, t in answers]
+    assert read_answers(text, replied).answers == [Answer(q, t) for q, t in answers]
+
+
+@pytest.mark.parametrize(
+    ("text", "replied", "rest"),
+    [
+        (f"HUB-Q:{Q1}: yes\nHUB-Q:{Q2}: no", None, ""),
+        ("for the reply", Q1, ""),
+        (f"hello\nHUB-Q:{Q1}: yes", None, "hello"),  # no reply: the chat before is Hermes'
+        (f"HUB-Q:{Q1}: one\nHUB-Q:{BAD}: no qid\n  its line\nHUB-Q:{Q2}: two", None,
+         f"HUB-Q:{BAD}: no qid\n  its line"),  # the bad head and its lines, as typed
+        (f"yes\nHUB-Q:{BAD}: typo", Q1, f"HUB-Q:{BAD}: typo"),
+        (f"HUB-Q:{Q1}:  \nHUB-Q:{Q2}: two", None, f"HUB-Q:{Q1}:"),  # an empty answer
+        (f"HUB-Q:{BAD}: only junk", None, f"HUB-Q:{BAD}: only junk"),
+        ("just chatting\n", None, "just chatting"),
+    ],
+)
+def test_what_answers_nothing_is_the_rest(text: str, replied: str | None, rest: str) -> None:
+    # X14: a merged event's text that is no answer (text before the first HUB-Q: line
+    # with no reply, a bad qid's line and its own, an empty answer) is left to Hermes
+    assert read_answers(text, replied).rest == rest
 
 
 def test_the_answer_file_is_c8_private_and_renamed_into_place(tmp_path: Path) -> None:
@@ -133,14 +154,21 @@ class Gateway:
         return str(source.user_id) in self.allowed
 
 
+class Platform(enum.Enum):  # Hermes' own is an Enum of the same values
+    TELEGRAM = "telegram"
+    DISCORD = "discord"
+
+
 def event(text: str, *, reply_text: str | None = None, reply_from: int = BOT_ID,
-          user_id: str = "42", username: str | None = "alice", platform: str = "telegram") -> Any:
+          user_id: str = "42", username: str | None = "alice", platform: str = "telegram",
+          edited: bool = False) -> Any:
     bot = SimpleNamespace(id=BOT_ID)
     reply = (None if reply_text is None else
              SimpleNamespace(text=reply_text, from_user=SimpleNamespace(id=reply_from)))
     raw = SimpleNamespace(reply_to_message=reply, get_bot=lambda: bot,
-                          from_user=SimpleNamespace(id=int(user_id), username=username))
-    source = SimpleNamespace(platform=SimpleNamespace(value=platform), user_id=user_id)
+                          from_user=SimpleNamespace(id=int(user_id), username=username),
+                          edit_date=datetime.now() if edited else None)
+    source = SimpleNamespace(platform=Platform(platform), user_id=user_id)
     return SimpleNamespace(text=text, raw_message=raw, source=source)
 
 
@@ -185,6 +213,36 @@ def test_everything_else_is_left_to_hermes(home: Path, make: Any, why: str) -> N
     # X14: None, and nothing written
     assert liaison.on_gateway_dispatch(event=make(), gateway=Gateway({"42"})) is None, why
     assert files(home) == {}, why
+
+
+def test_answers_with_text_that_answers_nothing_leave_that_text_to_hermes(home: Path) -> None:
+    # X14: the answers are written; the rest goes on to Hermes as the message's text, so
+    # a slip (a bad qid) is seen by Hermes, not dropped
+    result = liaison.on_gateway_dispatch(
+        event=event(f"HUB-Q:{Q1}: yes\nHUB-Q:{BAD}: typo"), gateway=Gateway({"42"}))
+    assert result == {"action": "rewrite", "text": f"HUB-Q:{BAD}: typo"}
+    assert files(home)[f"{Q1}.answer.json"]["answer"] == "yes"
+
+
+def test_an_edited_answer_writes_nothing_and_says_so(home: Path) -> None:
+    # X14: Telegram delivers an edit as a message of its own; the answer as first sent
+    # stands, so the edit writes no second file, reaches no agent, and the human is told
+    e = event(f"HUB-Q:{Q1}: changed my mind", edited=True)
+    message = Message(refuse_reaction=False)
+    e.raw_message.set_reaction = message.set_reaction
+    e.raw_message.reply_text = message.reply_text
+
+    async def dispatch() -> None:
+        assert liaison.on_gateway_dispatch(event=e, gateway=Gateway({"42"})) == {
+            "action": "skip", "reason": "hub-liaison answered nothing (an edit)"}
+        await asyncio.wait_for(asyncio.gather(*liaison._acks), 5)
+
+    asyncio.run(dispatch())
+    assert files(home) == {}
+    assert message.done == [("reply", liaison.EDIT_TEXT)]
+    # an edit that is no answer is Hermes' as any message is
+    assert liaison.on_gateway_dispatch(event=event("typo fixed", edited=True),
+                                       gateway=Gateway({"42"})) is None
 
 
 def test_answered_by_falls_back_to_the_user_id(home: Path) -> None:
@@ -312,7 +370,90 @@ def test_the_answer_is_acknowledged_with_a_reaction_else_one_reply(
     assert message.done == done
 
 
-# -- a busy chat: the answer comes back as a turn, seen by pre_llm_call -----------------
+# -- a busy chat on Hermes 0.19: the adapter's busy-session handler, guarded -------------
+
+
+class Adapter:
+    """What the guard touches of Hermes 0.19's platform adapter: its busy-session handler
+    (here recording what reached it) and the setter Hermes itself uses."""
+
+    def __init__(self) -> None:
+        self.reached: list[str] = []
+        self._busy_session_handler: Any = self.hermes_busy_path
+
+    async def hermes_busy_path(self, event: Any, session_key: str) -> bool:
+        self.reached.append(event.text)
+        return True
+
+    def set_busy_session_handler(self, handler: Any) -> None:
+        self._busy_session_handler = handler
+
+
+class BusyGateway(Gateway):
+    def __init__(self, allowed: set[str], adapter: Any) -> None:
+        super().__init__(allowed)
+        self.adapters = {Platform.TELEGRAM: adapter}
+
+
+@pytest.fixture
+def said_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(liaison, "_busy_path_said", False)
+
+
+def busy(adapter: Adapter, e: Any) -> Any:
+    """A message in a busy chat, as Hermes' adapter hands it to its busy handler."""
+    async def run() -> Any:
+        handled = await adapter._busy_session_handler(e, "session")
+        await asyncio.wait_for(asyncio.gather(*liaison._acks), 5)
+        return handled
+    return asyncio.run(run())
+
+
+def test_a_busy_chats_answer_is_taken_before_hermes_busy_path(
+    home: Path, monkeypatch: pytest.MonkeyPatch, said_nothing: None
+) -> None:
+    # X14: on Hermes 0.19 the first message the gateway dispatches wraps the adapter's
+    # busy-session handler, once; an answer there is written and handled (no interrupt,
+    # no replayed turn); anything else, and the rest of a message, reach Hermes' path
+    monkeypatch.setattr(liaison, "_hermes_version", lambda: "0.19.0")
+    adapter = Adapter()
+    gateway = BusyGateway({"42"}, adapter)
+    for _ in range(2):
+        assert liaison.on_gateway_dispatch(event=event("make the chat busy"), gateway=gateway) is None
+    assert busy(adapter, event("what now?")) is True
+    assert adapter.reached == ["what now?"]  # wrapped once: Hermes' path ran once
+    assert busy(adapter, event(f"HUB-Q:{Q1}: ok")) is True
+    assert adapter.reached == ["what now?"]
+    assert files(home)[f"{Q1}.answer.json"]["answer"] == "ok"
+    busy(adapter, event(f"HUB-Q:{Q2}: two\nHUB-Q:{BAD}: typo"))
+    busy(adapter, event(f"HUB-Q:{Q1}: a stranger's", user_id="99"))
+    assert adapter.reached == ["what now?", f"HUB-Q:{BAD}: typo", f"HUB-Q:{Q1}: a stranger's"]
+    assert files(home)[f"{Q2}.answer.json"]["answer"] == "two"
+    assert files(home)[f"{Q1}.answer.json"]["answer"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("version", "adapter"),
+    [("0.20.0", Adapter()), ("", Adapter()), ("0.19.0", SimpleNamespace())],
+)
+def test_another_hermes_keeps_its_busy_path_and_it_is_said_once(
+    home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    said_nothing: None, version: str, adapter: Any
+) -> None:
+    # X14: private Hermes code only on the version read and only where its names are;
+    # otherwise one line in Hermes' log, and pre_llm_call answers from the turn
+    monkeypatch.setattr(liaison, "_hermes_version", lambda: version)
+    caplog.set_level(logging.WARNING, logger="hermes_plugins.hub-liaison")
+    before = getattr(adapter, "_busy_session_handler", None)
+    for _ in range(3):
+        liaison.on_gateway_dispatch(event=event("hello"), gateway=BusyGateway({"42"}, adapter))
+    assert getattr(adapter, "_busy_session_handler", None) == before
+    assert [r.getMessage() for r in caplog.records] == [
+        f"hub-liaison: Hermes {version or '(unknown version)'} has no busy-session handler "
+        "this liaison knows; answers in a busy chat are taken from the agent's turn"]
+
+
+# -- a busy chat elsewhere: the answer comes back as a turn, seen by pre_llm_call --------
 
 QUESTION = format_question(Q1, ParsedPrompt(question="Ship?"))
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from coms_hermes_bridge.liaison import EDIT_TEXT
 from tests.fakes import wait_for
 from tests.gateway_rig import HUMAN, LEFT_TO_HERMES, WAIT, Gateway, running_gateway
 from tests.hermes_venv import ensure_hermes_bin
@@ -67,6 +68,23 @@ def test_two_answers_in_one_event(gateway: Gateway) -> None:
                           reply_to=asked)
     assert gateway.answer_file(first)["answer"] == "yes, the first"
     assert gateway.answer_file(second)["answer"] == "no\nnot the second"
+
+
+def test_an_edited_answer_writes_no_second_file(gateway: Gateway) -> None:
+    # X14: Telegram serves an edit as an edited_message update, and Hermes dispatches it
+    # as a message of its own; the answer as first sent stands: the edit writes nothing,
+    # reaches no agent, and the human is told in one line
+    qid = gateway.qid()
+    already = len([t for t in gateway.telegram.texts() if LEFT_TO_HERMES in t])
+    [sent] = gateway.telegram.send(f"HUB-Q:{qid}: Tuesday")
+    assert gateway.answer_file(qid)["answer"] == "Tuesday"
+    wait_for(lambda: (str(HUMAN), sent, ["👍"]) in gateway.telegram.reactions(), WAIT, "the 👍")
+    (gateway.questions / f"{qid}.answer.json").unlink()  # the bridge took it
+    gateway.telegram.edit(sent, f"HUB-Q:{qid}: Wednesday")
+    wait_for(lambda: EDIT_TEXT in gateway.telegram.texts(), WAIT,
+             f"the edit refused; gateway log:\n{gateway.tail()}")
+    assert f"{qid}.answer.json" not in gateway.answers()
+    assert len([t for t in gateway.telegram.texts() if LEFT_TO_HERMES in t]) == already
 
 
 def test_a_reply_quoting_part_of_the_question_is_its_answer(gateway: Gateway) -> None:

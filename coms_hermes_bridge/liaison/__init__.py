@@ -4,16 +4,19 @@ imports nothing of the daemon's: only the standard library and this folder.
 
 It answers in the gateway's own turn, before any agent sees the message: no LLM, no
 tokens, and the same text always makes the same file. In a busy chat Hermes hands the
-message straight to the running turn's follow-up, past that hook; the liaison then
-answers from `pre_llm_call`, which cannot skip the turn but can tell the model the answer
-has been delivered. Whatever it does not recognise, or
-cannot do, it leaves to Hermes untouched; a fault of ours must never cost the human a
-message, so every failure is logged and the message goes through.
+message to its busy-session handler instead, past that hook; on the Hermes this was read
+against the liaison wraps that handler (one guarded place, `_guard_busy_chats`), and
+elsewhere answers from `pre_llm_call`, which cannot skip the replayed turn but tells the
+model the answer has been delivered. Whatever it does not recognise, or cannot do, it
+leaves to Hermes untouched; a fault of ours must never cost the human a message, so every
+failure is logged and the message goes through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.metadata
 import json
 import logging
 import shutil
@@ -22,7 +25,15 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .answers import Answer, iso_now, read_answers, replied_qid, turn_answers, write_answer
+from .answers import (
+    Answer,
+    Reading,
+    iso_now,
+    read_answers,
+    replied_qid,
+    turn_answers,
+    write_answer,
+)
 from .markers import MARKER
 
 NAME = "hub-liaison"
@@ -34,6 +45,7 @@ COMMAND = "hub"  # /hub: the open questions of every project on this host
 STATUS_TIMEOUT_S = 15.0
 ACK_REACTION = "👍"
 ACK_TEXT = "👍 Answer passed on."
+EDIT_TEXT = "✍ Edits are not passed on. If this message has no 👍, send the answer again."
 
 log = logging.getLogger(f"hermes_plugins.{NAME}")
 _said_no_authorization = False
@@ -153,39 +165,40 @@ def _authorized(gateway: Any, source: Any) -> bool | None:
     return bool(check(source))
 
 
-def answers_in(event: Any) -> list[Answer]:
-    """The answers a Telegram message event carries (X14), before anyone is asked."""
+def read_event(event: Any) -> Reading:
+    """The answers a Telegram message event carries (X14), and the rest of its text."""
     source = getattr(event, "source", None)
     platform = getattr(getattr(source, "platform", None), "value", None)
-    if platform != "telegram":
-        return []
     text = getattr(event, "text", None) or ""
+    if platform != "telegram":
+        return Reading([], text)
     raw = getattr(event, "raw_message", None)
     replied = _bot_qid(raw) if raw is not None else None
     if replied is None and MARKER not in text:
-        return []
+        return Reading([], text)
     return read_answers(text, replied)
 
 
-async def _acknowledge(raw: Any) -> None:
-    """👍 on the human's message; one short reply where a reaction is refused (a chat
-    that allows none, an old client)."""
+async def _acknowledge(raw: Any, reaction: str | None, text: str) -> None:
+    """`reaction` on the human's message; one short reply where a reaction is refused (a
+    chat that allows none, an old client) or none is meant."""
+    if reaction is not None:
+        try:
+            await raw.set_reaction(reaction)
+            return
+        except Exception as exc:
+            log.info("%s: reaction refused (%s); replying instead", NAME, exc)
     try:
-        await raw.set_reaction(ACK_REACTION)
-        return
-    except Exception as exc:
-        log.info("%s: reaction refused (%s); replying instead", NAME, exc)
-    try:
-        await raw.reply_text(ACK_TEXT)
+        await raw.reply_text(text)
     except Exception as exc:
         log.warning("%s: could not acknowledge the answer: %s", NAME, exc)
 
 
-def _schedule_ack(raw: Any) -> None:
+def _schedule_ack(raw: Any, reaction: str | None = ACK_REACTION, text: str = ACK_TEXT) -> None:
     if raw is None:
         return
     try:
-        task = asyncio.get_running_loop().create_task(_acknowledge(raw))
+        task = asyncio.get_running_loop().create_task(_acknowledge(raw, reaction, text))
     except RuntimeError as exc:  # no loop here: the answer stands, only the 👍 is lost
         log.warning("%s: cannot acknowledge outside the gateway's loop: %s", NAME, exc)
         return
@@ -193,30 +206,113 @@ def _schedule_ack(raw: Any) -> None:
     task.add_done_callback(_acks.discard)
 
 
+def _take_answers(event: Any, gateway: Any, where: str = "") -> Reading | None:
+    """Write the answers an event carries and acknowledge them; None when it carries none
+    this sender may give (the event is Hermes' alone). The Reading says what was written
+    and what is left for Hermes. An edited message writes nothing: the answer as first
+    sent stands, so an edit must not make a second file (the human is told)."""
+    _learn_username(event)
+    reading = read_event(event)
+    if not reading.answers or not _authorized(gateway, event.source):
+        return None
+    raw = getattr(event, "raw_message", None)
+    if getattr(raw, "edit_date", None):
+        log.info("%s: an edited answer is not passed on", NAME)
+        _schedule_ack(raw, None, EDIT_TEXT)
+        return Reading([], "")
+    by, at, directory = _answered_by(event), iso_now(), questions_dir()
+    for answer in reading.answers:
+        write_answer(directory, answer, by, at)
+        _remember(_written, (answer.qid, answer.text))
+    log.info("%s: answered %s for %s%s", NAME, ", ".join(a.qid for a in reading.answers),
+             by, where)
+    try:
+        _schedule_ack(raw)
+    except Exception:
+        log.exception("%s: could not acknowledge the answer", NAME)
+    return reading
+
+
 def on_gateway_dispatch(
     event: Any = None, gateway: Any = None, session_store: Any = None, **_: Any
 ) -> dict[str, str] | None:
     """Hermes' pre_gateway_dispatch hook: `{"action": "skip"}` once the answers are
-    written, None (Hermes carries on) for anything else or on any fault of ours."""
+    written, `{"action": "rewrite"}` to the rest when the message also carries text that
+    answers nothing, None (Hermes carries on) for anything else or on any fault of ours."""
+    _guard_busy_chats(gateway, event)
     try:
-        _learn_username(event)
-        answers = answers_in(event)
-        if not answers or not _authorized(gateway, event.source):
-            return None
-        by, at, directory = _answered_by(event), iso_now(), questions_dir()
-        for answer in answers:
-            write_answer(directory, answer, by, at)
-            _remember(_written, (answer.qid, answer.text))
+        taken = _take_answers(event, gateway)
     except Exception:
         log.exception("%s: could not write an answer; the message is left to Hermes", NAME)
         return None
-    qids = ", ".join(a.qid for a in answers)
-    log.info("%s: answered %s for %s", NAME, qids, by)
-    try:
-        _schedule_ack(getattr(event, "raw_message", None))
-    except Exception:
-        log.exception("%s: could not acknowledge %s", NAME, qids)
+    if taken is None:
+        return None
+    if taken.rest:
+        return {"action": "rewrite", "text": taken.rest}
+    qids = ", ".join(a.qid for a in taken.answers) or "nothing (an edit)"
     return {"action": "skip", "reason": f"{NAME} answered {qids}"}
+
+
+# -- Hermes' private busy-session path: one place, one Hermes version ------------------
+
+BUSY_PATH_HERMES = "0.19."  # the Hermes whose busy-session code this was read against
+_busy_path_said = False
+
+
+@functools.cache
+def _hermes_version() -> str:
+    try:
+        return importlib.metadata.version("hermes-agent")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _guard_busy_chats(gateway: Any, event: Any) -> None:
+    """In a chat where a turn runs, Hermes hands a message not to pre_gateway_dispatch but
+    to its adapter's busy-session handler, which interrupts (or steers) the turn and
+    replays the message as a new one. Wrap that handler, once per adapter, so an answer
+    there is written and acknowledged as in an idle chat, and never becomes a turn.
+
+    Private Hermes code, so only on the version it was read against and only where its
+    names are there; anywhere else this says so once in Hermes' log, and pre_llm_call
+    (on_llm_call) answers from the replayed turn instead."""
+    global _busy_path_said
+    try:
+        platform = getattr(getattr(event, "source", None), "platform", None)
+        if getattr(platform, "value", None) != "telegram":
+            return  # answers come by Telegram alone: other adapters are left as they are
+        adapters = getattr(gateway, "adapters", None)
+        adapter = adapters.get(platform) if isinstance(adapters, dict) else None
+        inner = getattr(adapter, "_busy_session_handler", None)
+        if getattr(inner, "hub_liaison", False) or adapter is None:
+            return
+        version = _hermes_version()
+        if not (version.startswith(BUSY_PATH_HERMES) and callable(inner)
+                and callable(getattr(adapter, "set_busy_session_handler", None))):
+            if not _busy_path_said:
+                _busy_path_said = True
+                log.warning("%s: Hermes %s has no busy-session handler this liaison knows; "
+                            "answers in a busy chat are taken from the agent's turn", NAME,
+                            version or "(unknown version)")
+            return
+
+        async def guard(event: Any, session_key: Any) -> Any:
+            try:
+                taken = _take_answers(event, gateway, " in a busy chat")
+            except Exception:
+                log.exception("%s: could not write an answer; the message is left to Hermes",
+                              NAME)
+                taken = None
+            if taken is not None and not taken.rest:
+                return True  # handled: no interrupt, no turn
+            if taken is not None:
+                event.text = taken.rest
+            return await inner(event, session_key)
+
+        guard.hub_liaison = True  # type: ignore[attr-defined]
+        adapter.set_busy_session_handler(guard)
+    except Exception:
+        log.exception("%s: could not guard busy chats; the agent's turn answers there", NAME)
 
 
 def delivered_note(qids: list[str]) -> str:

@@ -40,33 +40,48 @@ def replied_qid(question_text: str | None) -> str | None:
     return str(tags[0])
 
 
-def read_answers(text: str, replied: str | None) -> list[Answer]:
+@dataclass(frozen=True)
+class Reading:
+    """What one message carries: its answers, and the rest of its text, which is no
+    answer and so is Hermes' to read ("" when nothing is left)."""
+
+    answers: list[Answer]
+    rest: str
+
+
+def read_answers(text: str, replied: str | None) -> Reading:
     """X14: the answers one message (or one merged event of several) carries.
 
     An answer runs from its `HUB-Q:<qid>:` to the next line starting with `HUB-Q:`; what
     comes before the first such line answers the replied-to question, if there is one.
-    A `HUB-Q:` line with a bad qid answers nothing, and the lines after it belong to it.
-    Lines are kept as typed; only the ends of each answer are trimmed, and an answer that
-    is empty once trimmed is no answer."""
+    Lines are kept as typed; only the ends of each answer are trimmed. What answers
+    nothing (text before the first `HUB-Q:` line with no reply, a `HUB-Q:` line with a bad
+    qid and the lines after it, an answer empty once trimmed) is the rest, as typed: a
+    slip in one line must neither swallow the answers around it nor vanish unseen."""
     found: list[Answer] = []
-    qid = replied
-    lines: list[str] = []
+    rest: list[str] = []
+    qid = replied  # the question of the segment being read
+    body: list[str] = []  # its answer's lines
+    typed: list[str] = []  # its lines as typed, head included
 
     def close() -> None:
-        body = "\n".join(lines).strip()
-        if qid is not None and body:
-            found.append(Answer(qid, body))
+        answer = "\n".join(body).strip()
+        if qid is not None and answer:
+            found.append(Answer(qid, answer))
+        else:
+            rest.extend(typed)
 
     for line in text.split("\n"):
-        if not line.startswith(_LINE_HEAD):
-            lines.append(line)
-            continue
-        close()
-        head = ANSWER_HEAD_PATTERN.match(line)
-        qid = head.group(1) if head else None
-        lines = [line[head.end():]] if head else []
+        if line.startswith(_LINE_HEAD):
+            close()
+            head = ANSWER_HEAD_PATTERN.match(line)
+            qid = head.group(1) if head else None
+            body, typed = [line[head.end():] if head else ""], []
+        else:
+            body.append(line)
+        typed.append(line)
     close()
-    return found
+    return Reading(found, "\n".join(rest).strip())
 
 
 def turn_answers(user_message: str) -> list[Answer]:
@@ -80,7 +95,7 @@ def turn_answers(user_message: str) -> list[Answer]:
     text = user_message[quoted.end():] if quoted else user_message
     if replied is None and MARKER not in text:
         return []
-    return read_answers(text, replied)
+    return read_answers(text, replied).answers
 
 
 def iso_now() -> str:
