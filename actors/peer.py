@@ -400,16 +400,24 @@ class ResponsePool:
         self.edge = edge or shared_edge()
         self._flights = asyncio.Semaphore(flights)  # bound to the loop at its first use
         self._sends: set[Spawned[None]] = set()  # submitted, not done
+        self._keys: set[object] = set()  # of the sends submitted with a key, not done
 
     def submit(self, endpoint: str, line: bytes, timeout: float,
-               pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
-        """Queue a send; False (nothing queued) past `capacity`. From one thread at a time
-        (the Peer's turns): a send's discard always follows its add."""
+               pauses: tuple[float, ...], done: Callable[[str | None], None],
+               key: object = None) -> bool:
+        """Queue a send; False (nothing queued) past `capacity`. One whose `key` is being
+        sent already is not sent twice (a restarted Peer sends all it owes). From one
+        thread at a time (the Peer's turns): a send's discard always follows its add."""
+        if key is not None and key in self._keys:
+            return True
         if len(self._sends) >= self.capacity:
             return False
         send = self.edge.spawn(self._send(endpoint, line, timeout, pauses, done))
         self._sends.add(send)
         send.add_done_callback(self._sends.discard)
+        if key is not None:
+            self._keys.add(key)
+            send.add_done_callback(lambda _: self._keys.discard(key))
         return True
 
     async def _send(self, endpoint: str, line: bytes, timeout: float,
@@ -522,6 +530,10 @@ class PeerActor(PooledChild):
         self._listener.start()
         self._publish(self._last_depth)
         self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
+        # every response owed (decided by the last run, or told to this actor's
+        # predecessor): what is in flight already is not sent twice
+        for owed in self.w.store.outbox():
+            self._send_response(owed.prompt, owed.response, owed.error, owed.owner)
 
     def release(self) -> None:
         """Undo begin in reverse: unpublish before the socket stops answering (W8). Each
@@ -631,6 +643,8 @@ class PeerActor(PooledChild):
         qid = prompt.msg_id
         try:
             self.w.store.flush()  # the close that owes it is committed before it leaves
+            if owner is not None and not self.w.store.response_owed(qid, owner):
+                return  # settled: sent from the outbox at this actor's start, and acked
         except StoreClosedError:
             return  # not committed: the question is open in the rows the restart reads
         try:
@@ -648,8 +662,9 @@ class PeerActor(PooledChild):
                 self._undelivered(qid, reason)
             self._settle(qid, owner)  # answered, or the asker is gone for good
 
+        key = None if owner is None else (qid, owner)
         if not self.responses.submit(prompt.sender_endpoint, line, RESPONSE_TIMEOUT_S,
-                                     RETRY_PAUSES_S, settled):
+                                     RETRY_PAUSES_S, settled, key):
             # refused, never dropped: it stays owed and is sent at the next start
             report(f"response for {qid} not sent now: {self.responses.capacity} responses are "
                    "already being sent (the limit); it stays owed in the state database and "
