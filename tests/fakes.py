@@ -689,21 +689,6 @@ class FakeClock:
         return self.now
 
 
-class FakeSchedule:
-    """Records delayed restarts instead of running them; `fire()` runs the oldest."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-        self._actions: list[Callable[[], None]] = []
-
-    def __call__(self, delay: float, action: Callable[[], None]) -> None:
-        self.delays.append(delay)
-        self._actions.append(action)
-
-    def fire(self) -> None:
-        self._actions.pop(0)()
-
-
 def thread_count() -> int:
     """The process's OS threads, as the kernel counts them (/proc/self/status)."""
     with open("/proc/self/status") as f:
