@@ -58,6 +58,12 @@ class Slot:
         with self._lock:
             return self._ref
 
+    @property
+    def alive(self) -> bool:
+        """Is a live child bound? (Not while it restarts: what is told then is dropped.)"""
+        ref = self.ref
+        return ref is not None and ref.is_alive()
+
 
 class Supervised(pykka.Actor):
     """An actor that, when it dies of an exception, frees what it owns and tells its

@@ -143,7 +143,7 @@ class Tree:
         """How many questions are open (C21; the watchdog's proof of life); TimeoutError
         if the Router does not answer in time. For non-actor threads only."""
         router = self.slots["router"]
-        if router.ref is None:
+        if not router.alive:
             raise TimeoutError("the router is restarting")
         answer = concurrent.futures.Future[int]()
         router.tell(QueueDepthQuery(answer.set_result))
