@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-import pykka
 import pytest
 
 from coms_hermes_bridge.actors import delivery as hermes_module
@@ -29,7 +28,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import cancel_note
 from coms_hermes_bridge.send_waiter import TAIL as OUTPUT_TAIL
-from tests.fakes import Commits, FakeRef, WiredRig, bridge_config, wait_for
+from tests.fakes import Commits, WiredRig, bridge_config, wait_for
 from tests.hermes_fake import FakeHermes
 from tests.test_question import question_spec
 
