@@ -39,6 +39,7 @@ from coms_hermes_bridge.messages.wire import AgentCard
 from tests.fakes import (
     Commits,
     FakeRef,
+    Settles,
     WiredRig,
     close_edge,
     edge_caught_up,
@@ -573,7 +574,7 @@ def beat(rig: WiredRig[PeerActor]) -> None:
 def test_a_heartbeat_heals_what_was_deleted_and_rides_out_what_it_cannot_heal(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W6: found again within one beat; a write that fails is no crash, no restart
-    rig = WiredRig(PeerActor, identity=identity,
+    rig = WiredRig(PeerActor, store=Settles(), identity=identity,
                    addresses={"router": FakeRef("router", answers={QueueDepthQuery: zero})})
     wait_for(identity.entry_path.exists, what="the entry")
     shutil.rmtree(identity.agents_dir)
@@ -605,7 +606,7 @@ def test_a_heartbeat_heals_what_was_deleted_and_rides_out_what_it_cannot_heal(
 def test_an_open_count_answered_after_the_peer_stopped_fails_nobody(
     identity: PeerIdentity,
 ) -> None:  # the Router answers in its own turn: a Peer gone meanwhile must not fail it
-    rig = WiredRig(PeerActor, identity=identity)  # the open count from the Router
+    rig = WiredRig(PeerActor, store=Settles(), identity=identity)  # the open count from the Router
     rig.ref.tell(HeartbeatDue())
     asked = rig.router.expect(QueueDepthQuery)
     rig.ref.stop()
