@@ -15,11 +15,14 @@ from ..messages.commands import (
     EarlierSendsEnded,
     HermesRan,
     LogEvent,
+    QuestionSpec,
     SendText,
     UnknownMessage,
 )
 from ..messages.contract import (
     delivery_error,
+    format_question,
+    is_group_target,
     js_string,
     log_record,
 )
@@ -41,10 +44,18 @@ from .store import StoreClosedError
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
+    from .config import BridgeConfig
     from .supervisor import Wiring
 
 
 SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
+
+
+def question_send(spec: QuestionSpec, config: BridgeConfig) -> SendText:
+    """The one text a question is asked with, whoever asks for it sent."""
+    text = format_question(spec.qid, spec.parsed, project=config.project,
+                           group=is_group_target(config.target))
+    return SendText(spec.qid, text, "question")
 
 
 class DeliveryActor(PooledChild):
@@ -59,6 +70,7 @@ class DeliveryActor(PooledChild):
         self.w = wiring
         self.sends = sends_dir(wiring.config.state_path)
         self._jobs: deque[SendText] = deque()
+        self._keys: set[str] = set()  # of the jobs queued or running: none is queued twice
         # the job hermes is running for, and that run: only one at a time
         self._running: tuple[SendText, str, Spawned[Outcome]] | None = None
         self._earlier: Spawned[bool] | None = None  # sends an earlier run left under way
@@ -68,7 +80,11 @@ class DeliveryActor(PooledChild):
         any other starts, in order; what they and the finished ones did goes to the store,
         where the jobs told again find it instead of sending twice. A waiter the crashed
         actor was still starting is waited for first (the spawner runs one start at a
-        time): its lock must be seen held, not taken for a send with no trace."""
+        time): its lock must be seen held, not taken for a send with no trace.
+
+        Then every send the store owes is queued, in order: the questions not yet
+        delivered, then the notes not yet run. What this actor had queued before a crash
+        is among them; what it ran and the store took is settled, not sent again."""
         concurrent.futures.wait([spawner().submit(int)], timeout=SPAWN_WAIT_S)
         running = under_way(self.sends)
         if running:
@@ -79,11 +95,18 @@ class DeliveryActor(PooledChild):
                 lambda _: tell_quietly(self.actor_ref, EarlierSendsEnded()))
         else:
             self._take_finished()
+        specs, _ = self.w.store.load()
+        for spec in specs:
+            if spec.state in (None, "pending"):
+                self._queue(question_send(spec, self.w.config))
+        for note in self.w.store.owed_notes():
+            self._queue(note)
+        self._next()
 
     def on_receive(self, message: Any) -> None:
         match message:
             case SendText():
-                self._jobs.append(message)
+                self._queue(message)
                 self._next()
             case HermesRan(job=job, error=error):  # of the current job: only it runs
                 self._ended(error)
@@ -100,11 +123,6 @@ class DeliveryActor(PooledChild):
         for waiting in (self._earlier, self._running[2] if self._running else None):
             if waiting is not None:  # only the waiting stops: hermes runs on
                 waiting.cancel()
-
-    def taken(self) -> tuple[SendText, ...]:
-        """On a crash: the send under way, then the queue. The successor waits for the one
-        under way and takes its outcome: it is not sent twice."""
-        return (*([self._running[0]] if self._running is not None else []), *self._jobs)
 
     def argv(self, text: str) -> list[str]:
         """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
@@ -126,12 +144,23 @@ class DeliveryActor(PooledChild):
             for _, lock, path in done:
                 forget(lock, path)
 
+    def _queue(self, job: SendText) -> None:
+        """A job told again (after a restart of its sender or of this actor) while the
+        same send is queued or running is not queued twice."""
+        key = send_key(job)
+        if key is not None:
+            if key in self._keys:
+                return
+            self._keys.add(key)
+        self._jobs.append(job)
+
     def _next(self) -> None:
         while self._running is None and self._earlier is None and self._jobs:
             job = self._jobs.popleft()
-            if self._withdrawn(job):
-                continue
             key = send_key(job)
+            if self._withdrawn(key):
+                self._keys.discard(key or "")
+                continue
             try:
                 known = self.w.store.sent_outcome(key) if key is not None else None
                 if known is None:
@@ -186,28 +215,31 @@ class DeliveryActor(PooledChild):
             return None
         return delivery_error(result.returncode, result.stderr, result.stdout)
 
-    def _withdrawn(self, job: SendText) -> bool:
-        """X9: a reminder whose question closed while it waited is owed no more: the human
-        is not reminded of a question that is over (checked just before hermes runs)."""
-        if job.purpose != "remind_note" or job.note_id is None:
+    def _withdrawn(self, key: str | None) -> bool:
+        """Owed no more: a question delivered or closed (its send told again after it acted
+        on the outcome), a note already run, or a reminder whose question closed while
+        it waited (X9; the human is not reminded of a question that is over). Checked
+        just before hermes runs."""
+        if key is None:
             return False
         try:
-            return not self.w.store.note_owed(job.note_id)
+            return not self.w.store.send_owed(key)
         except Exception as exc:  # the store cannot say: send it (at least once, as every note)
-            report(f"{self.child_name}: cannot tell whether {job.note_id} is owed: {exc!r}")
+            report(f"{self.child_name}: cannot tell whether {key} is owed: {exc!r}")
             return False
 
     def _settle(self, job: SendText, error: str | None) -> None:
+        self._keys.discard(send_key(job) or "")
         if error is not None:
             report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
         try:
-            if job.reply_to is not None:
-                job.reply_to.tell(HermesRan(job, error))
+            if job.purpose == "question":
+                self.w.router.tell(HermesRan(job, error))
             elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
                 detail = {"phase": job.purpose, "error": error}
                 self.w.logger.tell(LogEvent(log_record(self.w.now(), job.qid, "delivery_error",
                                                        detail)))
-        except Exception as exc:  # e.g. the question stopped meanwhile
+        except Exception as exc:  # the log cannot take it, say
             report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
         if job.note_id is not None:  # hermes ran it (sent, or failed and logged): owed no more
             try:

@@ -285,7 +285,7 @@ class Listener:
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_PROMPT, exc)), None
             # while the Router restarts, the asker tries again
-            restarting = isinstance(self._router, Slot) and self._router.ref is None
+            restarting = isinstance(self._router, Slot) and not self._router.alive
             error = RESTARTING if restarting else await self._admit(prompt)
             if error is None:
                 try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import errno
 import os
 import sys
 import threading
@@ -99,29 +98,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-_SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC})
-
-
-def is_resource_shortage(exc: BaseException | None) -> bool:
-    """Did this crash come from the machine running short (fds, memory, disk, threads)?
-
-    Restarting at once would fail the same way, so such a crash is retried with
-    backoff and not counted as a crash loop. The cause chain is followed: wrappers
-    ("cannot create ...: [Errno 24]") are common.
-    """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, MemoryError):
-            return True
-        if isinstance(exc, OSError) and exc.errno in _SHORTAGE_ERRNOS:
-            return True
-        if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 # -- the loop -------------------------------------------------------------------
 
 
@@ -177,15 +153,6 @@ def shared_edge() -> Edge:
         if _SHARED_EDGE is None:
             _SHARED_EDGE = Edge()
         return _SHARED_EDGE
-
-
-def later(delay: float, action: Callable[[], None]) -> None:
-    """`action` on the shared edge `delay` seconds from this call, from any thread (a
-    supervisor's schedule): due from when it was set, however long the loop takes to get
-    to the call that sets it."""
-    edge = shared_edge()
-    loop = edge.loop
-    edge.call(loop.call_at, loop.time() + delay, action)
 
 
 def tell_quietly(ref: Address, message: Any) -> None:

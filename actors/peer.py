@@ -76,6 +76,10 @@ class PeerActor(PooledChild):
         self._publish(0)
         self._beats = self._listener.edge.spawn(
             _beats(self.actor_ref, self._listener, self.heartbeat_s))
+        # every response owed (decided by the last run, or told to this actor's
+        # predecessor): what is in flight already is not sent twice
+        for owed in self.w.store.outbox():
+            self._send_response(owed.prompt, owed.response, owed.error, owed.owner)
 
     def release(self) -> None:
         """Undo begin in reverse: unpublish before the socket stops answering (W8). Each
@@ -168,6 +172,8 @@ class PeerActor(PooledChild):
         qid = prompt.msg_id
         try:
             self.w.store.flush()  # the close that owes it is committed before it leaves
+            if owner is not None and not self.w.store.response_owed(qid, owner):
+                return  # settled: sent from the outbox at this actor's start, and acked
         except StoreClosedError:
             return  # not committed: the question is open in the rows the restart reads
         try:
@@ -182,7 +188,8 @@ class PeerActor(PooledChild):
         me = self.actor_ref
         if not self.responses.submit(
                 prompt.sender_endpoint, line, RESPONSE_TIMEOUT_S, RETRY_PAUSES_S,
-                lambda why: tell_quietly(me, ResponseDone(qid, owner, why))):
+                lambda why: tell_quietly(me, ResponseDone(qid, owner, why)),
+                None if owner is None else (qid, owner)):
             # refused, never dropped: it stays owed and is sent at the next start
             report(f"response for {qid} not sent now: {self.responses.capacity} responses are "
                    "already being sent (the limit); it stays owed in the state database and "

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,6 @@ from ..messages.commands import (
     QueueDepthQuery,
     RejectAnswerFile,
     RemindDue,
-    RestartChild,
     SendResponse,
     SendText,
     TextPurpose,
@@ -53,8 +53,6 @@ from ..messages.contract import (
     duplicate_error,
     duplicate_refused_record,
     effective_timeout_ms,
-    format_question,
-    is_group_target,
     late_note,
     log_record,
     map_answer,
@@ -72,14 +70,17 @@ from ..messages.contract import (
     validate_answer,
 )
 from ..messages.wire import Event, PromptEnvelope, State, is_valid_qid
-from .loop import is_resource_shortage, later, report
+from .delivery import question_send
+from .listener import RESTARTING
+from .loop import report
 from .store import remind_note_id, sibling_of
-from .supervision import GiveUp, PooledChild, RestartPolicy, Schedule, Slot
+from .supervision import GiveUp, PooledChild, RestartPolicy, Slot
 
 if TYPE_CHECKING:
     from .supervisor import Wiring
 
 _ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
+NOTED_MEMORY = 1_000  # answer file versions remembered as noted (late, undelivered)
 
 # (wiring, spec, child name) -> the question's ref
 QuestionFactory = Callable[["Wiring", QuestionSpec, str], pykka.ActorRef[Any]]
@@ -95,17 +96,20 @@ def failed_error(error: str) -> str:
 @dataclass(slots=True)
 class OpenQuestion:
     """Where to reach one open question, and whose it is (X2). Its state is its row's and
-    its actor's; which answer file it handles is the Watcher's to know. `routed` is the
-    newest version of its answer file the Router told it, kept until it ends: one it could
-    not take (it closed just ahead of it) is judged then, at once, not when the Watcher
-    offers it again. Only the newest: every version has the one name, so an older one is
-    no longer on disk, and judging it would tell the human of a late answer twice."""
+    its actor's; which answer file it handles is the Watcher's to know. What it was told
+    that a crash of its actor would lose is kept until it ends, and told again to the
+    actor that resumes it: `cancelled`, and `routed`, the newest version of its answer
+    file. A routed one it could not take (it closed just ahead of it) is judged when it
+    ends, at once, not when the Watcher offers it again. Only the newest: every version
+    has the one name, so an older one is no longer on disk, and judging it would tell the
+    human of a late answer twice."""
 
     qid: str
     child: str
     slot: Slot
     prompt: PromptEnvelope
-    routed: tuple[str, FileSignature] | None = None
+    routed: AnswerArrived | None = None
+    cancelled: bool = False
 
 
 class QuestionRouter(PooledChild):
@@ -122,7 +126,6 @@ class QuestionRouter(PooledChild):
         question_restarts: int,
         window_s: float,
         monotonic: Callable[[], float] = time.monotonic,
-        schedule: Schedule = later,
     ) -> None:
         """`sibling(qid)` names the other project on this host whose bridge owns `qid`
         (X6); by default it reads their state files beside ours."""
@@ -131,9 +134,11 @@ class QuestionRouter(PooledChild):
         self.incarnation = incarnation
         self.start_question = start_question or QuestionActor.start
         self.sibling = sibling or (lambda qid: sibling_of(wiring.store.path, qid, wiring.clock()))
-        self.policy = RestartPolicy(question_restarts, window_s, monotonic, schedule,
-                                    per_child=True)
+        self.policy = RestartPolicy(question_restarts, window_s, monotonic, per_child=True)
         self.open: dict[str, OpenQuestion] = {}
+        # answer file versions already noted (late, undelivered): a Watcher that restarted
+        # hands every file on again, and the human must not get a second note for one
+        self._noted_files: OrderedDict[tuple[str, FileSignature], None] = OrderedDict()
         self._run_tag = f"{wiring.run_tag}.{incarnation}"
         self._serial = itertools.count(1)
 
@@ -142,26 +147,28 @@ class QuestionRouter(PooledChild):
     def begin(self) -> None:
         """Rebuild the table from the store before the first message is read: prompts
         and answer files queue meanwhile, so answers written while the daemon was down
-        find their questions and no prompt is admitted against a half-built table."""
+        find their questions and no prompt is admitted against a half-built table.
+        (Responses and notes owed are the Peer's and Delivery's to send at their start.)"""
         specs, closed = self.w.store.load()
         first = self.incarnation == 0
-        if first:  # owed by the last run: decided then, never handed over
-            for owed in self.w.store.outbox():
-                self.w.peer.tell(owed)
-            for note in self.w.store.owed_notes():
-                self.w.delivery.tell(note)
         for spec in specs:
-            question = self._start(spec, claim=True)
-            # never confirmed delivered: sent again (at least once); a fresh one logs
-            # question_received as it starts
-            if question is not None and spec.state in (None, "pending"):
-                self._deliver(spec, question)
+            self._start(spec, claim=True)
         if first and (specs or closed):
             report(f"restored {len(specs)} open and {len(closed)} closed question(s)", "info")
 
     def release(self) -> None:  # its questions die with it; a successor starts them again
         for question in self.open.values():
             self._halt(question)
+
+    def lost(self, message: Any) -> None:
+        """Who waits on what this Router will not read is answered: the asker is nacked
+        (and tries again), the open count is the one it had."""
+        match message:
+            case NewQuestion(verdict=verdict):
+                if verdict.set_running_or_notify_cancel():
+                    verdict.set_result(RESTARTING)
+            case QueueDepthQuery(reply=reply):
+                reply(len(self.open))
 
     @staticmethod
     def _halt(question: OpenQuestion) -> None:
@@ -181,6 +188,7 @@ class QuestionRouter(PooledChild):
                 question = self.open.get(envelope.ref_msg_id)  # C14: else acked, ignored
                 if question is not None:
                     if may_cancel(envelope, question.prompt):
+                        question.cancelled = True
                         question.slot.tell(CancelRequested())
                     else:  # X2: only the asker cancels; acked all the same (C12)
                         self._log(cancel_refused_record(self.w.now(), envelope))
@@ -188,16 +196,16 @@ class QuestionRouter(PooledChild):
                 reply(len(self.open))
             case AnswerFileSeen(name=name, content=content, signature=signature):
                 self._route_answer(name, content, signature)
+            case HermesRan(job=job):
+                question = self.open.get(job.qid)
+                if question is not None:
+                    question.slot.tell(message)
             case QuestionClosed(child=child, answer_file=answer_file):
                 question = self._question(child)  # its close is in the store: the one memory
                 if question is not None:
                     self._ended(question, answer_file)
-            case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
-                self._crashed(child, error, unread, shortage)
-            case RestartChild(child=child, unread=unread):
-                question = self._question(child)
-                if question is not None:
-                    self._restart(question, unread)
+            case ChildFailed(child=child, error=error):
+                self._crashed(child, error)
             case _:
                 raise UnknownMessage(self.child_name, message)
         return None
@@ -239,9 +247,7 @@ class QuestionRouter(PooledChild):
         timeout_ms = effective_timeout_ms(envelope, config.timeout_ms)  # X5
         spec = QuestionSpec(qid=qid, prompt=envelope, parsed=parse_prompt(envelope),
                             timeout_ms=timeout_ms, deadline=self.w.clock() + timeout_ms / 1000)
-        question = self._start(spec, claim=False)
-        if question is not None:
-            self._deliver(spec, question)
+        self._start(spec, claim=False)
         return None
 
     def _open_of(self, asker: str) -> int:
@@ -250,25 +256,24 @@ class QuestionRouter(PooledChild):
             return 0
         return sum(1 for question in self.open.values() if question.prompt.sender_name == asker)
 
-    def _start(self, spec: QuestionSpec, *, claim: bool) -> OpenQuestion | None:
+    def _start(self, spec: QuestionSpec, *, claim: bool) -> None:
         """The name is unique across runs and restarts: the owner guard and the outbox key
-        on it."""
+        on it. A question not yet delivered has its send asked for (again, after a restart:
+        Delivery sends it once, or settles it from the outcome the store kept)."""
         child = f"question:{spec.qid}:{self._run_tag}.{next(self._serial)}"
         if claim:
             if not self.w.store.claim(spec.qid, child):
-                return None
+                return
         else:
             self.w.store.put_open(spec, owner=child)  # before the ack, before delivery
         question = self.open[spec.qid] = OpenQuestion(spec.qid, child, Slot(child), spec.prompt)
-        self._spawn(question, spec, ())
-        return question
+        self._spawn(question, spec)
+        self._deliver(spec)
 
-    def _deliver(self, spec: QuestionSpec, question: OpenQuestion) -> None:
+    def _deliver(self, spec: QuestionSpec) -> None:
         # asked here, in arrival order, so questions reach the chat in the order asked
-        config = self.w.config
-        text = format_question(spec.qid, spec.parsed, project=config.project,
-                               group=is_group_target(config.target))
-        self.w.delivery.tell(SendText(spec.qid, text, "question", reply_to=question.slot))
+        if spec.state in (None, "pending"):
+            self.w.delivery.tell(question_send(spec, self.w.config))
 
     # -- running the questions ----------------------------------------------
 
@@ -278,37 +283,39 @@ class QuestionRouter(PooledChild):
         question = self.open.get(parts[1]) if len(parts) > 2 else None
         return question if question is not None and question.child == child else None
 
-    def _spawn(self, question: OpenQuestion, spec: QuestionSpec, unread: tuple[Any, ...]) -> None:
+    def _spawn(self, question: OpenQuestion, spec: QuestionSpec) -> None:
         try:
             ref = self.start_question(self.w, spec, question.child)
         except Exception as exc:  # no thread for it, say: as if it had crashed at once
-            self._crashed(question.child, f"{type(exc).__name__}: {exc}", unread,
-                          is_resource_shortage(exc))
+            self._crashed(question.child, f"{type(exc).__name__}: {exc}")
             return
-        question.slot.bind(ref, unread)
+        question.slot.bind(ref)
 
-    def _crashed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool) -> None:
+    def _crashed(self, child: str, error: str) -> None:
         question = self._question(child)
         if question is None:
             return  # closed or replaced meanwhile: nothing to restart
-        verdict = self.policy.crashed(child, error, unread, shortage, self.w.router,
-                                      who=f"question {question.qid}")
+        verdict = self.policy.crashed(child, error, who=f"question {question.qid}")
         if isinstance(verdict, GiveUp):
             self._give_up(question, verdict.verdict, error)
-        elif verdict == "now":
-            self._restart(question, unread)
+        else:
+            self._restart(question)
 
-    def _restart(self, question: OpenQuestion, unread: tuple[Any, ...]) -> None:
-        """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. An
-        answer it was handling may have died with it: the Watcher offers its file again
-        `reoffer_s` after it handed it on (a second sighting of the file that answered is
-        routed to the question, dropped by it once closed, and never late: it is the one
-        that answered)."""
+    def _restart(self, question: OpenQuestion) -> None:
+        """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. What
+        its mailbox held is lost: what mattered of it is told again from the table (its
+        send, its newest answer, its cancel); a second sighting of what it had already
+        acted on is dropped by the state its row resumes in."""
         spec = self.w.store.open_spec(question.qid, question.child)
         if spec is None:
             self._ended(question, None)
             return
-        self._spawn(question, spec, unread)
+        self._spawn(question, spec)
+        self._deliver(spec)
+        if question.routed is not None:
+            question.slot.tell(question.routed)
+        if question.cancelled:
+            question.slot.tell(CancelRequested())
 
     def _give_up(self, question: OpenQuestion, verdict: str, error: str) -> None:
         qid, child = question.qid, question.child
@@ -338,8 +345,9 @@ class QuestionRouter(PooledChild):
         open is, so a late answer gets its note once (C15) from the event that brought
         it; the Watcher, which hands a version on once, would offer it again only after
         `reoffer_s`."""
-        if question.routed is not None and question.routed != answer_file:
-            self._not_open(*question.routed, question.qid)
+        routed = question.routed
+        if routed is not None and (routed.name, routed.signature) != answer_file:
+            self._not_open(routed.name, routed.signature, question.qid)
 
     def _forget(self, question: OpenQuestion) -> None:
         """Its actor has stopped (it crashed) or has its stop queued (it closed, and told
@@ -357,8 +365,8 @@ class QuestionRouter(PooledChild):
         match verdict:
             case Accepted(qid=qid, answer=answer):
                 question = self.open[qid]
-                question.routed = (name, signature)
-                question.slot.tell(AnswerArrived(answer, name, signature))
+                question.routed = AnswerArrived(answer, name, signature)
+                question.slot.tell(question.routed)
             case Rejected(reason="foreign_qid", qid=str(qid)):
                 self._not_open(name, signature, qid)
             case Rejected():
@@ -393,9 +401,17 @@ class QuestionRouter(PooledChild):
         """An answer not passed on that gets the human a note (C15, X11): the note is owed
         (stored) the moment it is decided, and the file removed. The one path for the
         late rule: an answer routed to a question that closed before taking it comes
-        here too, once the question has ended (`_judge_routed`)."""
-        self.w.store.owe_note(note)
+        here too, once the question has ended (`_judge_routed`). A version noted already
+        (handed on again by a restarted Watcher) is only removed."""
+        fresh = (name, signature) not in self._noted_files
+        if fresh:
+            self.w.store.owe_note(note)
         self.w.watcher.tell(DisposeAnswerFile(name, signature))
+        if not fresh:
+            return
+        self._noted_files[name, signature] = None
+        if len(self._noted_files) > NOTED_MEMORY:
+            self._noted_files.popitem(last=False)
         self._log(log_record(self.w.now(), note.qid, event, detail))
         self.w.delivery.tell(note)
 

@@ -70,16 +70,24 @@ class ResponsePool:
         self.edge = edge or shared_edge()
         self._flights = asyncio.Semaphore(flights)  # bound to the loop at its first use
         self._sends: set[Spawned[None]] = set()  # submitted, not done
+        self._keys: set[object] = set()  # of the sends submitted with a key, not done
 
     def submit(self, endpoint: str, line: bytes, timeout: float,
-               pauses: tuple[float, ...], done: Callable[[str | None], None]) -> bool:
-        """Queue a send; False (nothing queued) past `capacity`. From one thread at a time
-        (the Peer's turns): a send's discard always follows its add."""
+               pauses: tuple[float, ...], done: Callable[[str | None], None],
+               key: object = None) -> bool:
+        """Queue a send; False (nothing queued) past `capacity`. One whose `key` is being
+        sent already is not sent twice (a restarted Peer sends all it owes). From one
+        thread at a time (the Peer's turns): a send's discard always follows its add."""
+        if key is not None and key in self._keys:
+            return True
         if len(self._sends) >= self.capacity:
             return False
         send = self.edge.spawn(self._send(endpoint, line, timeout, pauses, done))
         self._sends.add(send)
         send.add_done_callback(self._sends.discard)
+        if key is not None:
+            self._keys.add(key)
+            send.add_done_callback(lambda _: self._keys.discard(key))
         return True
 
     async def _send(self, endpoint: str, line: bytes, timeout: float,

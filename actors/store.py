@@ -519,12 +519,6 @@ class Store:
             self._owe_note(conn, note)
         return True
 
-    def note_owed(self, note_id: str) -> bool:
-        """Is the note still owed? (A reminder stops being owed when its question closes.)"""
-        with self._transaction() as conn:
-            row = conn.execute("SELECT 1 FROM notes WHERE id = ?", (note_id,)).fetchone()
-        return row is not None
-
     def note_sent(self, note_id: str) -> None:
         """hermes has run the note (sent, or failed for good and logged): no longer owed."""
         with self._transaction() as conn:
@@ -538,6 +532,13 @@ class Store:
         with self._transaction() as conn:  # (what closed mid-send is owed nothing)
             conn.execute(f"INSERT OR REPLACE INTO sent (key, error) SELECT ?, ?"
                          f" WHERE ? IN {_SENT_OWED}", (key, error, key))
+
+    def send_owed(self, key: str) -> bool:
+        """Is the send known as `key` still owed: its question pending, its note not run?
+        (Told again after a restart, one already acted on is not sent twice.)"""
+        with self._transaction() as conn:
+            row = conn.execute(f"SELECT 1 WHERE ? IN {_SENT_OWED}", (key,)).fetchone()
+        return row is not None
 
     def sent_outcome(self, key: str) -> tuple[str | None] | None:
         """The outcome kept for the send known as `key` (the error, in a tuple), if any."""
@@ -614,6 +615,14 @@ class Store:
                 sqlite3.ProgrammingError) as exc:
             report(f"state database {self.path}: dropped the record of a sent response "
                    f"for {qid!r}: {exc!r:.200}", "error")
+
+    def response_owed(self, qid: str, owner: str) -> bool:
+        """Is this response still in the outbox? (Told again after a Peer's restart sent
+        it from here, it is not sent twice once settled.)"""
+        with self._transaction() as conn:
+            row = conn.execute("SELECT 1 FROM outbox WHERE qid = ? AND owner = ?",
+                               (qid, owner)).fetchone()
+        return row is not None
 
     def outbox(self) -> list[SendResponse]:
         """Responses decided but not yet handed to their askers, oldest first."""

@@ -1,92 +1,74 @@
 """Supervision: a child's stable address (`Slot`), the supervised actor, and the restart
 rule (MaxR restarts in MaxT seconds, then give up).
+
+Nothing is handed over from a dead child: a restart is a start, and each child rebuilds
+its work from the store in `begin()`. What was told to it and not yet read is lost, as
+in OTP; the senders of what matters keep it in the store, or learn of the loss.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pykka
 
-from ..messages.commands import Address, ChildFailed, RestartChild
-from .loop import is_resource_shortage, report, tell_quietly
+from ..messages.commands import Address, ChildFailed
+from .loop import report
 from .turns import PooledActor
-
-if TYPE_CHECKING:
-    pass
-# -- supervision ----------------------------------------------------------------
 
 
 class Slot:
-    """A supervised child's stable address (collaborators hold it, never the ref).
+    """A supervised child's stable address (collaborators hold it, never the ref). A tell
+    while no child is bound, or to one that has died, is dropped."""
 
-    Deliveries and a dying child's detach (before it drains its mailbox) take the same
-    lock, so a message told through the slot is either in the mailbox (and handed
-    over) or held for the successor, never in a mailbox nobody reads."""
-
-    __slots__ = ("_held", "_lock", "_ref", "_retired", "name")
+    __slots__ = ("_lock", "_ref", "_retired", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
         self._ref: pykka.ActorRef[Any] | None = None
-        self._held: list[Any] = []
         self._retired = False
 
     def tell(self, message: Any) -> None:
         with self._lock:
-            if self._retired:
-                return
-            if self._ref is not None:
-                try:
-                    self._ref.tell(message)
-                    return
-                except pykka.ActorDeadError:
-                    self._ref = None
-            self._held.append(message)
+            ref = self._ref
+        if ref is not None:
+            try:
+                ref.tell(message)
+            except pykka.ActorDeadError:
+                pass
 
-    def bind(self, ref: pykka.ActorRef[Any], unread: tuple[Any, ...] = ()) -> None:
-        """Point at a (new) child: `unread` first, then what was held. A child that died
-        before it was bound leaves the rest held for the rebind its ChildFailed brings."""
-        ref.actor_inbox.slot = self  # type: ignore[attr-defined]  # a PoolInbox or a Queue
+    def bind(self, ref: pykka.ActorRef[Any]) -> None:
+        """Point at a (new) child."""
         with self._lock:
-            if self._retired:
-                return
-            pending, self._held, self._ref = [*unread, *self._held], [], ref
-            for index, message in enumerate(pending):
-                try:
-                    ref.tell(message)
-                except pykka.ActorDeadError:
-                    self._ref, self._held = None, pending[index:]
-                    return
-
-    def detach(self, ref: pykka.ActorRef[Any]) -> None:
-        """`ref` is dying: hold whatever is told from now on (if the slot still points at it)."""
-        with self._lock:
-            if self._ref is not None and self._ref.actor_urn == ref.actor_urn:
-                self._ref = None
+            if not self._retired:
+                self._ref = ref
 
     def retire(self) -> None:
         """The child is gone for good: drop whatever is told to it from now on."""
         with self._lock:
             self._retired, self._ref = True, None
-            self._held.clear()
 
     @property
     def ref(self) -> pykka.ActorRef[Any] | None:
         with self._lock:
             return self._ref
 
+    @property
+    def alive(self) -> bool:
+        """Is a live child bound? (Not while it restarts: what is told then is dropped.)"""
+        ref = self.ref
+        return ref is not None and ref.is_alive()
+
 
 class Supervised(pykka.Actor):
-    """An actor that, when it dies of an exception, tells its supervisor and hands over
-    the work it had not done. Its runtime comes from the concrete class (`PooledChild`
-    for the daemon's actors; a test's fake child may have a thread of its own)."""
+    """An actor that, when it dies of an exception, frees what it owns and tells its
+    supervisor. Its runtime comes from the concrete class (`PooledChild` for the daemon's
+    actors; a test's fake child may have a thread of its own)."""
 
     def __init__(self, name: str, supervisor: Address) -> None:
         super().__init__()
@@ -94,15 +76,16 @@ class Supervised(pykka.Actor):
         self.supervisor = supervisor
 
     def begin(self) -> None:
-        """Take over this actor's resources, in its first turn, before any message."""
+        """Take over this actor's resources and rebuild its work from the store, in its
+        first turn, before any message."""
 
     def release(self) -> None:
         """Free what this actor owns; on stop and after a crash, so a successor can take
         the same resources. It must not raise."""
 
-    def taken(self) -> tuple[Any, ...]:
-        """Work taken out of the mailbox and not finished at a crash: handed over first."""
-        return ()
+    def lost(self, message: Any) -> None:
+        """`message` was told and not read before a crash: a sender waiting on it is told
+        now (asks fail by pykka's teardown). Must not raise."""
 
     def on_start(self) -> None:
         # pykka stops an actor whose on_start raises without on_failure: say it here
@@ -124,37 +107,28 @@ class Supervised(pykka.Actor):
                    traceback: TracebackType | None) -> None:
         try:
             self.release()
+            self._refuse_unread()
         finally:
-            self._hand_over(exception_value)
+            self.supervisor.tell(ChildFailed(
+                self.child_name, f"{type(exception_value).__name__}: {exception_value}"))
 
-    def _hand_over(self, exc: BaseException | None) -> None:
-        slot = getattr(self.actor_inbox, "slot", None)
-        if slot is not None:  # from here on, what is told through the slot is held
-            slot.detach(self.actor_ref)
-        try:
-            unread: list[Any] = list(self.taken())
-        except Exception:  # must not keep the mailbox from being handed over
-            unread = []
-        while not self.actor_inbox.empty():
-            envelope = self.actor_inbox.get()
+    def _refuse_unread(self) -> None:
+        inbox = self.actor_inbox
+        while not inbox.empty():
+            envelope = inbox.get()
             if envelope.reply_to is None:
-                unread.append(envelope.message)
+                try:
+                    self.lost(envelope.message)
+                except Exception as exc:
+                    report(f"{self.child_name}: {exc!r}")
             else:  # an ask: its caller must not wait for an answer that won't come
                 envelope.reply_to.set_exception(
                     exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(self.child_name), None))
-        self.supervisor.tell(ChildFailed(self.child_name, f"{type(exc).__name__}: {exc}",
-                                         tuple(unread), is_resource_shortage(exc)))
 
 
 class PooledChild(Supervised, PooledActor):
     """A supervised actor whose turns run on the shared loop: every actor of the daemon
     but the root. Its turns must be short (what waits, waits on the loop)."""
-
-
-# (delay in seconds, what to run then)
-Schedule = Callable[[float, Callable[[], None]], None]
-BACKOFF_FIRST_S = 0.1
-BACKOFF_MAX_S = 30.0
 
 
 class Intensity:
@@ -185,29 +159,6 @@ class Intensity:
         return f"{len(self._times)} crashes within {window} ({who}; last {last})"
 
 
-class Backoff:
-    """Per child, delays doubling from `first_s` to `max_s`; an episode (one stderr line)
-    ends once the child has gone `max_s` past its last delay without another shortage."""
-
-    def __init__(self, clock: Callable[[], float], first_s: float = BACKOFF_FIRST_S,
-                 max_s: float = BACKOFF_MAX_S) -> None:
-        self.clock, self.first_s, self.max_s = clock, first_s, max_s
-        self._state: dict[str, tuple[int, float, float]] = {}  # id -> (attempt, at, delay)
-
-    def next(self, child: str) -> tuple[float, bool]:
-        """The delay before the next restart of `child`, and whether a new episode began."""
-        now = self.clock()
-        attempt, at, delay = self._state.get(child, (0, 0.0, 0.0))
-        fresh = child not in self._state or now - at > delay + self.max_s
-        attempt = 0 if fresh else attempt + 1
-        delay = min(self.first_s * (2**attempt), self.max_s)
-        self._state[child] = (attempt, now, delay)
-        return delay, fresh
-
-    def forget(self, child: str) -> None:
-        self._state.pop(child, None)
-
-
 @dataclass(frozen=True, slots=True)
 class GiveUp:
     """Past the intensity: not restarted; `verdict` says who crashed how often."""
@@ -216,36 +167,20 @@ class GiveUp:
 
 
 class RestartPolicy:
-    """The restart decision both supervisors make.
+    """The restart decision both supervisors make: every crash counts toward an intensity
+    (one over all children for the root, one per child for questions) and the child comes
+    back at once, or never past its bound. A machine short of a resource gives up here
+    too: the service manager restarts the daemon with a growing delay."""
 
-    A shortage comes back after a backoff (said once per episode) and is not
-    counted; any other crash counts toward an intensity (one over all children for
-    the root, one per child for questions) and comes back at once, or never past
-    its bound. A restart put off is a RestartChild told later, never a sleep, and
-    never cancelled: one that comes too late (the child closed, its supervisor
-    stopped or gave up) is let be where it is read.
-    """
-
-    def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float],
-                 schedule: Schedule, *, per_child: bool) -> None:
+    def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float], *,
+                 per_child: bool) -> None:
         self.max_restarts, self.window_s, self.clock = max_restarts, window_s, clock
-        self.schedule = schedule
-        self.backoff = Backoff(clock)
         self._shared = None if per_child else Intensity(max_restarts, window_s, clock)
         self._each: dict[str, Intensity] = {}
 
-    def crashed(self, child: str, error: str, unread: tuple[Any, ...], shortage: bool,
-                me: Address, who: str | None = None) -> Literal["now", "later"] | GiveUp:
-        """Restart `child` "now", "later" (RestartChild(child, unread) comes to `me` after
-        the backoff) or never (GiveUp). `who` names it in the verdict, if not its name."""
-        if shortage:
-            delay, fresh = self.backoff.next(child)
-            if fresh:
-                report(f"{child} ran short of a resource ({error}); restarting it with backoff "
-                       f"from {self.backoff.first_s:g}s up to {self.backoff.max_s:g}s", "warning")
-            self.schedule(delay, functools.partial(tell_quietly, me, RestartChild(child, unread)))
-            return "later"
-        self.backoff.forget(child)
+    def crashed(self, child: str, error: str, who: str | None = None
+                ) -> Literal["now"] | GiveUp:
+        """Restart `child` "now" or never (GiveUp). `who` names it in the verdict."""
         intensity = self._shared or self._each.setdefault(
             child, Intensity(self.max_restarts, self.window_s, self.clock))
         if not intensity.allow(who or child):
@@ -255,6 +190,4 @@ class RestartPolicy:
 
     def forget(self, child: str) -> None:
         """`child` is gone for good: its history."""
-        self.backoff.forget(child)
         self._each.pop(child, None)
-

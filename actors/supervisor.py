@@ -3,8 +3,8 @@
 Children start in CHILDREN's order and stop in reverse: the Peer goes first (no
 new questions, the registry entry leaves, W8), and its entry, written last, is
 the daemon's readiness (W7). The `Wiring` every child gets is made before anything
-starts, so any order of start is safe (what is told to a child not up yet waits in
-its slot).
+starts; what is told to a child not up yet is dropped, as to a dead one: each child
+rebuilds its work from the store when it starts.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import Any
 
 import pykka
 
-from ..messages.commands import Address, ChildFailed, QueueDepthQuery, RestartChild, UnknownMessage
+from ..messages.commands import Address, ChildFailed, QueueDepthQuery, UnknownMessage
 from .config import BridgeConfig
 from .delivery import DeliveryActor
 from .listener import DEPTH_TIMEOUT_S
 from .logger import LoggerActor
-from .loop import is_resource_shortage, later, report, shared_edge
+from .loop import report, shared_edge
 from .loop import utc_now as _utc_now
 from .peer import PeerActor
 from .questions import QuestionRouter
 from .store import Store
-from .supervision import GiveUp, RestartPolicy, Schedule, Slot
+from .supervision import GiveUp, RestartPolicy, Slot
 from .watcher import WatcherActor
 
 CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
@@ -71,17 +71,17 @@ class RootSupervisor(pykka.ThreadingActor):
 
     def __init__(self, *, specs: Sequence[ChildSpec], on_fatal: Callable[[str], None],
                  max_restarts: int, window_s: float,
-                 clock: Callable[[], float] = time.monotonic, schedule: Schedule = later) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.specs = {spec.slot.name: spec for spec in specs}  # in start order
         self.on_fatal = on_fatal
-        self.policy = RestartPolicy(max_restarts, window_s, clock, schedule, per_child=False)
+        self.policy = RestartPolicy(max_restarts, window_s, clock, per_child=False)
         self.incarnations: dict[str, int] = {}
         self._failed = False
 
     def on_start(self) -> None:
         for child in self.specs:
-            self._start(child, ())
+            self._start(child)
 
     def on_stop(self) -> None:
         for spec in reversed(self.specs.values()):
@@ -100,36 +100,31 @@ class RootSupervisor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case ChildFailed(child=child, error=error, unread=unread, shortage=shortage):
-                self._child_failed(child, error, unread, shortage)
-            case RestartChild(child=child, unread=unread):
-                if not self._failed:
-                    self._start(child, unread)
+            case ChildFailed(child=child, error=error):
+                self._child_failed(child, error)
             case _:
                 raise UnknownMessage("supervisor", message)
         return None
 
-    def _child_failed(self, child: str, error: str, unread: tuple[Any, ...],
-                      shortage: bool) -> None:
+    def _child_failed(self, child: str, error: str) -> None:
         if child not in self.specs or self._failed:
             return
-        verdict = self.policy.crashed(child, error, unread, shortage, self.actor_ref)
+        verdict = self.policy.crashed(child, error)
         if isinstance(verdict, GiveUp):
             self._fatal(f"{verdict.verdict}; last error: {error}")
-        elif verdict == "now":
-            self._start(child, unread)
+        else:
+            self._start(child)
 
-    def _start(self, child: str, unread: tuple[Any, ...]) -> None:
+    def _start(self, child: str) -> None:
         spec = self.specs[child]
         incarnation = self.incarnations.get(child, 0)
         self.incarnations[child] = incarnation + 1
         try:
             ref = spec.start(self.actor_ref, incarnation)
         except Exception as exc:  # no thread for it, say: the same as a crash at start
-            self._child_failed(child, f"{type(exc).__name__}: {exc}", unread,
-                               is_resource_shortage(exc))
+            self._child_failed(child, f"{type(exc).__name__}: {exc}")
             return
-        spec.slot.bind(ref, unread)
+        spec.slot.bind(ref)
 
     def _fatal(self, reason: str) -> None:
         if not self._failed:
@@ -149,7 +144,7 @@ class Tree:
         """How many questions are open (C21; the watchdog's proof of life); TimeoutError
         if the Router does not answer in time. For non-actor threads only."""
         router = self.slots["router"]
-        if router.ref is None:
+        if not router.alive:
             raise TimeoutError("the router is restarting")
         answer = concurrent.futures.Future[int]()
         router.tell(QueueDepthQuery(answer.set_result))
@@ -167,14 +162,17 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
     wiring = Wiring(config, store, now=now, clock=clock, run_tag=identity.session_id[-8:],
                     **slots)
     starts: dict[str, Callable[[Address, int], pykka.ActorRef[Any]]] = {
-        "logger": lambda sup, n: LoggerActor.start(wiring, supervisor=sup),
-        "delivery": lambda sup, n: DeliveryActor.start(wiring, supervisor=sup),
-        "router": lambda sup, n: QuestionRouter.start(
-            wiring, supervisor=sup, incarnation=n, question_restarts=question_restarts,
-            window_s=window_s, monotonic=monotonic),
-        "watcher": lambda sup, n: WatcherActor.start(
-            wiring, supervisor=sup, reoffer_s=config.reoffer_ms / 1000),
-        "peer": lambda sup, n: PeerActor.start(wiring, supervisor=sup, identity=identity),
+        "logger": lambda sup, n: LoggerActor.start_bound(
+            slots["logger"].bind, wiring, supervisor=sup),
+        "delivery": lambda sup, n: DeliveryActor.start_bound(
+            slots["delivery"].bind, wiring, supervisor=sup),
+        "router": lambda sup, n: QuestionRouter.start_bound(
+            slots["router"].bind, wiring, supervisor=sup, incarnation=n,
+            question_restarts=question_restarts, window_s=window_s, monotonic=monotonic),
+        "watcher": lambda sup, n: WatcherActor.start_bound(
+            slots["watcher"].bind, wiring, supervisor=sup, reoffer_s=config.reoffer_ms / 1000),
+        "peer": lambda sup, n: PeerActor.start_bound(
+            slots["peer"].bind, wiring, supervisor=sup, identity=identity),
     }
     root = RootSupervisor.start(
         specs=[ChildSpec(slots[name], starts[name]) for name in CHILDREN], on_fatal=on_fatal,

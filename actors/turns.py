@@ -1,8 +1,8 @@
 """Actor turns on the loop: a pykka actor whose mailbox asks the loop for a turn when mail
 comes. Every private pykka name the daemon relies on (pinned in setup.cfg) is in this file:
 the `ActorInbox` protocol, `Actor._create_actor_inbox`, `_create_future`,
-`_start_actor_loop`, `_actor_loop_setup`, `_actor_loop_teardown`, `_handle_receive`,
-`_handle_failure`, `_stop`, and `Envelope.message`/`reply_to`.
+`_start_actor_loop` (and `start`'s steps), `_actor_loop_setup`, `_actor_loop_teardown`,
+`_handle_receive`, `_handle_failure`, `_stop`, and `Envelope.message`/`reply_to`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-    from .supervision import Slot
 # -- actor turns on the loop ----------------------------------------------------
 
 class PoolInbox:
@@ -32,7 +32,7 @@ class PoolInbox:
     (the actor reads only in a turn, or drains what is left when it dies), and a put
     is never refused, so a `tell` never blocks its caller."""
 
-    __slots__ = ("__weakref__", "_actor", "_edge", "_lock", "_queue", "_scheduled", "slot")
+    __slots__ = ("__weakref__", "_actor", "_edge", "_lock", "_queue", "_scheduled")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -42,7 +42,6 @@ class PoolInbox:
         self._actor: PooledActor | None = None
         self._edge: Edge | None = None
         self._scheduled = False
-        self.slot: Slot | None = None  # the address that feeds it (see Supervised)
 
     def attach(self, actor: PooledActor, edge: Edge) -> None:
         """Start running `actor`: its first turn runs on_start, then the mail."""
@@ -61,7 +60,7 @@ class PoolInbox:
             edge = self._edge
         edge.call(self.run_turn)
 
-    def get(self) -> Envelope[Any]:  # its callers (pykka's teardown, _hand_over) ask empty() first
+    def get(self) -> Envelope[Any]:  # its callers (pykka's teardown, a crash) ask empty() first
         return self.take()  # type: ignore[return-value]
 
     def take(self) -> Envelope[Any] | None:
@@ -126,6 +125,17 @@ class PooledActor(pykka.Actor):
         stopped = StopFlag()  # before the actor starts or its ref is handed out
         self.actor_stopped = stopped  # type: ignore[assignment]
         self._actor_ref.actor_stopped = stopped  # type: ignore[assignment]
+
+    @classmethod
+    def start_bound(cls, bind: Callable[[pykka.ActorRef[Any]], None], *args: Any,
+                    **kwargs: Any) -> pykka.ActorRef[Any]:
+        """pykka's `start`, with `bind(ref)` (its slot's) done before the first turn: what is
+        told through the slot from then on waits in the mailbox, none of it dropped."""
+        actor = cls(*args, **kwargs)
+        bind(actor.actor_ref)
+        ActorRegistry.register(actor.actor_ref)
+        actor._start_actor_loop()
+        return actor.actor_ref
 
     @staticmethod
     def _create_actor_inbox() -> ActorInbox:

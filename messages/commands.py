@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pydantic import JsonValue
@@ -110,16 +110,13 @@ TextPurpose = Literal[
 
 @dataclass(frozen=True, slots=True)
 class SendText:
-    """Run `hermes send` with this text; the result goes to `reply_to` if given.
-
-    Notes are sent without `reply_to`: their failure is logged by the Delivery
-    actor itself as `delivery_error` with the note's purpose as its phase.
-    """
+    """Run `hermes send` with this text. A question's result goes to the Router (as
+    HermesRan); a note's failure is logged by the Delivery actor itself as
+    `delivery_error` with the note's purpose as its phase."""
 
     qid: str
     text: str
     purpose: TextPurpose
-    reply_to: Address | None = None
     note_id: str | None = None  # a note owed in the store, cleared once hermes has run it
 
 
@@ -186,7 +183,7 @@ class RejectAnswerFile:
 @dataclass(frozen=True, slots=True)
 class HermesRan:
     """Hermes ran `job`: None when it sent, else C18's error. The edge tells Delivery,
-    which tells the question that asked (its `reply_to`) the same."""
+    which tells the Router a question's, which tells that question if it is still open."""
 
     job: SendText
     error: str | None
@@ -245,20 +242,11 @@ class ResponseDone:
 
 @dataclass(frozen=True, slots=True)
 class ChildFailed:
-    """A child died of an exception; `unread` is what was still in its mailbox."""
+    """A child died of an exception; what it had not read is lost (it is rebuilt from the
+    store when the child starts again)."""
 
     child: str
     error: str
-    unread: tuple[Any, ...] = field(default=())
-    shortage: bool = False  # the machine ran short (fds, threads, memory, disk): back off
-
-
-@dataclass(frozen=True, slots=True)
-class RestartChild:
-    """A supervisor's own reminder: restart `child` now (after a backoff delay)."""
-
-    child: str
-    unread: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

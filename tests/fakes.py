@@ -690,21 +690,6 @@ class FakeClock:
         return self.now
 
 
-class FakeSchedule:
-    """Records delayed restarts instead of running them; `fire()` runs the oldest."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-        self._actions: list[Callable[[], None]] = []
-
-    def __call__(self, delay: float, action: Callable[[], None]) -> None:
-        self.delays.append(delay)
-        self._actions.append(action)
-
-    def fire(self) -> None:
-        self._actions.pop(0)()
-
-
 def thread_count() -> int:
     """The process's OS threads, as the kernel counts them (/proc/self/status)."""
     with open("/proc/self/status") as f:
@@ -794,13 +779,22 @@ class NotifySocket:
 
 class Settles(Commits):
     """The store as the Peer uses it: each `settle` (the response is no longer owed)
-    recorded as (qid, owner), or refused with `fails`."""
+    recorded as (qid, owner), or refused with `fails`; `owed` is its outbox (what a start
+    sends), and a response is owed until settled."""
 
-    def __init__(self, fails: Exception | None = None, **commits: Any) -> None:
+    def __init__(self, fails: Exception | None = None, owed: list[SendResponse] | None = None,
+                 **commits: Any) -> None:
         super().__init__(**commits)
         self.settled: list[tuple[str, str | None]] = []
         self.committed: list[tuple[str, str | None]] = []
         self.settle_fails = fails
+        self.owed = owed or []
+
+    def outbox(self) -> list[SendResponse]:
+        return [r for r in self.owed if (r.prompt.msg_id, r.owner) not in self.settled]
+
+    def response_owed(self, qid: str, owner: str) -> bool:
+        return (qid, owner) not in self.settled
 
     def settle(self, qid: str, owner: str | None = None) -> None:
         if self.settle_fails is not None:

@@ -11,15 +11,14 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import pykka
 import pytest
 
 from coms_hermes_bridge.actors import delivery as hermes_module
-from coms_hermes_bridge.actors.delivery import DeliveryActor
+from coms_hermes_bridge.actors.delivery import DeliveryActor, question_send
 from coms_hermes_bridge.actors.sends import run_send, sends_dir
-from coms_hermes_bridge.actors.store import StoreClosedError
+from coms_hermes_bridge.actors.store import Store, StoreClosedError
 from coms_hermes_bridge.messages.commands import (
     ChildFailed,
     HermesRan,
@@ -29,15 +28,17 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import cancel_note
 from coms_hermes_bridge.send_waiter import TAIL as OUTPUT_TAIL
-from tests.fakes import Commits, FakeRef, WiredRig, bridge_config, wait_for
+from tests.fakes import Commits, WiredRig, bridge_config, wait_for
 from tests.hermes_fake import FakeHermes
+from tests.test_question import question_spec
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 class Notes(Commits):
-    """The store as delivery uses it: whether a note is still owed, and marking it sent."""
+    """The store as delivery uses it: whether a note is still owed (a question's send
+    always is), marking it sent, and nothing owed from a last run."""
 
     def __init__(self, owed: Callable[[str], bool] = lambda note_id: True,
                  sent: Callable[[str], None] = lambda note_id: None, **commits: Any) -> None:
@@ -46,8 +47,14 @@ class Notes(Commits):
         self.outcomes: dict[str, str | None] = {}  # outcomes a restart would find (`sent`)
         self.recorded: list[tuple[str, str | None]] = []
 
-    def note_owed(self, note_id: str) -> bool:
-        return self.owed(note_id)
+    def send_owed(self, key: str) -> bool:
+        return not key.startswith("note:") or self.owed(key.removeprefix("note:"))
+
+    def load(self) -> tuple[list[Any], list[Any]]:
+        return [], []
+
+    def owed_notes(self) -> list[SendText]:
+        return []
 
     def note_sent(self, note_id: str) -> None:
         self.sent(note_id)
@@ -63,13 +70,13 @@ class Notes(Commits):
 
 
 class DeliveryRig(WiredRig[DeliveryActor]):
-    """Delivery as the tree starts it, sending to telegram:1:2 with `hermes`; each
-    question it answers is `rig.question`."""
+    """Delivery as the tree starts it, sending to telegram:1:2 with `hermes`; a question's
+    result goes to the Router (`rig.router`)."""
 
     def __init__(self, hermes: Path | str, *, profile: str | None = None,
                  send_timeout_ms: float = 5000, notes: Notes | None = None,
                  state: Path | None = None) -> None:
-        self.question = FakeRef("question")
+        self._serial = itertools.count()
         # the sends' files go beside the state file (actors/sends.py): a directory per rig
         state = state or Path(tempfile.mkdtemp(prefix="chd", dir="/tmp")) / "state-d.sqlite3"
         self.sends = sends_dir(state)
@@ -78,17 +85,18 @@ class DeliveryRig(WiredRig[DeliveryActor]):
                                state_path=state)
         super().__init__(DeliveryActor, store=notes or Notes(), config=config, now=lambda: AT)
 
-    def send(self, text: str, purpose: TextPurpose = "question", reply_to: Any = None,
+    def send(self, text: str, purpose: TextPurpose = "question",
              note_id: str | None = None) -> None:
-        """A question's text (answered to `rig.question`), or a note (`reply_to` None)."""
-        if purpose == "question" and reply_to is None:
-            reply_to = self.question
-        self.ref.tell(SendText(QID, text, purpose, reply_to, note_id))
+        """A question's text, or a note. Each question is a qid of its own (QID with a
+        count): the same question told twice while queued is queued once."""
+        qid = f"{QID}.{next(self._serial)}" if purpose == "question" else QID
+        self.ref.tell(SendText(qid, text, purpose, note_id))
 
     def told(self, timeout: float = 5.0) -> tuple[str, str | None]:
-        """What the next question was told: its qid, and None when sent, else C18's error."""
-        ran = self.question.expect(HermesRan, timeout)
-        return ran.job.qid, ran.error
+        """What the Router was told of the next question: QID (whatever its count), and
+        None when sent, else C18's error."""
+        ran = self.router.expect(HermesRan, timeout)
+        return ran.job.qid.partition(".")[0], ran.error
 
 
 @pytest.fixture
@@ -190,7 +198,7 @@ def test_a_failed_send_is_one_error_line_for_the_operator(
     rig.send("hi")
     assert rig.told() == (QID, "hermes send failed (3): chat not found")
     assert capfd.readouterr().err == (
-        f"coms-hermes-bridge: error: question for {QID} not delivered: "
+        f"coms-hermes-bridge: error: question for {QID}.0 not delivered: "
         "hermes send failed (3): chat not found\n"
     )
 
@@ -358,12 +366,12 @@ def test_a_reminder_no_longer_owed_is_never_run(hermes: FakeHermes) -> None:  # 
     rig = DeliveryRig(hermes.path, notes=Notes(owed=note_owed, sent=sent.append))
     rig.send("⏰ a", "remind_note", note_id="remind:a")  # its question closed
     rig.send("⏰ b", "remind_note", note_id="remind:b")
-    rig.send("✖ c", "cancel_note", note_id="c")  # other notes: never asked
+    rig.send("✖ c", "cancel_note", note_id="c")
     rig.send("❓ d")
     assert rig.told() == (QID, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ b", "✖ c", "❓ d"]
     assert sent == ["remind:b", "c"]
-    assert asked == ["remind:a", "remind:b"]
+    assert asked == ["remind:a", "remind:b", "c"]  # every note kept in the store is asked
 
 
 def test_a_withdrawn_reminder_queued_behind_a_send_does_not_hold_up_the_next(
@@ -379,9 +387,9 @@ def test_a_withdrawn_reminder_queued_behind_a_send_does_not_hold_up_the_next(
     assert [argv[-1] for argv in hermes.argvs()] == ["first", "second"]
 
 
-def test_a_reminder_without_a_note_id_is_sent_without_asking_the_store(
+def test_a_note_without_a_note_id_is_sent_without_asking_the_store(
     hermes: FakeHermes,
-) -> None:  # X9: nothing to look up
+) -> None:  # X9, X7: nothing to look up
     asked: list[str] = []
 
     def note_owed(note_id: str) -> bool:
@@ -408,23 +416,9 @@ def test_a_store_that_cannot_say_sends_the_reminder_and_says_why(
     assert rig.told() == (QID, None)
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ maybe", "next"]
     assert capfd.readouterr().err == (
-        "coms-hermes-bridge: delivery: cannot tell whether remind:m is owed: "
+        "coms-hermes-bridge: delivery: cannot tell whether note:remind:m is owed: "
         "RuntimeError('database is locked')\n"
     )
-
-
-class DeadRef:
-    def tell(self, message: Any) -> None:
-        raise pykka.ActorDeadError("gone")
-
-
-def test_a_dead_reply_to_does_not_stop_delivery(hermes: FakeHermes) -> None:
-    rig = DeliveryRig(hermes.path)
-    rig.send("first", reply_to=DeadRef())
-    rig.send("second")
-    assert rig.told() == (QID, None)
-    rig.sync()
-    rig.supervisor.assert_nothing()
 
 
 def test_a_stop_during_a_long_send_is_quick_and_leaves_hermes_to_finish(
@@ -443,7 +437,7 @@ def test_a_stop_during_a_long_send_is_quick_and_leaves_hermes_to_finish(
         wait_for(lambda: len(hermes.calls()) == 1, timeout=5, what="hermes to finish its run")
         wait_for(lambda: list(rig.sends.glob("*.outcome")), what="the outcome left behind")
         # stopped: it has no turn left to tell anything in; the queue is dropped
-        rig.question.assert_nothing()
+        rig.router.assert_nothing()
         assert len(hermes.started()) == 1
     finally:
         os.kill(run["child"], signal.SIGKILL)
@@ -458,21 +452,74 @@ def test_an_idle_delivery_stops_cleanly(
     assert capfd.readouterr().err == ""
 
 
-def test_a_crash_between_two_runs_hands_over_the_queue(hermes: FakeHermes) -> None:
-    # C18: a job that failed to start leaves the rest queued with nothing running; what a
-    # crash then hands to the successor is that queue, in order
-    rig = DeliveryRig(hermes.path)
-    queued = [SendText(QID, f"q{n}", "question") for n in range(2)]
-    rig.actor._jobs.extend(queued)  # (idle: no turn of its runs meanwhile)
-    assert rig.actor.taken() == tuple(queued)
-    rig.actor._jobs.clear()
-
-
 def test_an_unknown_message_fails_loudly_naming_delivery_and_the_message(
     hermes: FakeHermes,
 ) -> None:
     rig = DeliveryRig(hermes.path)
     rig.ref.tell(("no", "such"))
     assert rig.supervisor.expect(ChildFailed) == ChildFailed(
-        "delivery", "UnknownMessage: delivery does not take tuple: ('no', 'such')", (), False)
+        "delivery", "UnknownMessage: delivery does not take tuple: ('no', 'such')")
     rig.stopped()
+
+
+# -- a restart is a start: what the store owes is sent, once, in order ----------------
+
+QID_A, QID_B = "01HZY3K4M5N6P7Q8R9S0T1V2WA", "01HZY3K4M5N6P7Q8R9S0T1V2WB"
+
+
+def owing(tmp_path: Path) -> tuple[Store, list[SendText]]:
+    """A store owing two questions' sends (A, then B; a third, delivered, owes none) and
+    a late note; the sends in the order owed."""
+    store = Store.open(tmp_path / "state-d.sqlite3")
+    specs = [question_spec(qid=qid, state=state)
+             for qid, state in ((QID_A, None), ("01HZY3K4M5N6P7Q8R9S0T1V2WC", "delivered"),
+                                (QID_B, "pending"))]
+    for spec in specs:
+        store.put_open(spec, owner=f"question:{spec.qid}")
+    note = SendText(QID_A, "⚠ late", "late_note", note_id=f"late:{QID_A}:1")
+    store.owe_note(note)
+    config = bridge_config(target="telegram:1:2")
+    return store, [question_send(specs[0], config), question_send(specs[2], config), note]
+
+
+def test_a_delivery_that_starts_sends_all_the_store_owes_once_in_order(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # promise 1: a restart is a start
+    store, owed = owing(tmp_path)
+    rig = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    assert [rig.router.expect(HermesRan) for _ in range(2)] == [
+        HermesRan(owed[0], None), HermesRan(owed[1], None)]
+    wait_for(lambda: len(hermes.calls()) == 3, what="the note sent")
+    rig.ref.tell(owed[0])  # told again (a question restarted): its outcome is in the store
+    assert rig.router.expect(HermesRan) == HermesRan(owed[0], None)
+    store.set_state(QID_B, "delivered", owner=f"question:{QID_B}")
+    rig.ref.tell(owed[1])  # told again after its question acted: owed no more
+    rig.ref.tell(owed[2])  # a note already run
+    rig.sync()
+    rig.router.assert_nothing()
+    assert [argv[-1] for argv in hermes.argvs()] == [job.text for job in owed]
+    assert store.owed_notes() == []
+    rig.ref.stop()
+    store.shutdown()
+
+
+def test_a_delivery_that_crashes_with_sends_queued_leaves_each_sent_once_in_order(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # promise 1: its queue is lost with it, and rebuilt from the store
+    hermes.configure(sleep=0.5)
+    store, owed = owing(tmp_path)
+    rig = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    hermes.wait_started(1)  # A runs; B and the note wait in the queue
+    rig.ref.tell(owed[1])  # its sender told it again meanwhile: queued once
+    rig.ref.tell(("no", "such"))  # crashes it mid-send
+    rig.supervisor.expect(ChildFailed)
+    hermes.configure(sleep=0)
+    successor = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    told = [successor.router.expect(HermesRan) for _ in range(2)]
+    assert told == [HermesRan(owed[0], None), HermesRan(owed[1], None)]
+    wait_for(lambda: store.owed_notes() == [], what="the note sent")
+    assert [argv[-1] for argv in hermes.argvs()] == [job.text for job in owed]
+    assert len(hermes.started()) == 3
+    rig.router.assert_nothing()
+    successor.ref.stop()
+    store.shutdown()

@@ -35,6 +35,7 @@ from coms_hermes_bridge.messages.wire import AgentCard
 from tests.fakes import (
     Commits,
     FakeRef,
+    Settles,
     WiredRig,
     bridge_config,
     close_edge,
@@ -569,7 +570,7 @@ def beat(rig: WiredRig[PeerActor]) -> None:
 def test_a_heartbeat_heals_what_was_deleted_and_rides_out_what_it_cannot_heal(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W6: found again within one beat; a write that fails is no crash, no restart
-    rig = WiredRig(PeerActor, identity=identity,
+    rig = WiredRig(PeerActor, store=Settles(), identity=identity,
                    addresses={"router": FakeRef("router", answers={QueueDepthQuery: zero})})
     wait_for(identity.entry_path.exists, what="the entry")
     shutil.rmtree(identity.agents_dir)
@@ -599,7 +600,7 @@ def test_a_heartbeat_heals_what_was_deleted_and_rides_out_what_it_cannot_heal(
 def test_an_open_count_answered_after_the_peer_stopped_fails_nobody(
     identity: PeerIdentity,
 ) -> None:  # the Router answers in its own turn: a Peer gone meanwhile must not fail it
-    rig = WiredRig(PeerActor, identity=identity,  # the open count from the Router
+    rig = WiredRig(PeerActor, store=Settles(), identity=identity,  # the open count
                    config=bridge_config(heartbeat_ms=10))
     asked = rig.router.expect(QueueDepthQuery)
     rig.ref.stop()

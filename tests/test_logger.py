@@ -233,8 +233,7 @@ def test_an_unknown_message_fails_loudly_naming_the_logger_and_what_it_was_told(
     rig = LoggerRig(tmp_path / "log.ndjson")
     rig.ref.tell(["not", "a", "LogEvent"])
     assert rig.supervisor.expect(ChildFailed) == ChildFailed(
-        "logger", "UnknownMessage: logger does not take list: ['not', 'a', 'LogEvent']", (), False
-    )
+        "logger", "UnknownMessage: logger does not take list: ['not', 'a', 'LogEvent']")
     rig.stopped()
 
 

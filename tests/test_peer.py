@@ -133,7 +133,7 @@ def test_a_prompt_while_the_router_restarts_is_nacked_to_try_again(
     rig = start(identity, addresses={"router": router}).ready()
     reply = json.loads(rig.send(PROMPT_LINE))
     assert reply == {"type": "nack", "msg_id": QID, "error": "bridge is restarting; try again"}
-    assert router._held == []  # nothing queued for a Router that would store it unacked
+    assert router.ref is None  # nothing told to a Router that would store it unacked
 
 
 def test_prompt_is_acked_only_once_admitted(identity: PeerIdentity) -> None:  # W14
@@ -504,6 +504,35 @@ def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
         assert rig.store.settled == [(QID, "question:q:1")]
         # committed at once: a crash just after the ack must not send it a second time
         wait_for(lambda: rig.store.committed == rig.store.settled, what="the settle committed")
+    finally:
+        asker.close()
+
+
+def test_a_peer_that_starts_sends_every_response_owed_once(identity: PeerIdentity) -> None:
+    # promise 1: a restart is a start; the responses owed (by the last run, or told to a
+    # Peer that crashed) are sent from the outbox; one told again while it is in flight,
+    # or after the asker took it, is not sent twice
+    gate = threading.Event()
+    asker = Asker(identity.coms_dir / "asker.sock", gate=gate)
+    owed = [SendResponse(prompt_envelope(qid, sender_endpoint=asker.endpoint), {"n": n},
+                         None, f"question:{qid}:1")
+            for n, qid in enumerate(("01HZY3K4M5N6P7Q8R9S0T1V2WA", "01HZY3K4M5N6P7Q8R9S0T1V2WB"))]
+    store = Settles(owed=owed)
+    try:
+        rig = start(identity, store=store)
+        wait_for(lambda: asker.open_now == 2, what="both in flight")
+        rig.ref.tell(owed[0])  # told again meanwhile (its question's close, say)
+        rig.sync()
+        gate.set()
+        wait_for(lambda: len(store.settled) == 2, what="both settled")
+        rig.ref.tell(owed[1])  # told again after the asker took it
+        rig.sync()
+        rig.ref.stop()
+        again = start(identity, store=store)  # restarted: nothing owed any more
+        again.sync()
+        edge_caught_up()
+        assert sorted(json.loads(line)["response"]["n"] for line in asker.lines) == [0, 1]
+        assert asker.connections == 2
     finally:
         asker.close()
 

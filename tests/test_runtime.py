@@ -1,7 +1,7 @@
 """The actor runtime: the edge's loop, its timers and processes, the pooled actors whose
-turns run on it, and the supervision plumbing (slots, the hand-over of a dying child).
+turns run on it, and the supervision plumbing (slots, a dying child's mailbox).
 
-The restart policy (Intensity, Backoff, RestartPolicy) is tested in test_supervision.py.
+The restart policy (Intensity, RestartPolicy) is tested in test_supervision.py.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace, TracebackType
-from typing import Any, cast
+from types import TracebackType
+from typing import Any
 
 import pykka
 import pytest
 from pykka._envelope import Envelope
 
-from coms_hermes_bridge.actors.loop import Edge, awaited, later, shared_edge
+from coms_hermes_bridge.actors.loop import Edge, awaited, shared_edge
 from coms_hermes_bridge.actors.supervision import PooledChild, Slot
 from coms_hermes_bridge.actors.turns import PooledActor, PoolInbox, StopFlag
 from coms_hermes_bridge.messages.commands import ChildFailed
@@ -47,6 +47,11 @@ def edge() -> Iterator[Edge]:
 def after(edge: Edge, delay: float, fn: Callable[..., object], *args: Any) -> None:
     """`fn(*args)` on `edge`'s loop `delay` seconds after the loop gets to this call."""
     edge.call(edge.loop.call_later, delay, fn, *args)
+
+
+def later(delay: float, fn: Callable[[], object]) -> None:
+    """`fn()` on the shared edge's loop `delay` seconds after the loop gets to this call."""
+    after(shared_edge(), delay, fn)
 
 
 def passed(edge: Edge, delay: float = 0.0) -> None:
@@ -95,20 +100,7 @@ def test_ten_thousand_timers_one_thread() -> None:
     assert sorted(fired) == list(range(10_000))
 
 
-def test_a_timer_set_while_the_loop_is_busy_counts_from_when_it_was_set() -> None:
-    # the delay runs from the call, not from whenever the loop gets to set it
-    shared = shared_edge()
-    busy = threading.Event()  # never set: the loop is busy for a second
-    shared.call(busy.wait, 1.0)
-    began = time.monotonic()
-    fired: list[float] = []
-    later(0.5, lambda: fired.append(time.monotonic()))
-    wait_for(lambda: fired, what="the timer fired")
-    assert 0.9 <= fired[0] - began < 1.4  # as soon as the loop was free, not 0.5 s later
-
-
-def test_later_and_the_shared_edge_run_on_the_thread_named_edge() -> None:
-    # a supervisor's schedule: `later` sets an action on the shared edge
+def test_the_shared_edge_runs_on_the_thread_named_edge() -> None:
     ran_on: list[str] = []
     later(0.1, lambda: ran_on.append(threading.current_thread().name))
     shared = shared_edge()
@@ -555,7 +547,7 @@ class Failing(PooledActor):
 
 def test_on_failure_runs_once_dead_with_the_unread_mailbox_drainable() -> None:
     # as pykka's ThreadingActor: a tell that raises stops the actor (unregistered,
-    # stopped) and calls on_failure, not on_stop; the unread mail can be handed over
+    # stopped) and calls on_failure, not on_stop, with the unread mail still drainable
     out = FakeRef()
     gate = threading.Event()
     ref = Failing.start(out, gate)
@@ -708,21 +700,19 @@ def test_tell_later_is_for_a_turn_only() -> None:
     ref.stop()
 
 
-# -- supervision plumbing: slots and the hand-over --------------------------------------
+# -- supervision plumbing: slots and a dying child's mailbox ---------------------------
 
 
 class Worker(PooledChild):
-    """A supervised pooled actor, as the daemon's are: `log` says what it began, released
-    and handled; it crashes on "boom" once `gate` opens; `taken` is the work it had taken
-    (None: it cannot say, it raises)."""
+    """A supervised pooled actor, as the daemon's are: `log` says what it began, released,
+    handled and lost; it crashes on "boom" once `gate` opens."""
 
     edge = ACTORS
 
     def __init__(self, name: str, supervisor: FakeRef, *, log: list[Any],
-                 gate: threading.Event | None = None, taken: tuple[Any, ...] | None = (),
-                 cannot_begin: bool = False) -> None:
+                 gate: threading.Event | None = None, cannot_begin: bool = False) -> None:
         super().__init__(name, supervisor)
-        self.log, self.gate, self._taken = log, gate, taken
+        self.log, self.gate = log, gate
         self.cannot_begin = cannot_begin
 
     def begin(self) -> None:
@@ -733,10 +723,8 @@ class Worker(PooledChild):
     def release(self) -> None:
         self.log.append("release")
 
-    def taken(self) -> tuple[Any, ...]:
-        if self._taken is None:
-            raise RuntimeError("lost track")
-        return self._taken
+    def lost(self, message: Any) -> None:
+        self.log.append(("lost", message))
 
     def on_receive(self, message: Any) -> Any:
         if message == "boom":
@@ -747,76 +735,71 @@ class Worker(PooledChild):
         return message
 
 
-def test_a_crashing_child_hands_its_work_to_its_supervisor_and_its_slot_holds_the_rest() -> None:
-    # bound, the slot is found from the child's own mailbox: the dying child detaches it
-    # before it drains the mailbox, so a tell racing with the hand-over is held for the
-    # successor, never lost in a mailbox nobody reads
+def test_a_crashing_child_tells_its_supervisor_and_its_unread_mail_is_lost() -> None:
+    # a restart is a start: nothing is handed over; a waiting ask fails, each told
+    # message is shown to `lost` (who waits on it is answered), and a tell after the
+    # crash is dropped until a successor is bound
     supervisor = FakeRef("supervisor")
     gate = threading.Event()
     log: list[Any] = []
     slot = Slot("q.1")
-    ref = Worker.start("q.1", supervisor, log=log, gate=gate, taken=("taken",))
+    ref = Worker.start("q.1", supervisor, log=log, gate=gate)
     slot.bind(ref)
-    assert ref.actor_inbox.slot is slot  # type: ignore[attr-defined]
     slot.tell("boom")
     slot.tell("x")
     asked = ref.ask("asked", block=False)
     slot.tell("y")
     gate.set()
-    failed = supervisor.expect(ChildFailed)
-    assert failed == ChildFailed("q.1", "RuntimeError: boom", ("taken", "x", "y"), False)
-    with pytest.raises(pykka.ActorDeadError):  # an ask is answered, never handed over
+    assert supervisor.expect(ChildFailed) == ChildFailed("q.1", "RuntimeError: boom")
+    with pytest.raises(pykka.ActorDeadError, match=r"^q\.1$"):
         asked.get(timeout=5)
-    assert slot.ref is None  # detached before the hand-over, not by a failed tell
-    slot.tell("after the crash")
-    assert slot._held == ["after the crash"]  # white-box: held for the successor
+    slot.tell("after the crash")  # to a dead child: dropped, no raise
     turns_over(ref)
-    assert log == ["begin", "release"] and not ref.is_alive()
+    assert log == ["begin", "release", ("lost", "x"), ("lost", "y")] and not ref.is_alive()
     supervisor.assert_nothing()
     successor = Worker.start("q.1", supervisor, log=log)
-    slot.bind(successor, failed.unread)  # the supervisor's restart: unread first, then held
-    wait_for(lambda: log[-4:] == ["taken", "x", "y", "after the crash"], what="replayed")
+    slot.bind(successor)
+    slot.tell("to the successor")
+    handled(successor)
+    assert log[-2:] == ["begin", "to the successor"]
     slot.retire()  # gone for good: what is told from now on is dropped
     slot.tell("dropped")
-    assert slot._held == [] and slot.ref is None
-    handled(successor)
-    assert log[-1] == "after the crash"
+    assert slot.ref is None
+    successor.stop()
 
 
-def test_a_child_that_cannot_begin_hands_over_what_was_told_as_a_shortage() -> None:
-    # pykka stops an actor whose on_start raises without on_failure: Supervised says it;
-    # a `taken` that raises does not keep the mailbox from being handed over
+def test_a_child_that_cannot_begin_fails_to_its_supervisor_before_any_message() -> None:
+    # pykka stops an actor whose on_start raises without on_failure: Supervised says it
     supervisor = FakeRef("supervisor")
     log: list[Any] = []
     hold = threading.Event()
     ACTORS.call(hold.wait, 5)  # what is told is in the mailbox before on_start
     try:
-        ref = Worker.start("q.2", supervisor, log=log, taken=None, cannot_begin=True)
+        ref = Worker.start("q.2", supervisor, log=log, cannot_begin=True)
         ref.tell("told")
     finally:
         hold.set()
     failed = supervisor.expect(ChildFailed)
-    assert failed == ChildFailed("q.2", "OSError: [Errno 24] short", ("told",), True)
+    assert failed == ChildFailed("q.2", "OSError: [Errno 24] short")
     turns_over(ref)
-    assert log == ["begin", "release"]
+    assert log == ["begin", "release", ("lost", "told")]
     assert not ref.is_alive() and ref not in pykka.ActorRegistry.get_all()
     supervisor.assert_nothing()
 
 
-def test_a_slot_binds_a_child_unread_first_then_what_it_held() -> None:
-    class Bare:
-        actor_urn = "bare"
-
-        def __init__(self) -> None:
-            self.told: list[Any] = []
-            self.actor_inbox = SimpleNamespace()  # takes the slot, as every mailbox does
-
-        def tell(self, message: Any) -> None:
-            self.told.append(message)
-
-    slot, bare = Slot("bare"), Bare()
-    slot.tell("held")
-    slot.bind(cast(Any, bare), ("unread",))
-    slot.tell("after")
-    assert bare.told == ["unread", "held", "after"] and slot.ref is cast(Any, bare)
-    assert bare.actor_inbox.slot is slot
+def test_a_child_started_bound_gets_what_its_slot_was_told_before_its_first_turn() -> None:
+    # the root binds a child's slot before the child's first turn: a tell from another
+    # actor's turn in between waits in the mailbox, it is not dropped
+    log: list[Any] = []
+    slot = Slot("q.3")
+    hold = threading.Event()
+    ACTORS.call(hold.wait, 5)  # the child's first turn waits behind this
+    try:
+        ref = Worker.start_bound(slot.bind, "q.3", FakeRef("supervisor"), log=log)
+        assert slot.ref is ref
+        slot.tell("before its first turn")
+    finally:
+        hold.set()
+    handled(ref)
+    assert log == ["begin", "before its first turn"]
+    ref.stop()

@@ -19,16 +19,19 @@ from pathlib import Path
 import pytest
 
 from coms_hermes_bridge.actors import sends
+from coms_hermes_bridge.actors.delivery import question_send
 from coms_hermes_bridge.actors.sends import send_paths, sends_dir
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import SendText
 from tests.bridge_process import Bridge
-from tests.fakes import wait_for
+from tests.fakes import bridge_config, wait_for
 from tests.hermes_fake import FakeHermes
 from tests.test_delivery import QID, DeliveryRig, group_alive
 from tests.test_question import question_spec
 
-QUESTION = SendText(QID, "❓ [HUB-Q:x] ship?", "question")
+# what a Delivery's start queues for the pending question QID, and its Router tells again
+QUESTION = question_send(question_spec(qid=QID, state="pending"),
+                         bridge_config(target="telegram:1:2"))
 KEY = f"question:{QID}"
 
 
@@ -49,7 +52,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def stopped_mid_send(hermes: FakeHermes, store: Store) -> DeliveryRig:
     """A Delivery stopped while hermes runs its question (as a daemon stopped or killed)."""
     rig = DeliveryRig(hermes.path, notes=store, state=store.path)  # type: ignore[arg-type]
-    rig.ref.tell(SendText(QID, QUESTION.text, "question", rig.question))
+    rig.ref.tell(QUESTION)
     hermes.wait_started(1)
     rig.ref.stop(timeout=2)
     return rig
@@ -63,7 +66,7 @@ def test_a_restart_mid_send_takes_the_outcome_and_never_sends_again(
     stopped_mid_send(hermes, store)
     assert len(hermes.calls()) == 0  # still running when the successor starts
     rig = DeliveryRig(hermes.path, notes=store, state=store.path)  # type: ignore[arg-type]
-    rig.ref.tell(SendText(QID, QUESTION.text, "question", rig.question))
+    rig.ref.tell(QUESTION)
     assert rig.told() == (QID, None)
     assert len(hermes.started()) == 1
     assert store.sent_outcome(KEY) == (None,)  # kept until the question acts on it
@@ -76,7 +79,7 @@ def test_a_send_that_failed_while_nobody_watched_is_c18s_error(
     stopped_mid_send(hermes, store)
     wait_for(lambda: len(hermes.calls()) == 1, what="hermes to end on its own")
     rig = DeliveryRig(hermes.path, notes=store, state=store.path)  # type: ignore[arg-type]
-    rig.ref.tell(SendText(QID, QUESTION.text, "question", rig.question))
+    rig.ref.tell(QUESTION)
     assert rig.told() == (QID, "hermes send failed (2): no route")
     assert len(hermes.started()) == 1
 
@@ -86,8 +89,8 @@ def test_a_send_under_way_at_start_ends_before_any_other_starts(
     # one at a time, in order, across a restart too
     hermes.configure(sleep=0.5)
     stopped_mid_send(hermes, store)
-    rig = DeliveryRig(hermes.path, notes=store, state=store.path)  # type: ignore[arg-type]
-    rig.send("a note meanwhile", "cancel_note", note_id="n1")
+    store.owe_note(SendText(QID, "a note meanwhile", "cancel_note", note_id="n1"))
+    DeliveryRig(hermes.path, notes=store, state=store.path)  # type: ignore[arg-type]
     wait_for(lambda: len(hermes.calls()) == 2, what="both runs")
     first, second = hermes.calls()
     assert first["argv"][-1] == QUESTION.text and first["end"] <= second["start"]
@@ -99,7 +102,7 @@ def test_a_send_with_no_trace_is_sent_again(hermes: FakeHermes, store: Store) ->
     lock.parent.mkdir(mode=0o700)
     lock.write_bytes(b"")  # a lock nobody holds, and no outcome
     rig = DeliveryRig(hermes.path, notes=store, state=store.path)  # type: ignore[arg-type]
-    rig.ref.tell(SendText(QID, QUESTION.text, "question", rig.question))
+    rig.ref.tell(QUESTION)
     assert rig.told() == (QID, None)
     assert len(hermes.calls()) == 1
     assert not outcome.exists()
@@ -175,7 +178,7 @@ def test_a_stalled_waiter_is_killed_past_the_send_timeout_and_hermes_with_it(
     hermes.configure(sleep=30, spawn=True)
     rig = DeliveryRig(hermes.path, notes=store, state=store.path,  # type: ignore[arg-type]
                       send_timeout_ms=300)
-    rig.ref.tell(SendText(QID, QUESTION.text, "question", rig.question))
+    rig.ref.tell(QUESTION)
     run = hermes.wait_started(1)[0]
     waiter = int(Path(f"/proc/{run['pid']}/stat").read_text().rsplit(")", 1)[1].split()[1])
     os.kill(waiter, signal.SIGSTOP)

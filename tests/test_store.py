@@ -717,7 +717,7 @@ def test_a_note_run_by_hermes_is_owed_no_more_and_the_others_still_are(store: St
     store.owe_note(second)
     store.note_sent("a")
     assert store.owed_notes() == [second]
-    assert not store.note_owed("a") and store.note_owed("b")
+    assert not store.send_owed("note:a") and store.send_owed("note:b")
 
 
 def test_close_of_a_row_that_is_gone_is_refused_with_an_owner(store: Store) -> None:
@@ -996,11 +996,11 @@ def test_a_reminder_is_marked_and_owed_in_one_step_and_goes_with_its_question(
     assert not store.remind(note, "someone else")  # not their row: nothing written
     assert store.owed_notes() == [] and not store.load()[0][0].reminded
     assert store.remind(note, "q")
-    assert store.owed_notes() == [note] and store.note_owed(f"remind:{QID}")
+    assert store.owed_notes() == [note] and store.send_owed(f"note:remind:{QID}")
     assert store.load()[0][0].reminded  # a restart does not decide it again
     assert store.open_spec(QID, "q").reminded  # type: ignore[union-attr]
     store.close(QID, "answered", owner="q")
-    assert store.owed_notes() == [] and not store.note_owed(f"remind:{QID}")
+    assert store.owed_notes() == [] and not store.send_owed(f"note:remind:{QID}")
 
 
 def test_a_busy_siblings_file_counts_as_knowing_and_is_waited_on_briefly(tmp_path: Path) -> None:

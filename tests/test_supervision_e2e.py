@@ -35,6 +35,8 @@ def test_max_open_refuses_the_fourth_prompt_and_keeps_the_three(bridge: Bridge) 
         "error": "bridge has 3 open questions; try again later",
     }
     assert bridge.ping()["agent_card"]["queue_depth"] == 3
+    # each sent (before its answer: a question over before its turn is not sent)
+    wait_for(lambda: len(bridge.sent_texts()) == 3, what="the three sent")
     for qid in qids:
         bridge.answer(qid, f"answer to {qid}")
     answered = {}

@@ -168,7 +168,7 @@ def test_the_open_count_is_the_routers_and_none_while_it_restarts(tree: Tree) ->
 
 def test_a_router_that_does_not_answer_the_count_in_time_is_a_timeout() -> None:
     class Silent:
-        ref = object()
+        alive = True
 
         def __init__(self) -> None:
             self.told: list[Any] = []
