@@ -24,7 +24,6 @@ from ..messages.commands import (
     AnswerArrived,
     AnswerFileSeen,
     CancelQuestion,
-    CancelRequested,
     ChildFailed,
     DisposeAnswerFile,
     FileSignature,
@@ -109,7 +108,7 @@ class OpenQuestion:
     slot: Slot
     prompt: PromptEnvelope
     routed: AnswerArrived | None = None
-    cancelled: bool = False
+    cancelled: CancelQuestion | None = None
 
 
 class QuestionRouter(PooledChild):
@@ -188,8 +187,8 @@ class QuestionRouter(PooledChild):
                 question = self.open.get(envelope.ref_msg_id)  # C14: else acked, ignored
                 if question is not None:
                     if may_cancel(envelope, question.prompt):
-                        question.cancelled = True
-                        question.slot.tell(CancelRequested())
+                        question.cancelled = message
+                        question.slot.tell(message)
                     else:  # X2: only the asker cancels; acked all the same (C12)
                         self._log(cancel_refused_record(self.w.now(), envelope))
             case QueueDepthQuery(reply=reply):
@@ -314,8 +313,8 @@ class QuestionRouter(PooledChild):
         self._deliver(spec)
         if question.routed is not None:
             question.slot.tell(question.routed)
-        if question.cancelled:
-            question.slot.tell(CancelRequested())
+        if question.cancelled is not None:
+            question.slot.tell(question.cancelled)
 
     def _give_up(self, question: OpenQuestion, verdict: str, error: str) -> None:
         qid, child = question.qid, question.child
@@ -486,7 +485,7 @@ class QuestionActor(PooledChild):
                         self.w.watcher.tell(DisposeAnswerFile(name, signature))
                 # else closed under it: dropped; the Router, which routed it, judges it
                 # late (C15) once it hears of the close
-            case CancelRequested():
+            case CancelQuestion():
                 note = self._note(cancel_note(self.qid), "cancel_note")
                 if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},
                                                   note=note):

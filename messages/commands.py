@@ -48,7 +48,8 @@ class NewQuestion:
 
 @dataclass(frozen=True, slots=True)
 class CancelQuestion:
-    """A well-formed cancel arrived (already acked, C12)."""
+    """A well-formed cancel arrived (already acked, C12): Peer -> Router, and Router ->
+    the question once the Router has found it may cancel (X2)."""
 
     envelope: CancelEnvelope
 
@@ -71,11 +72,6 @@ class AnswerArrived:
     answer: AnswerFile
     name: str
     signature: FileSignature
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
-    """The asker cancelled this question (C13)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
-    CancelRequested,
+    CancelQuestion,
     ChildFailed,
     DisposeAnswerFile,
     FileSignature,
@@ -41,7 +41,7 @@ from coms_hermes_bridge.messages.commands import (
     TimedOut,
 )
 from coms_hermes_bridge.messages.contract import parse_prompt
-from coms_hermes_bridge.messages.wire import AnswerFile, State
+from coms_hermes_bridge.messages.wire import AnswerFile, CancelEnvelope, State
 from tests.fakes import (
     ROLES,
     FakeClock,
@@ -62,6 +62,11 @@ NEWER = FileSignature(inode=8, size=81, mtime_ns=2)  # a second version of the s
 PROMPT = prompt_envelope(QID, text=json.dumps(
     {"question": "Ship?", "options": [{"title": "Approve", "description": "go"}, "Stop"]}
 ))
+
+# the asker's own cancel, as the Router passes it on once it may cancel (C13, X2)
+CANCEL = CancelQuestion(CancelEnvelope(msg_id="01HZY3K4M5N6P7Q8R9S0T1V2WX", from_="builder",
+                                       to="user-remote", created_at="2026-11-30T12:00:00Z",
+                                       ref_msg_id=QID))
 
 
 def question_spec(*, timeout_s: float = 60.0, deadline: float | None = None,
@@ -218,7 +223,7 @@ def test_cancel_sends_the_note_and_no_response(start: Start, delivered: bool) ->
     rig = start()
     if delivered:
         rig.slot.tell(ran())
-    rig.slot.tell(CancelRequested())
+    rig.slot.tell(CANCEL)
     assert rig.events(3 if delivered else 2)[-1] == ("cancelled", {"reason": "cancel envelope"})
     note = rig.delivery.expect(SendText)
     assert note.purpose == "cancel_note"
@@ -248,7 +253,7 @@ def test_timer_expiry(start: Start, delivered: bool) -> None:
 
 @pytest.mark.parametrize(
     ("closing", "state"),
-    [(answer("1"), "answered"), (CancelRequested(), "cancelled"), (TimedOut(), "timeout")],
+    [(answer("1"), "answered"), (CANCEL, "cancelled"), (TimedOut(), "timeout")],
 )
 def test_answer_after_each_terminal_state_is_late(start: Start, closing: Any, state: str) -> None:
     # C15, C19: answered|cancelled|timeout + late_answer -> unchanged. The question
@@ -401,7 +406,7 @@ def test_the_note_is_owed_in_the_closing_transaction(
     delivery = SnapshotDelivery(store)
     rig = start(timeout_s=0.3 if ending == "timeout" else 60, addresses={"delivery": delivery})
     if ending == "cancelled":
-        rig.slot.tell(CancelRequested())
+        rig.slot.tell(CANCEL)
     note = delivery.expect(SendText)
     assert delivery.owed_when_told == [[note]]
     assert store.load() == ([], [(QID, ending)])
@@ -523,7 +528,7 @@ def test_one_reminder_at_deadline_minus_remind_before_owed_and_logged(store: Sto
     assert store.owed_notes() == [note]
     assert store.open_spec(QID, NAME).reminded  # type: ignore[union-attr]
     rig.slot.tell(RemindDue())  # a second due (a replay): nothing more
-    rig.slot.tell(CancelRequested())
+    rig.slot.tell(CANCEL)
     assert rig.delivery.expect(SendText).purpose == "cancel_note"
     assert [n.purpose for n in store.owed_notes()] == ["cancel_note"]  # the reminder withdrawn
     rig.stopped()
@@ -553,7 +558,7 @@ def test_no_reminder_when_decided_too_late_or_off(
         store, reminded=reminded, remind_before_ms=remind_before_ms, remind_in_s=0.2)
     edge_passed(due + 0.05)  # a reminder armed for `due` would have been told by now
     rig.slot.tell(RemindDue())  # a due all the same (a replay): nothing to remind of
-    rig.slot.tell(CancelRequested())  # a turn after it, to sync on
+    rig.slot.tell(CANCEL)  # a turn after it, to sync on
     assert rig.delivery.expect(SendText).purpose == "cancel_note"  # the first and only note
     assert [n.purpose for n in store.owed_notes()] == ["cancel_note"]
 

@@ -33,7 +33,6 @@ from coms_hermes_bridge.messages.commands import (
     AnswerArrived,
     AnswerFileSeen,
     CancelQuestion,
-    CancelRequested,
     ChildFailed,
     DisposeAnswerFile,
     FileSignature,
@@ -286,7 +285,7 @@ def test_only_the_asker_cancels_and_only_an_open_question(make: Make) -> None:  
     rig.depth()
     question.assert_nothing()
     rig.ref.tell(cancel(QID, "agent-a"))
-    assert question.next() == CancelRequested()
+    assert question.next() == cancel(QID, "agent-a")  # the same message, passed on
     rig.depth()
     question.assert_nothing()
     rig.logger.assert_nothing()
@@ -303,7 +302,7 @@ def test_a_closed_question_leaves_the_table_and_only_its_own_child_closes_it(
     rig.close(QIDS[0], "answered", child)
     assert rig.depth() == 0
     question.assert_nothing()  # a closed question stops itself: the Router does not again
-    slot.tell(CancelRequested())
+    slot.tell(cancel(QID))
     question.assert_nothing()  # its slot is retired: nothing reaches it any more
 
 
@@ -360,10 +359,10 @@ def test_a_question_restarted_after_a_cancel_is_told_it_again(make: Make) -> Non
     _spec, child, question = rig.opened(prompt_envelope(QID))
     rig.store.set_state(QID, "delivered", owner=child)
     rig.ref.tell(cancel(QID))
-    assert question.expect(CancelRequested) == CancelRequested()
+    assert question.expect(CancelQuestion) == cancel(QID)
     rig.ref.tell(ChildFailed(child, "RuntimeError: boom"))
     rig.depth()
-    assert rig.question(QID).expect(CancelRequested) == CancelRequested()
+    assert rig.question(QID).expect(CancelQuestion) == cancel(QID)
     rig.question(QID).assert_nothing()
     assert rig.delivery.expect(SendText).qid == QID  # at admission; delivered since: not again
     rig.delivery.assert_nothing()
