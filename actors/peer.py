@@ -29,7 +29,7 @@ from ..messages.commands import (
     SendResponse,
     UnknownMessage,
 )
-from ..messages.contract import NOT_ADMITTED, iso, log_record
+from ..messages.contract import iso, log_record
 from ..messages.wire import (
     Ack,
     AgentCard,
@@ -54,7 +54,6 @@ from .registry import (
     remove_entry_if_ours,
     write_entry,
 )
-from .store import StoreClosedError
 from .supervision import PooledChild, Slot
 
 if TYPE_CHECKING:
@@ -125,14 +124,13 @@ class Listener:
 
     def __init__(self, server: socket.socket, router: Address,
                  pong_card: Callable[[int | None], AgentCard], *,
-                 edge: Edge | None = None, durable: Callable[[], None] = lambda: None,
+                 edge: Edge | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  line_deadline_s: float = LINE_DEADLINE_S) -> None:
         server.setblocking(False)  # accept() in a batch must never wait
         self._server = server
         self._router = router
         self._pong_card = pong_card
-        self._durable = durable  # the store's flush: an ack only for a committed question
         self.edge = edge or shared_edge()
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
@@ -318,11 +316,6 @@ class Listener:
             # while the Router restarts, the asker tries again
             restarting = isinstance(self._router, Slot) and self._router.ref is None
             error = RESTARTING if restarting else await self._admit(prompt)
-            if error is None:
-                try:
-                    self._durable()
-                except StoreClosedError:  # its group was not committed: said by the store
-                    error = NOT_ADMITTED
             if error is not None:
                 return Nack(msg_id=prompt.msg_id, error=error), None
             return Ack(msg_id=prompt.msg_id), None
@@ -518,7 +511,7 @@ class PeerActor(PooledChild):
         self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.w.router, self._card, durable=self.w.store.flush)
+        self._listener = Listener(server, self.w.router, self._card)
         self._listener.start()
         self._publish(self._last_depth)
         self._beat = self.tell_later(self.heartbeat_s, HeartbeatDue())
@@ -609,12 +602,10 @@ class PeerActor(PooledChild):
                          context_used_pct=0, queue_depth=depth)
 
     def _settle(self, qid: str, owner: str | None) -> None:
-        """The response is no longer owed: out of the durable outbox, committed at once
-        (not with the next group): a crash between the asker's ack and the commit would
-        send the asker its response a second time at the next start."""
+        """The response is no longer owed: out of the durable outbox (a crash before this
+        sends the asker its response a second time at the next start)."""
         try:
             self.w.store.settle(qid, owner)
-            self.w.store.flush()
         except Exception as exc:
             report(f"could not record the response for {qid} as sent: {exc!r}")
 
@@ -629,10 +620,6 @@ class PeerActor(PooledChild):
                        owner: str | None) -> None:
         """W15, through the pool: an asker's socket must never stall our mailbox."""
         qid = prompt.msg_id
-        try:
-            self.w.store.flush()  # the close that owes it is committed before it leaves
-        except StoreClosedError:
-            return  # not committed: the question is open in the rows the restart reads
         try:
             line = ResponseEnvelope(
                 msg_id=qid, sender_session=self.identity.session_id,

@@ -50,7 +50,6 @@ from ..messages.wire import RejectReason, is_valid_qid
 from .config import DEFAULT_REOFFER_MS
 from .files import link_new, private_dir, read_at_most
 from .loop import Episode, report, shared_edge, tell_quietly
-from .store import StoreClosedError
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
@@ -451,10 +450,6 @@ class WatcherActor(PooledChild):
         file is renamed aside (atomic), looked at, and put back without clobbering
         anything if it is not the one.
         """
-        try:
-            self.w.store.flush()  # the verdict that used the file is committed first
-        except StoreClosedError:  # it is not: the file stays, to be judged after a restart
-            return False
         self._tracked.pop(name, None)
         path = self._prefix + name
         # aside under a name no other bridge sharing the directory can pick

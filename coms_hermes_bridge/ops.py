@@ -69,11 +69,8 @@ def _live_bridges(directory: Path, now: datetime) -> list[RegistryEntry]:
 
 
 def _snapshot(config: BridgeConfig, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
-    path = config.state_path
-    if not path.exists() and config.shared_state_path.exists():
-        path = config.shared_state_path  # not adopted yet: no bridge ran since the upgrade
     try:
-        return read_snapshot(path, closed_limit)
+        return read_snapshot(config.state_path, closed_limit)
     except FileNotFoundError:
         return Snapshot((), ())
     except OSError as exc:
@@ -150,11 +147,7 @@ def project_of(config: BridgeConfig, qid: str) -> str:
     `--project`; OpsError naming why when none has."""
     closed: list[tuple[str, str]] = []
     unread: list[str] = []
-    files = _named_projects(config)
-    if not files and config.shared_state_path.is_file():
-        # not adopted yet (no bridge ran since the upgrade): the default project's
-        files = {config.project: config.shared_state_path}
-    for project, path in files.items():
+    for project, path in _named_projects(config).items():
         try:
             known = knows_qid(path, qid, time.time())
         except OSError as exc:  # one unreadable file must not hide the others' questions

@@ -44,7 +44,6 @@ from coms_hermes_bridge.actors.registry import (
     resolve_identity,
     write_entry,
 )
-from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.messages.commands import (
     CancelQuestion,
@@ -444,36 +443,6 @@ def test_a_heartbeat_after_the_listener_stopped_fails_the_peer(identity: PeerIde
 # -- responses (W15) ----------------------------------------------------------
 
 
-class Submitted:
-    """The response pool, recording each line handed to it."""
-
-    capacity = 64
-
-    def __init__(self) -> None:
-        self.lines: list[bytes] = []
-
-    def submit(self, endpoint: str, line: bytes, *args: Any) -> bool:
-        self.lines.append(line)
-        return True
-
-
-def test_a_response_leaves_only_after_the_store_committed_the_close_that_owes_it(
-        identity: PeerIdentity, capfd: pytest.CaptureFixture[str]) -> None:  # W15
-    pool = Submitted()
-    store = Settles(check=lambda: len(pool.lines))  # at each flush, how many handed on
-    rig = start(identity, store=store, responses=pool).ready()
-    rig.respond("/tmp/asker.sock", "yes", owner="q1")
-    rig.sync()
-    assert store.flushes == [0] and len(pool.lines) == 1
-    store.fails = StoreClosedError("the group's commit failed")  # the daemon is ending: the
-    rig.respond("/tmp/asker.sock", "no", owner="q2")  # question is open in the rows it reads
-    rig.sync()
-    assert store.flushes == [0, 1] and len(pool.lines) == 1
-    assert store.settled == []
-    rig.logger.assert_nothing()
-    assert capfd.readouterr().err == ""
-
-
 def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
     asker = Asker(identity.coms_dir / "asker.sock")
     try:
@@ -496,8 +465,6 @@ def test_send_response_reaches_the_asker(identity: PeerIdentity) -> None:  # W15
         # restart safety: the outbox is cleared once the asker took it
         wait_for(lambda: rig.store.settled, what="settled after the ack")
         assert rig.store.settled == [(QID, "question:q:1")]
-        # committed at once: a crash just after the ack must not send it a second time
-        wait_for(lambda: rig.store.committed == rig.store.settled, what="the settle committed")
     finally:
         asker.close()
 
