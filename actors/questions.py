@@ -74,7 +74,8 @@ from ..messages.contract import (
 )
 from ..messages.wire import Event, PromptEnvelope, State, is_valid_qid
 from .loop import is_resource_shortage, later, report
-from .store import remind_note_id, sibling_of
+from .state_view import sibling_of
+from .store import remind_note_id
 from .supervision import GiveUp, PooledChild, RestartPolicy, Schedule, Slot
 
 if TYPE_CHECKING:

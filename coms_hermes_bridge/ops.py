@@ -20,13 +20,8 @@ from .actors.files import private_dir, write_atomic
 from .actors.loop import utc_now
 from .actors.peer import MODEL, send_envelope
 from .actors.registry import IdentityError, agents_dir, is_live, read_entry, validate_project
-from .actors.store import (
-    CLOSED_MEMORY,
-    Snapshot,
-    knows_qid,
-    read_snapshot,
-    state_files,
-)
+from .actors.state_view import Snapshot, knows_qid, read_snapshot, state_files
+from .actors.store import CLOSED_MEMORY
 from .messages.commands import QuestionSpec
 from .messages.contract import answer_name, first_line, iso, map_answer
 from .messages.wire import (

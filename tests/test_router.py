@@ -312,7 +312,6 @@ def test_the_closed_qids_remembered_are_the_stores_and_no_others(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # X2, bounded: a qid the store still has is refused, one it let go is new again
     monkeypatch.setattr("coms_hermes_bridge.actors.store.CLOSED_MEMORY", 2)
-    monkeypatch.setattr("coms_hermes_bridge.actors.store.CLOSED_TRIM_BATCH", 1)
     rig = make()
     for qid in QIDS[:3]:
         _spec, child, _question = rig.opened(prompt_envelope(qid))

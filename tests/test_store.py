@@ -23,19 +23,20 @@ from typing import Any
 import pytest
 
 from coms_hermes_bridge.actors import store as store_module
-from coms_hermes_bridge.actors.store import (
-    CLOSED_MEMORY,
-    CLOSED_TRIM_BATCH,
-    SCHEMA_VERSION,
-    UNDELIVERED_MEMORY,
+from coms_hermes_bridge.actors.state_view import (
     Snapshot,
     StateBusyError,
-    Store,
-    UnusableStateError,
     knows_qid,
     read_snapshot,
     sibling_of,
     state_files,
+)
+from coms_hermes_bridge.actors.store import (
+    CLOSED_MEMORY,
+    SCHEMA_VERSION,
+    UNDELIVERED_MEMORY,
+    Store,
+    UnusableStateError,
 )
 from coms_hermes_bridge.messages.commands import (
     FileSignature,
@@ -198,14 +199,12 @@ def test_closed_memory_is_trimmed_to_the_newest(store: Store) -> None:
     assert closed[-1] == (f"Q{total - 1}", "answered")
 
 
-def test_closed_table_is_trimmed_in_batches_and_stays_bounded(store: Store) -> None:
-    # no trim on every close, yet never more than one batch over the memory
+def test_closed_table_stays_bounded_at_every_close(store: Store) -> None:  # promise 4
     counts = []
-    for i in range(CLOSED_MEMORY + 3 * CLOSED_TRIM_BATCH + 7):
+    for i in range(CLOSED_MEMORY + 7):
         close_new(store, f"Q{i}", "answered")
         counts.append(rows(store, "closed_questions"))
-    assert max(counts) == CLOSED_MEMORY + CLOSED_TRIM_BATCH - 1
-    assert counts[-1] == CLOSED_MEMORY + 7
+    assert counts[CLOSED_MEMORY - 1 :] == [CLOSED_MEMORY] * 8
 
 
 def rows(store: Store, table: str) -> int:
