@@ -26,7 +26,6 @@ DEFAULT_TARGET = "telegram"
 DEFAULT_POLL_MS = 1000
 MIN_POLL_MS = 10
 DEFAULT_SEND_TIMEOUT_MS = 60_000
-SHARED_STATE_NAME = "state.sqlite3"
 DEFAULT_MAX_OPEN = 10_000
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -64,11 +63,6 @@ class BridgeConfig:
     heartbeat_ms: float = DEFAULT_HEARTBEAT_MS
     reoffer_ms: float = DEFAULT_REOFFER_MS
     notices: tuple[str, ...] = ()  # said once on stderr at start (a flag kept but unused)
-
-    @property
-    def shared_state_path(self) -> Path:
-        """Where every bridge on the host kept its state before it became per project."""
-        return self.state_path.with_name(SHARED_STATE_NAME)
 
 
 class Parser(argparse.ArgumentParser):

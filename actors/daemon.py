@@ -37,7 +37,7 @@ from .registry import (
     validate_project,
 )
 from .service import ServiceLink, dump_thread_stacks
-from .store import Store, adopt_shared_state
+from .store import Store, UnusableStateError
 from .supervisor import start_tree
 
 SHUTDOWN_BUDGET_S = 1.5
@@ -144,10 +144,10 @@ def _serve(config: BridgeConfig) -> int:
         )
         return 1
     try:
-        if adopt_shared_state(config.shared_state_path, config.state_path):
-            report(f"adopted the shared state file {config.shared_state_path} "
-                   f"as project {config.project}'s: {config.state_path}", "info")
         store = Store.open(config.state_path)
+    except UnusableStateError as exc:  # the line says what to do
+        report(str(exc), "error")
+        return 1
     except OSError as exc:
         report(f"cannot open the state database {config.state_path}: {exc}", "error")
         return 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,6 @@ from .sends import (
     under_way,
     wait_done,
 )
-from .store import StoreClosedError
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
@@ -136,13 +134,11 @@ class DeliveryActor(PooledChild):
         done = list(finished(self.sends))
         if not done:
             return
-        with contextlib.suppress(StoreClosedError):  # else kept: the next start takes them
-            for outcome, _, _ in done:
-                if outcome is not None and not outcome.key.startswith(UNKEPT):
-                    self.w.store.record_sent(outcome.key, self._judge(outcome))
-            self.w.store.flush()
-            for _, lock, path in done:
-                forget(lock, path)
+        for outcome, _, _ in done:
+            if outcome is not None and not outcome.key.startswith(UNKEPT):
+                self.w.store.record_sent(outcome.key, self._judge(outcome))
+        for _, lock, path in done:
+            forget(lock, path)
 
     def _queue(self, job: SendText) -> None:
         """A job told again (after a restart of its sender or of this actor) while the
@@ -161,13 +157,7 @@ class DeliveryActor(PooledChild):
             if self._withdrawn(key):
                 self._keys.discard(key or "")
                 continue
-            try:
-                known = self.w.store.sent_outcome(key) if key is not None else None
-                if known is None:
-                    self.w.store.flush()  # what the text tells the human is committed first
-            except StoreClosedError:  # the daemon ends, and the rows stand
-                self._jobs.appendleft(job)
-                return
+            known = self.w.store.sent_outcome(key) if key is not None else None
             if known is not None:  # hermes ran it before a restart: never twice
                 self._settle(job, known[0])
                 continue
@@ -195,12 +185,8 @@ class DeliveryActor(PooledChild):
         assert self._running is not None
         _, key, _ = self._running
         self._running = None
-        try:
-            if not key.startswith(UNKEPT):
-                self.w.store.record_sent(key, error)
-            self.w.store.flush()
-        except StoreClosedError:  # kept on disk: the next start takes it from there
-            return
+        if not key.startswith(UNKEPT):
+            self.w.store.record_sent(key, error)
         forget(*send_paths(self.sends, key))
 
     def _judge(self, outcome: Outcome) -> str | None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..messages.commands import Address, CancelQuestion, NewQuestion, QueueDepthQuery
-from ..messages.contract import NOT_ADMITTED
 from ..messages.wire import (
     Ack,
     AgentCard,
@@ -29,7 +28,6 @@ from ..messages.wire import (
 )
 from .loop import Edge, Episode, awaited, report, shared_edge
 from .registry import PROBE_TIMEOUT_S, endpoint_accepts
-from .store import StoreClosedError
 from .supervision import Slot
 
 MAX_LINE = 65536
@@ -109,14 +107,13 @@ class Listener:
 
     def __init__(self, server: socket.socket, router: Address,
                  card: Callable[[int], AgentCard], *,
-                 edge: Edge | None = None, durable: Callable[[], None] = lambda: None,
+                 edge: Edge | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  line_deadline_s: float = LINE_DEADLINE_S) -> None:
         server.setblocking(False)  # accept() must never wait
         self._server = server
         self._router = router
         self._card = card
-        self._durable = durable  # the store's flush: an ack only for a committed question
         self.edge = edge or shared_edge()
         self.max_connections = max_connections
         self.line_deadline_s = line_deadline_s
@@ -287,11 +284,6 @@ class Listener:
             # while the Router restarts, the asker tries again
             restarting = isinstance(self._router, Slot) and not self._router.alive
             error = RESTARTING if restarting else await self._admit(prompt)
-            if error is None:
-                try:
-                    self._durable()
-                except StoreClosedError:  # its group was not committed: said by the store
-                    error = NOT_ADMITTED
             if error is not None:
                 return Nack(msg_id=prompt.msg_id, error=error), None
             return Ack(msg_id=prompt.msg_id), None

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from ..messages.commands import Address, LogEvent, UnknownMessage
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from .loop import Episode, report
-from .store import StoreClosedError
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
@@ -41,7 +40,6 @@ class LoggerActor(PooledChild):
     def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "logger") -> None:
         super().__init__(name, supervisor)
         self.log_path = wiring.config.log_path
-        self._durable = wiring.store.flush
         self._batch: list[str] = []
         self._batch_size = 0
         self._batch_since = 0.0  # when its first line came
@@ -84,10 +82,6 @@ class LoggerActor(PooledChild):
         self._close()
 
     def _flush(self) -> None:
-        # A line records a decision once the state it changed is committed; if that
-        # commit failed (said by the store, and the daemon ends), the line is kept.
-        with contextlib.suppress(StoreClosedError):
-            self._durable()
         data = "".join(self._batch).encode("utf-8")
         self._batch.clear()
         self._batch_size = 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from ..messages.commands import (
@@ -24,7 +25,6 @@ from .listener import Listener, bind_endpoint
 from .loop import Episode, Spawned, report, tell_quietly
 from .registry import PeerIdentity, remove_entry_if_ours, write_entry
 from .responses import RESPONSE_TIMEOUT_S, RETRY_PAUSES_S, ResponsePool, shared_responses
-from .store import StoreClosedError
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
@@ -70,8 +70,7 @@ class PeerActor(PooledChild):
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
         self._listener = Listener(server, self.w.router,
-                                  functools.partial(agent_card, self.identity.name),
-                                  durable=self.w.store.flush)
+                                  functools.partial(agent_card, self.identity.name))
         self._listener.start()
         self._publish(0)
         self._beats = self._listener.edge.spawn(
@@ -150,13 +149,11 @@ class PeerActor(PooledChild):
                 report(f"{directory} was gone; made it again (0700)", "warning")
 
     def _settle(self, qid: str, owner: str | None) -> None:
-        """The response is no longer owed: out of the durable outbox, committed at once
-        (not with the next group): a crash between the asker's ack and the commit would
-        send the asker its response a second time at the next start."""
+        """The response is no longer owed: out of the durable outbox (a crash before this
+        sends the asker its response a second time at the next start)."""
         try:
             self.w.store.settle(qid, owner)
-            self.w.store.flush()
-        except StoreClosedError as exc:
+        except (sqlite3.Error, ValueError) as exc:  # the state file's edge; it stays owed
             report(f"could not record the response for {qid} as sent: {exc!r}")
 
     def _undelivered(self, qid: str, reason: str) -> None:
@@ -170,12 +167,8 @@ class PeerActor(PooledChild):
                        owner: str | None) -> None:
         """W15, through the pool: an asker's socket must never stall our mailbox."""
         qid = prompt.msg_id
-        try:
-            self.w.store.flush()  # the close that owes it is committed before it leaves
-            if owner is not None and not self.w.store.response_owed(qid, owner):
-                return  # settled: sent from the outbox at this actor's start, and acked
-        except StoreClosedError:
-            return  # not committed: the question is open in the rows the restart reads
+        if owner is not None and not self.w.store.response_owed(qid, owner):
+            return  # settled: sent from the outbox at this actor's start, and acked
         try:
             line = ResponseEnvelope(
                 msg_id=qid, sender_session=self.identity.session_id,

@@ -72,7 +72,8 @@ from ..messages.wire import Event, PromptEnvelope, State, is_valid_qid
 from .delivery import question_send
 from .listener import RESTARTING
 from .loop import report
-from .store import remind_note_id, sibling_of
+from .state_view import sibling_of
+from .store import remind_note_id
 from .supervision import GiveUp, PooledChild, RestartPolicy, Slot
 
 if TYPE_CHECKING:

@@ -1,25 +1,22 @@
-"""The durable record of open questions, so that none is lost when the daemon dies.
+"""The durable record of open questions, so that none is lost when the daemon dies
+(read from outside the daemon: actors/state_view.py).
 
 Every effect (an ack, a state reached, a close, a response or note owed) is written
-here first, and the Router reads it all back at start; which actor writes which rows,
-and why the store has no actor of its own: docs/architecture.md. SQLite gives atomic
-multi-row updates (a close removes one row and adds others in one step) and survives a
-crash mid-write without a hand-written journal.
+here first, and each actor rebuilds its work from it when it starts; which actor writes
+which rows: docs/architecture.md. SQLite gives atomic multi-row updates (a close removes
+one row and adds others in one step) and survives a crash mid-write without a
+hand-written journal.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sqlite3
 import stat
 import threading
-import time
-import urllib.parse
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar, cast, get_args
 
@@ -32,69 +29,45 @@ from ..messages.commands import (
 from ..messages.contract import js_number
 from ..messages.wire import ParsedPrompt, PromptEnvelope, State, dumps, has_lone_surrogate, loads
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
-from .loop import Edge, report
+from .loop import report
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
-CLOSED_MEMORY = 1000
-# The closed table is trimmed back to CLOSED_MEMORY once per this many closes
-# (and at every start), not on every close: it holds at most the sum.
-CLOSED_TRIM_BATCH = 100
+# A file of any other version is refused, never converted (`UnusableStateError`).
+SCHEMA_VERSION = 6
+CLOSED_MEMORY = 1000  # closed qids remembered, at most (C15, X2)
 
 _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
 _BUSY_TIMEOUT_S = 5.0
 
-# Version 1 had meta, open_questions (up to `seq`) and closed_questions (up to `seq`);
-# 2 added the owners, the memory of the answer file used and the outbox; 3 the notes
-# owed (kept until hermes has run them); 4 the failed deliveries remembered for an
-# hour (X11) and each open question's reminder mark (X9); 5 the outcomes of sends not
-# yet acted on (actors/sends.py). Every version only added
-# tables and nullable columns at the end of a table, so an older file is brought up
-# to date in place by adding what it lacks (`_connect`), never moved aside.
 # A table's order is its rowid (SQLite gives a new row one past the largest; an upsert
-# keeps it, INSERT OR REPLACE moves the row to the end). `seq`, the order older
-# versions number by (and trim the closed memory by), is still written, from a count
-# kept in memory, so a file taken back to an older version keeps its order.
-_SEQ_TABLES = ("open_questions", "closed_questions", "outbox", "notes")
+# keeps it, INSERT OR REPLACE moves the row to the end).
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS open_questions (
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE open_questions (
     qid TEXT PRIMARY KEY,
     prompt TEXT NOT NULL,
     parsed TEXT NOT NULL,
     timeout_ms REAL NOT NULL,
     deadline REAL NOT NULL,
     state TEXT,
-    seq INTEGER,
     owner TEXT,
     reminded INTEGER
 );
-CREATE TABLE IF NOT EXISTS closed_questions (
-    qid TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    answer_file TEXT
-);
-CREATE TABLE IF NOT EXISTS outbox (
+CREATE TABLE closed_questions (qid TEXT PRIMARY KEY, state TEXT NOT NULL, answer_file TEXT);
+CREATE TABLE outbox (
     qid TEXT NOT NULL,
     owner TEXT NOT NULL,
     prompt TEXT NOT NULL,
     response TEXT NOT NULL,
     error TEXT,
-    seq INTEGER NOT NULL,
     PRIMARY KEY (qid, owner)
 );
-CREATE TABLE IF NOT EXISTS notes (
-    id TEXT PRIMARY KEY,
-    qid TEXT NOT NULL,
-    purpose TEXT NOT NULL,
-    text TEXT NOT NULL,
-    seq INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS sent (key TEXT PRIMARY KEY, error TEXT);
+CREATE TABLE notes (id TEXT PRIMARY KEY, qid TEXT NOT NULL, purpose TEXT NOT NULL,
+                    text TEXT NOT NULL);
+CREATE TABLE undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE sent (key TEXT PRIMARY KEY, error TEXT);
 """
 # A send's outcome is owed to its question while the question has not moved on, and to a
 # note while the note is owed; any other is not kept (and is forgotten at start).
@@ -106,260 +79,82 @@ _SENT_STALE = f"DELETE FROM sent WHERE key NOT IN {_SENT_OWED}"
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 _UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
-# A sibling's file is read on the actors' thread: a lock held longer than this (rare,
-# a WAL reader waits only on recovery) makes the file count as busy, not a stall.
-SIBLING_BUSY_S = 0.2
-STATE_PREFIX = "state-"
-STATE_SUFFIX = ".sqlite3"
 _NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note", "remind_note")
 
 
-class StoreClosedError(RuntimeError):
-    """The store was shut down, or a grouped commit failed; a write now could not be made
-    durable, so it is refused."""
+class UnusableStateError(OSError):
+    """The file is not a state file this bridge can read (damaged, or of another schema):
+    the daemon and `status` refuse it in one line saying how to start afresh, and never
+    change it, so whatever it holds stays for the operator."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"state file {path} {why}; stop the bridge and move {path} "
+                         "(and its -wal, -shm) aside to start afresh")
 
 
-def _table_shapes(conn: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
-    """Every user table's columns, to compare a file against the schema this code writes."""
-    names = [
-        name
-        for (name,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-        )
-    ]
-    return {name: conn.execute(f'PRAGMA table_info("{name}")').fetchall() for name in names}
-
-
-def _expected_shapes() -> dict[str, list[tuple[Any, ...]]]:
-    # Derived from the schema text itself so the check can never drift from what we create.
-    conn = sqlite3.connect(":memory:")
-    try:
-        conn.executescript(_SCHEMA)
-        return _table_shapes(conn)
-    finally:
-        conn.close()
+def _schema_problem(conn: sqlite3.Connection) -> str | None:
+    """Why the file is not of this bridge's schema; None when it is, or holds no table yet."""
+    tables = {name for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        return None
+    found = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() \
+        if "meta" in tables else None
+    version = "none" if found is None else found[0]
+    if version == str(SCHEMA_VERSION):
+        return None
+    return f"has schema {version}, this bridge reads {SCHEMA_VERSION}"
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
-    # A locked file is in use by someone else, not damaged: never move it aside.
+    # A locked file is in use by someone else, not damaged.
     return isinstance(exc, sqlite3.OperationalError) and (
         "locked" in str(exc) or "busy" in str(exc)
     )
 
 
-def _problem(path: Path) -> str | None:
-    """Why an existing file cannot be used as our database, or None if it can.
-
-    An empty database (no tables yet) is usable: the schema is simply created.
-    """
-    try:
-        conn = sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        return f"cannot open: {exc}"
-    try:
-        rows = conn.execute("PRAGMA integrity_check").fetchall()
-        if rows != [("ok",)]:
-            return "integrity check failed: " + "; ".join(str(r[0]) for r in rows[:3])
-        shapes = _table_shapes(conn)
-        if not shapes:
-            return None
-        if "meta" not in shapes:
-            return "no schema version"
-        found = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if found is None:
-            return "no schema version"
-        try:
-            version = int(found[0])
-        except (TypeError, ValueError):
-            return f"unknown schema version {found[0]!r}"
-        if version > SCHEMA_VERSION:
-            return f"schema version {version} is newer than this bridge's {SCHEMA_VERSION}"
-        if version < 1:
-            return f"unknown schema version {version}"
-        expected = _expected_shapes()  # an older version had the first columns of each
-        if not all(name in expected and columns == expected[name][: len(columns)]
-                   for name, columns in shapes.items()):
-            return "its tables do not match the schema"
-        return None
-    except sqlite3.Error as exc:
-        if _is_busy(exc):
-            raise OSError(f"state database {path} is locked by another process: {exc}") from exc
-        return str(exc)
-    finally:
-        conn.close()
-
-
-def _move_aside(path: Path) -> Path:
-    """Rename the file (and its WAL sidecars) out of the way, keeping it for a post-mortem."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while aside.exists():  # two bad files within one second: keep both
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-        n += 1
-    try:
-        os.replace(path, aside)
-        for suffix in _SIDECARS:
-            side = Path(f"{path}{suffix}")
-            if side.exists():
-                os.replace(side, Path(f"{aside}{suffix}"))
-    except OSError as exc:
-        raise OSError(f"cannot move unreadable state database {path} aside: {exc}") from exc
-    return aside
-
-
-def adopt_shared_state(shared: Path, own: Path) -> bool:
-    """Take over the host's old shared state file (one for every bridge, before state
-    was per project) as this project's; whether this call did. The rename is atomic, so of
-    bridges starting at once exactly one adopts it, whatever its project: an open question
-    needs no particular project to finish (its answer file is found by qid, its response
-    goes to the asker's own endpoint)."""
-    if own.exists() or not shared.exists():
-        return False
-    try:
-        os.rename(shared, own)
-    except FileNotFoundError:  # another bridge took it first
-        return False
-    # The sidecars follow the file (nobody else can open the old name any more):
-    # the WAL may hold the last commits of a bridge that was killed.
-    for suffix in _SIDECARS:
-        try:
-            os.replace(f"{shared}{suffix}", f"{own}{suffix}")
-        except FileNotFoundError:
-            pass
-    return True
-
-
 class Store:
     """Open questions and recently closed qids, in one SQLite file (WAL, mode 0600).
 
-    Every write is committed before anything outside the process can learn of it: at
-    once, or, on the edge's loop once `group_commits` is on, with the writes around it
-    before the next effect. With `synchronous=NORMAL` a commit reaches the WAL through
-    the OS before returning, so it survives a crash or kill of the process; only a power
-    loss or kernel crash may lose the last few commits, the price of not fsyncing every
-    state change. One connection for every thread, behind one lock: each method is atomic.
+    Every write is committed before its method returns, so before anything outside the
+    process can learn of it. With `synchronous=NORMAL` a commit reaches the WAL through
+    the OS, so it survives a crash or kill of the process; only a power loss or kernel
+    crash may lose the last few commits, the price of not fsyncing every state change.
+    One connection for every thread, behind one lock: each method is atomic.
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
-        self._conn: sqlite3.Connection | None = conn
+        self._conn = conn
         self._lock = threading.Lock()
-        # Group commit (see `group_commits`): off until the daemon's tree turns it on.
-        self._edge: Edge | None = None
-        self._on_failure: Callable[[str], None] = lambda reason: None
-        self._flush_due = False
-        self._failed: str | None = None
-        self._closed_since_trim = 0
-        # `seq` as older versions number it (they order and trim by it), kept going from
-        # the file's largest, so a file taken back to one of them keeps its order
-        self._seq = {table: int(conn.execute(f"SELECT IFNULL(MAX(seq), 0) FROM {table}")
-                                .fetchone()[0]) for table in _SEQ_TABLES}
+        self._shut = False
 
     @classmethod
     def open(cls, path: Path) -> Store:
-        """Open (or create) the store at `path`. A bad file is moved aside, said, and
-        replaced by an empty store: the daemon must come up even if its state was damaged.
-        OSError only when no store can be made at all (nothing could be durable: the
-        caller decides)."""
+        """Open (or create) the store at `path`. UnusableStateError when the file there is
+        damaged or of another schema; OSError when no store can be made at all."""
         path = Path(path)
         try:
             bridge_dir(path.parent)
         except OSError as exc:
             raise OSError(f"cannot create the directory of state database {path}: {exc}") from exc
-        if path.exists():
-            why = _problem(path)
-            if why is not None:
-                aside = _move_aside(path)
-                report(
-                    f"state database {path} was unreadable ({why}); "
-                    f"moved it to {aside} and started empty"
-                )
         return cls(path, _connect(path))
-
-    def group_commits(self, edge: Edge, on_failure: Callable[[str], None]) -> None:
-        """From now on a write made on `edge`'s loop is not committed by its method: it
-        joins the loop's open transaction, which `flush` commits before any effect that
-        may rely on it, or a callback queued behind the write does once the loop gets to
-        it. A burst of answers then costs one commit, not one each, and nothing outside
-        the process learns of a write before it is durable. A grouped commit that fails
-        has been believed by every actor that wrote to it, so the store refuses every
-        write and flush after it and `on_failure` ends the daemon, which comes back from
-        the rows last committed (the way a crash does)."""
-        self._edge, self._on_failure = edge, on_failure
-
-    def flush(self) -> None:
-        """Commit the loop's open transaction, if any: before an ack, a response, an
-        answer file's removal, a hermes run or a log line. StoreClosedError once a grouped
-        commit failed or the store is shut down, so the effect does not happen."""
-        with self._lock:
-            conn = self._conn
-            if conn is None or self._failed is not None:
-                raise StoreClosedError(self._failed or f"state database {self.path} is shut down")
-            self._flush_due = False
-            if conn.in_transaction:
-                self._commit(conn)
-
-    def _flush_later(self) -> None:
-        """The commit queued behind the loop's first write since the last flush."""
-        with contextlib.suppress(StoreClosedError):  # said and handled when it failed
-            self.flush()
-
-    def _commit(self, conn: sqlite3.Connection) -> None:
-        """(under the lock)"""
-        try:
-            conn.commit()
-        except Exception as exc:  # a full disk, an I/O error, no memory: all the same here
-            self._fail(conn, exc)
-            if self._failed is not None:
-                raise StoreClosedError(self._failed) from exc
-            raise
-
-    def _fail(self, conn: sqlite3.Connection, exc: Exception) -> None:
-        """(under the lock) The transaction is gone. Once writes are grouped, others' may
-        have gone with it, whoever's write it was: that is fatal."""
-        with contextlib.suppress(sqlite3.Error):
-            conn.rollback()
-        if self._edge is not None and self._failed is None:
-            self._failed = (f"state database {self.path}: could not commit a group of "
-                            f"writes ({exc!r}); refusing every write until a restart")
-            report(self._failed, "error")
-            self._on_failure(self._failed)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and one write, undone alone if it fails; committed before the
-        method returns, or joining the loop's group (see `group_commits`)."""
+        """Hold the lock and one transaction, committed before the method returns or
+        undone whole. After `shutdown`, sqlite3.ProgrammingError."""
         with self._lock:
             conn = self._conn
-            if conn is None or self._failed is not None:
-                raise StoreClosedError(self._failed or f"state database {self.path} is shut down")
-            grouped = self._edge is not None and self._edge.on_loop()
-            if not conn.in_transaction:
-                conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("SAVEPOINT write")
                 yield conn
-                conn.execute("RELEASE write")
+                conn.commit()
             except BaseException:
-                try:
-                    conn.execute("ROLLBACK TO write")
-                    conn.execute("RELEASE write")
-                except sqlite3.Error as exc:  # SQLite undid the whole transaction itself
-                    self._fail(conn, exc)
-                if not self._flush_due and conn.in_transaction:
-                    conn.rollback()  # no other write waits in it: leave no lock held
+                with suppress(sqlite3.Error):  # a failed COMMIT leaves it open: end it
+                    conn.rollback()
                 raise
-            if not grouped:
-                self._commit(conn)
-            elif not self._flush_due:
-                self._flush_due = True
-                self._edge.call(self._flush_later)  # type: ignore[union-attr]
 
-    def _next_seq(self, table: str) -> int:
-        """(under the lock; a rolled-back one leaves a gap)"""
-        self._seq[table] += 1
-        return self._seq[table]
 
     def put_open(self, spec: QuestionSpec, owner: str) -> None:
         """Record a question as open.
@@ -371,8 +166,8 @@ class Store:
         with self._transaction() as conn:
             conn.execute(
                 "INSERT INTO open_questions"
-                " (qid, prompt, parsed, timeout_ms, deadline, state, seq, owner, reminded)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " (qid, prompt, parsed, timeout_ms, deadline, state, owner, reminded)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (qid) DO UPDATE SET prompt = excluded.prompt,"
                 "  parsed = excluded.parsed, timeout_ms = excluded.timeout_ms,"
                 "  deadline = excluded.deadline, state = excluded.state,"
@@ -384,7 +179,6 @@ class Store:
                     float(spec.timeout_ms),
                     float(spec.deadline),
                     spec.state,
-                    self._next_seq("open_questions"),
                     owner,
                     int(spec.reminded),
                 ),
@@ -434,16 +228,10 @@ class Store:
         with self._transaction() as conn:
             if response is not None:  # the asker's prompt is the row's, as stored when it
                 conn.execute(  # opened: copied, not serialised again (a burst's hot path)
-                    "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error, seq)"
-                    " SELECT qid, owner, prompt, ?, ?, ? FROM open_questions"
+                    "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error)"
+                    " SELECT qid, owner, prompt, ?, ? FROM open_questions"
                     " WHERE qid = ? AND owner = ?",
-                    (
-                        dumps(response.response),
-                        response.error,
-                        self._next_seq("outbox"),
-                        qid,
-                        owner,
-                    ),
+                    (dumps(response.response), response.error, qid, owner),
                 )
             gone = conn.execute(
                 "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
@@ -473,31 +261,19 @@ class Store:
                 name, sig = answer_file
                 used = dumps([name, sig.inode, sig.size, sig.mtime_ns])
             conn.execute(
-                "INSERT OR REPLACE INTO closed_questions (qid, state, seq, answer_file)"
-                " VALUES (?, ?, ?, ?)",
-                (qid, state, self._next_seq("closed_questions"), used),
+                "INSERT OR REPLACE INTO closed_questions (qid, state, answer_file)"
+                " VALUES (?, ?, ?)",
+                (qid, state, used),
             )
-            self._closed_since_trim += 1
-            if self._closed_since_trim >= CLOSED_TRIM_BATCH:
-                self._trim_closed(conn)
+            _trim_closed(conn)
         return True
-
-    def _trim_closed(self, conn: sqlite3.Connection) -> None:
-        """Keep the newest CLOSED_MEMORY closed qids (a sort of at most CLOSED_TRIM_BATCH more)."""
-        conn.execute(
-            "DELETE FROM closed_questions WHERE rowid NOT IN"
-            " (SELECT rowid FROM closed_questions ORDER BY rowid DESC LIMIT ?)",
-            (CLOSED_MEMORY,),
-        )
-        self._closed_since_trim = 0
 
     def _owe_note(self, conn: sqlite3.Connection, note: SendText) -> None:
         if note.note_id is None:
             raise ValueError("a note kept in the store needs a note_id")
         conn.execute(
-            "INSERT OR REPLACE INTO notes (id, qid, purpose, text, seq)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (note.note_id, note.qid, note.purpose, note.text, self._next_seq("notes")),
+            "INSERT OR REPLACE INTO notes (id, qid, purpose, text) VALUES (?, ?, ?, ?)",
+            (note.note_id, note.qid, note.purpose, note.text),
         )
 
     def owe_note(self, note: SendText) -> None:
@@ -598,23 +374,11 @@ class Store:
 
     def settle(self, qid: str, owner: str | None = None) -> None:
         """The asker was answered (or is gone for good): the response leaves the outbox.
-
         Keyed by owner too, so a late settle for an old question cannot clear what a newer
-        one with the same qid owes. On the loop it joins the group of the writes around it
-        and costs no commit of its own; a crash before that commit leaves the response
-        owed, sent again at the next start, as the outbox's at-least-once rule allows. A
-        settle SQLite cannot even bind (text that is not UTF-8, a wrong type) matches no
-        row: it is dropped, said with its qid.
-        """
-        try:
-            with self._transaction() as conn:
-                conn.execute("DELETE FROM outbox WHERE qid = ? AND owner = ?", (qid, owner or ""))
-        except StoreClosedError:
-            pass  # shut down, or its group failed (said): it stays owed
-        except (ValueError, TypeError, OverflowError, sqlite3.InterfaceError,
-                sqlite3.ProgrammingError) as exc:
-            report(f"state database {self.path}: dropped the record of a sent response "
-                   f"for {qid!r}: {exc!r:.200}", "error")
+        one with the same qid owes. A crash before its commit leaves the response owed, sent
+        again at the next start, as the outbox's at-least-once rule allows."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM outbox WHERE qid = ? AND owner = ?", (qid, owner or ""))
 
     def response_owed(self, qid: str, owner: str) -> bool:
         """Is this response still in the outbox? (Told again after a Peer's restart sent
@@ -653,7 +417,7 @@ class Store:
         must not keep the daemon from resuming all the others.
         """
         with self._transaction() as conn:
-            self._trim_closed(conn)
+            _trim_closed(conn)
             conn.execute(_SENT_STALE)
         specs = self._read_or_drop(
             "open_questions", "open question", _spec,
@@ -680,18 +444,23 @@ class Store:
 
     def shutdown(self) -> None:
         """Close the file; safe to call twice, since both stop and crash paths may call it.
-        The loop's open group, if any, is committed first."""
-        with self._lock:  # the last group committed and the file let go in one step
-            conn, self._conn = self._conn, None
-            if conn is not None and self._failed is None:
-                with contextlib.suppress(Exception):  # said by _fail; the exit code says 1
-                    if conn.in_transaction:
-                        self._commit(conn)
-        if conn is not None:
+        A write after it raises sqlite3.ProgrammingError."""
+        with self._lock:
+            if self._shut:
+                return
+            self._shut = True
             try:
-                conn.close()
+                self._conn.close()
             except sqlite3.Error as exc:
                 report(f"state database {self.path}: could not close cleanly: {exc!r}")
+
+
+
+def _trim_closed(conn: sqlite3.Connection) -> None:
+    """The closed rows older than the newest CLOSED_MEMORY rowids go (a lookup, not a
+    sort; a closed qid closed again leaves a gap, so the memory may hold a few less)."""
+    conn.execute("DELETE FROM closed_questions WHERE rowid <="
+                 " (SELECT MAX(rowid) FROM closed_questions) - ?", (CLOSED_MEMORY,))
 
 
 def remind_note_id(qid: str) -> str:
@@ -707,40 +476,59 @@ def _text(raw: bytes) -> str:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    """Open the file in WAL mode with the schema in place, or raise OSError."""
-    conn: sqlite3.Connection | None = None
+    """The file at `path` in WAL mode with the schema in place (made if it is new), or
+    UnusableStateError, or OSError."""
     try:
         # Prompts may carry private text: only the daemon's user may read them.
         # Create the file 0600 before SQLite does: SQLite gives the -wal and
         # -shm files it creates the main file's mode, whatever the umask. A file
-        # found looser (an older version, a copy) is tightened, saying so.
-        os.close(open_private(path, os.O_CREAT | os.O_RDWR))
-        for name in (path, *(Path(f"{path}{suffix}") for suffix in _SIDECARS)):
+        # found looser (a copy) is tightened, saying so. O_NONBLOCK: a FIFO planted
+        # by that name is refused, never waited on.
+        fd = open_private(path, os.O_CREAT | os.O_RDWR | os.O_NONBLOCK)
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+        for name in (Path(f"{path}{suffix}") for suffix in _SIDECARS):
             tighten_mode(name, FILE_MODE)
-        conn = sqlite3.connect(
-            str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
-        )
+    except OSError as exc:
+        raise OSError(f"cannot create state database {path}: {exc}") from exc
+    if not regular:
+        raise UnusableStateError(path, "is not a regular file")
+    conn = sqlite3.connect(
+        str(path), check_same_thread=False, isolation_level=None, timeout=_BUSY_TIMEOUT_S
+    )
+    try:
         conn.text_factory = _text
+        try:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+            why = _schema_problem(conn) if rows == [("ok",)] else (
+                "is damaged: " + "; ".join(str(r[0]) for r in rows[:3]))
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as exc:  # "file is not a database", say
+            why = f"is damaged: {exc}"
+        if why is not None:
+            raise UnusableStateError(path, why)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
         if str(mode[0]).lower() != "wal":
             report(f"state database {path}: WAL mode unavailable (journal mode {mode!r})")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("BEGIN IMMEDIATE")  # an older file is brought up to date in one step
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        found = _table_shapes(conn)
-        for table, columns in _expected_shapes().items():
-            for _, name, kind, *_ in columns[len(found[table]):]:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-        conn.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
-        )
+        conn.execute("BEGIN IMMEDIATE")
+        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,):  # new
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
         conn.commit()
-    except (sqlite3.Error, OSError) as exc:
-        if conn is not None:
-            conn.close()
+    except UnusableStateError:
+        conn.close()
+        raise
+    except sqlite3.Error as exc:
+        conn.close()
+        if _is_busy(exc):
+            raise OSError(f"state database {path} is locked by another process: {exc}") from exc
         raise OSError(f"cannot create state database {path}: {exc}") from exc
     return conn
 
@@ -818,136 +606,3 @@ def _decode(rows: list[Any], decode: Callable[..., T]
         except Exception as exc:
             bad.append((rowid, row[0], exc))
     return good, bad
-
-
-# -- reading without the daemon's lock (the operator's verbs, sibling bridges) ------------
-
-
-def state_files(directory: Path) -> dict[str, Path]:
-    """Every project's state file in `directory`, by project: the bridges that share
-    the questions directory beside it (one file each, `state-<project>.sqlite3`)."""
-    found: dict[str, Path] = {}
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return found
-    for name in names:
-        if name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX):
-            project = name[len(STATE_PREFIX) : -len(STATE_SUFFIX)]
-            if project:
-                found[project] = directory / name
-    return found
-
-
-def _read_only(path: Path, busy_s: float = _BUSY_TIMEOUT_S) -> sqlite3.Connection:
-    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=busy_s)
-    except sqlite3.Error as exc:
-        raise OSError(f"cannot open state database {path}: {exc}") from exc
-    conn.text_factory = _text
-    return conn
-
-
-def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S) -> str | None:
-    """What the state file at `path` knows of `qid`: "open", its closed state, or
-    "undelivered" (a failed delivery within the hour, X11); None when nothing.
-
-    Read-only, so a bridge can ask what a sibling owns while that sibling is up, down or
-    starting (a WAL reader never blocks its writer). StateBusyError when the file stays
-    locked past `busy_s`, OSError when it cannot be read.
-    """
-    try:  # a FIFO (or a device) by that name would block SQLite's open for ever
-        st = os.lstat(path)
-    except OSError as exc:
-        raise OSError(f"cannot read state database {path}: {exc}") from exc
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-        raise OSError(f"state database {path} is not a regular file of ours")
-    conn = _read_only(path, busy_s)
-    try:
-        tables = {name for (name,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "open_questions" in tables and conn.execute(
-            "SELECT 1 FROM open_questions WHERE qid = ?", (qid,)
-        ).fetchone():
-            return "open"
-        if "closed_questions" in tables:
-            row = conn.execute(
-                "SELECT state FROM closed_questions WHERE qid = ?", (qid,)
-            ).fetchone()
-            if row is not None:
-                return str(row[0])
-        if "undelivered" in tables and conn.execute(
-            _UNDELIVERED_SQL, (qid, now - UNDELIVERED_MEMORY_S)
-        ).fetchone():
-            return "undelivered"
-        return None
-    except sqlite3.Error as exc:
-        if _is_busy(exc):
-            raise StateBusyError(f"state database {path} is busy: {exc}") from exc
-        raise OSError(f"cannot read state database {path}: {exc}") from exc
-    finally:
-        conn.close()
-
-
-class StateBusyError(OSError):
-    """Another process holds the state file locked past the busy timeout: try later."""
-
-
-def sibling_of(own: Path, qid: str, now: float) -> str | None:
-    """The project of another bridge beside `own` whose state knows `qid` (X6), or None.
-
-    A busy file counts as knowing it: leaving an answer file longer is safe, deleting
-    another bridge's is not. One that cannot be read at all (damaged) knows nothing,
-    said as a warning: it must not keep every stray answer file forever.
-    """
-    for project, path in state_files(own.parent).items():
-        if path == own:
-            continue
-        try:
-            if knows_qid(path, qid, now, SIBLING_BUSY_S) is not None:
-                return project
-        except StateBusyError:
-            return project
-        except OSError as exc:
-            report(f"cannot tell whether project {project} owns {qid}: {exc}", "warning")
-    return None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a state file says right now: open questions in arrival order, closed newest first."""
-
-    open: tuple[QuestionSpec, ...]
-    closed: tuple[tuple[str, State], ...]
-
-
-def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
-    """The state file as it is now, for the operator's verbs, safe while the daemon runs.
-
-    Opened read-only (`mode=ro`): nothing is created, migrated, moved aside or deleted,
-    and the daemon's writer is never blocked. A row that does not parse is skipped, not
-    repaired: that is the daemon's business at its next start. FileNotFoundError when
-    there is no file, OSError when it cannot be read.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no state database at {path}")
-    conn = _read_only(path)
-    try:
-        tables = {
-            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        if not {"open_questions", "closed_questions"} <= tables:
-            return Snapshot((), ())  # created, never written
-        specs, _ = _decode(conn.execute(
-            "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state"
-            " FROM open_questions ORDER BY rowid").fetchall(), _spec)
-        closed, _ = _decode(conn.execute(
-            "SELECT rowid, qid, state FROM closed_questions ORDER BY rowid DESC LIMIT ?",
-            (max(0, closed_limit),)).fetchall(), _closed)
-        return Snapshot(tuple(specs), tuple(closed))
-    except sqlite3.Error as exc:
-        raise OSError(f"cannot read state database {path}: {exc}") from exc
-    finally:
-        conn.close()

@@ -24,7 +24,7 @@ from .config import BridgeConfig
 from .delivery import DeliveryActor
 from .listener import DEPTH_TIMEOUT_S
 from .logger import LoggerActor
-from .loop import report, shared_edge
+from .loop import report
 from .loop import utc_now as _utc_now
 from .peer import PeerActor
 from .questions import QuestionRouter
@@ -157,7 +157,6 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
                clock: Callable[[], float] = time.time,
                monotonic: Callable[[], float] = time.monotonic) -> Tree:
     """Build the child specs and start the root; returns at once (children start in it)."""
-    store.group_commits(shared_edge(), on_fatal)
     slots = {name: Slot(name) for name in CHILDREN}
     wiring = Wiring(config, store, now=now, clock=clock, run_tag=identity.session_id[-8:],
                     **slots)

@@ -44,7 +44,6 @@ from ..messages.wire import RejectReason
 from .config import DEFAULT_REOFFER_MS
 from .files import private_dir, read_at_most
 from .loop import Episode, report, shared_edge, tell_quietly
-from .store import StoreClosedError
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
@@ -344,11 +343,6 @@ class WatcherActor(PooledChild):
         A version that cannot go now is judged all the same: it is never offered again
         in this run (a second note would be a second judgement); the next start looks.
         """
-        try:
-            self.w.store.flush()  # the verdict that used the file is committed first
-        except StoreClosedError:  # it is not: the file stays, to be judged after a restart
-            self._hold(name, signature, float("inf"))
-            return False
         path = self._prefix + name
         try:
             if _signature(os.lstat(path)) != signature:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .actors.config import BridgeConfig, home_dir
 from .actors.responses import exchange, failure
-from .actors.store import read_snapshot
+from .actors.state_view import read_snapshot
 from .messages.wire import PingEnvelope
 from .ops import running_bridge
 

@@ -21,13 +21,8 @@ from .actors.loop import utc_now
 from .actors.peer import MODEL
 from .actors.registry import IdentityError, agents_dir, is_live, read_entry, validate_project
 from .actors.responses import send_envelope
-from .actors.store import (
-    CLOSED_MEMORY,
-    Snapshot,
-    knows_qid,
-    read_snapshot,
-    state_files,
-)
+from .actors.state_view import Snapshot, knows_qid, read_snapshot, state_files
+from .actors.store import CLOSED_MEMORY
 from .messages.commands import QuestionSpec
 from .messages.contract import answer_name, first_line, iso, map_answer
 from .messages.wire import (
@@ -70,11 +65,8 @@ def _live_bridges(directory: Path, now: datetime) -> list[RegistryEntry]:
 
 
 def _snapshot(config: BridgeConfig, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
-    path = config.state_path
-    if not path.exists() and config.shared_state_path.exists():
-        path = config.shared_state_path  # not adopted yet: no bridge ran since the upgrade
     try:
-        return read_snapshot(path, closed_limit)
+        return read_snapshot(config.state_path, closed_limit)
     except FileNotFoundError:
         return Snapshot((), ())
     except OSError as exc:
@@ -151,11 +143,7 @@ def project_of(config: BridgeConfig, qid: str) -> str:
     `--project`; OpsError naming why when none has."""
     closed: list[tuple[str, str]] = []
     unread: list[str] = []
-    files = _named_projects(config)
-    if not files and config.shared_state_path.is_file():
-        # not adopted yet (no bridge ran since the upgrade): the default project's
-        files = {config.project: config.shared_state_path}
-    for project, path in files.items():
+    for project, path in _named_projects(config).items():
         try:
             known = knows_qid(path, qid, time.time())
         except OSError as exc:  # one unreadable file must not hide the others' questions

@@ -492,14 +492,12 @@ DISK_ERROR = sqlite3.OperationalError("disk I/O error")
 
 
 class FailingConnection:
-    """A store's SQLite connection whose `commit` raises `commit`, whose `rollback` raises
-    `rollback` after rolling back, or whose undoing of a savepoint fails as SQLite's does
-    when it undid the whole transaction itself (white-box: put in the store's `_conn`)."""
+    """A store's SQLite connection whose `commit` raises `commit`, and whose `rollback`
+    raises `rollback` after rolling back (white-box: put in the store's `_conn`)."""
 
     def __init__(self, conn: sqlite3.Connection, *, commit: Exception | None = None,
-                 rollback: Exception | None = None, savepoint: bool = True) -> None:
-        self._conn, self._commit_error, self._savepoint_ok = conn, commit, savepoint
-        self._rollback_error = rollback
+                 rollback: Exception | None = None) -> None:
+        self._conn, self._commit_error, self._rollback_error = conn, commit, rollback
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
@@ -514,35 +512,12 @@ class FailingConnection:
         if self._rollback_error is not None:
             raise self._rollback_error
 
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
-        if sql == "ROLLBACK TO write" and not self._savepoint_ok:
-            self._conn.rollback()  # SQLite undid the whole transaction itself
-            raise sqlite3.OperationalError("no such savepoint: write")
-        return self._conn.execute(sql, *args)
-
-
-class Commits:
-    """The store as an actor with an outside effect uses it: `flush` before the effect
-    (the grouped writes committed first). Each flush runs `check` (say, to see the effect
-    has not happened yet), counted in `flushes`; `fails` makes it refuse, as a store
-    whose grouped commit failed does."""
-
-    def __init__(self, check: Callable[[], object] = lambda: None,
-                 fails: Exception | None = None) -> None:
-        self.check, self.fails = check, fails
-        self.flushes: list[object] = []
-
-    def flush(self) -> None:
-        self.flushes.append(self.check())
-        if self.fails is not None:
-            raise self.fails
-
 
 class WiredRig(ActorRig[A]):
     """One of the daemon's actors under test, started as the tree starts it: with a
     Wiring whose every address is a FakeRef named for its role (the supervisor too),
     unless `addresses` gives another (a FakeRef given is then `rig.<role>`); `store` (a
-    real Store or a stand-in; by default a `Commits`), `config` (settings:
+    real Store or a stand-in; by default none at all), `config` (settings:
     `bridge_config()` by default), and the clocks. `options` are the actor's own keyword
     arguments."""
 
@@ -555,7 +530,7 @@ class WiredRig(ActorRig[A]):
                            if isinstance(fake, FakeRef)})
         wired: dict[str, Any] = {role: self.fakes[role] for role in ROLES[1:]}
         wired.update(addresses or {})
-        self.wiring = Wiring(config or bridge_config(), store or cast(Store, Commits()),
+        self.wiring = Wiring(config or bridge_config(), store or cast(Store, object()),
                              now=now, clock=clock, run_tag="t", **wired)
         self.ref = self.start(actor_class, options)
 
@@ -777,16 +752,14 @@ class NotifySocket:
         return seen
 
 
-class Settles(Commits):
+class Settles:
     """The store as the Peer uses it: each `settle` (the response is no longer owed)
     recorded as (qid, owner), or refused with `fails`; `owed` is its outbox (what a start
     sends), and a response is owed until settled."""
 
-    def __init__(self, fails: Exception | None = None, owed: list[SendResponse] | None = None,
-                 **commits: Any) -> None:
-        super().__init__(**commits)
+    def __init__(self, fails: Exception | None = None,
+                 owed: list[SendResponse] | None = None) -> None:
         self.settled: list[tuple[str, str | None]] = []
-        self.committed: list[tuple[str, str | None]] = []
         self.settle_fails = fails
         self.owed = owed or []
 
@@ -800,10 +773,6 @@ class Settles(Commits):
         if self.settle_fails is not None:
             raise self.settle_fails
         self.settled.append((qid, owner))
-
-    def flush(self) -> None:
-        self.committed = list(self.settled)  # the settles a crash after this cannot undo
-        super().flush()
 
 
 class PeerRig(WiredRig[PeerActor]):

@@ -27,7 +27,6 @@ def test_defaults() -> None:
     assert config.questions_dir == bridge / "questions"
     assert config.log_path == bridge / "log.ndjson"
     assert config.state_path == bridge / "state-default.sqlite3"
-    assert config.shared_state_path == bridge / "state.sqlite3"
 
 
 def test_state_is_kept_per_project() -> None:
@@ -36,7 +35,6 @@ def test_state_is_kept_per_project() -> None:
     b = parse_config(["--project", "b"], ENV)
     assert a.state_path.name == "state-a.sqlite3" and b.state_path.name == "state-b.sqlite3"
     assert a.state_path.parent == b.state_path.parent == a.log_path.parent
-    assert a.shared_state_path == b.shared_state_path
 
 
 def test_environment() -> None:

@@ -29,7 +29,7 @@ from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
 from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir
 from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
-from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.store import SCHEMA_VERSION, Store
 from coms_hermes_bridge.actors.supervisor import DEPTH_TIMEOUT_S, RootSupervisor, Tree
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import RegistryEntry
@@ -174,16 +174,20 @@ def test_sigint_stops_it_as_sigterm_does(
     assert stderr_lines(capsys)[-1] == "info: stopping on SIGINT (exit 0)"
 
 
-def test_the_shared_state_of_an_older_version_is_adopted(
-    base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_a_state_file_of_another_schema_is_refused_in_one_line_and_left_as_it_is(
+    base: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # promise 1: the open questions in it stay for the operator, never dropped
     config = config_in(base)
-    state_file(config.shared_state_path, closed=0)
-    world = World(base, monkeypatch)
-    assert world.run_daemon(config) == 0
-    assert world.ready.split("\n") == ["READY=1", "STATUS=1 open question"]
-    assert stderr_lines(capsys)[0] == (f"info: adopted the shared state file {config.shared_state_path} "
-                               f"as project demo's: {config.state_path}")
+    state_file(config.state_path, closed=0)
+    with sqlite3.connect(config.state_path) as db:
+        db.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    before = config.state_path.read_bytes()
+    assert daemon.run(config) == 1
+    path = config.state_path
+    assert stderr_lines(capsys) == [
+        f"error: state file {path} has schema 5, this bridge reads {SCHEMA_VERSION}; stop the "
+        f"bridge and move {path} (and its -wal, -shm) aside to start afresh"]
+    assert config.state_path.read_bytes() == before
 
 
 def test_a_name_the_pool_cannot_route_is_refused_before_anything_is_made(
@@ -276,7 +280,7 @@ def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
     assert list(agents_dir(coms, "demo").iterdir()) == []
 
 
-def test_a_grouped_commit_that_fails_nacks_the_question_and_stops_the_daemon_with_exit_1(
+def test_a_commit_that_fails_nacks_the_question_and_the_daemon_carries_on(
     base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     config = config_in(base)
@@ -292,17 +296,17 @@ def test_a_grouped_commit_that_fails_nacks_the_question_and_stops_the_daemon_wit
 
     def ask(notify: NotifySocket) -> None:
         store = opened[0]
-        store._conn = FailingConnection(store._conn, commit=DISK_ERROR)  # type: ignore[arg-type]
+        real = store._conn
+        store._conn = FailingConnection(real, commit=DISK_ERROR)  # type: ignore[arg-type]
         endpoint = next((config.coms_dir / "sockets").iterdir())
         replies.append(request(endpoint, prompt_envelope(QID).model_dump(mode="json")))
+        store._conn = real
 
-    world = World(base, monkeypatch, ask, sig=None)
-    assert world.run_daemon(config) == 1
+    world = World(base, monkeypatch, ask)
+    assert world.run_daemon(config) == 0
     assert replies == [{"type": "nack", "msg_id": QID, "error": NOT_ADMITTED}]
-    reason = (f"state database {config.state_path}: could not commit a group of writes "
-              "(OperationalError('disk I/O error')); refusing every write until a restart")
-    lines = stderr_lines(capsys)  # (writers refused meanwhile may say they crashed)
-    assert lines.index(f"error: {reason}") < lines.index("error: stopping giving up (exit 1)")
+    assert (f"error: could not take question {QID!r}: OperationalError('disk I/O error')"
+            in stderr_lines(capsys))
     restarted = real_open(config.state_path)  # what the next start reads: nothing of it
     try:
         assert restarted.load() == ([], [])

@@ -18,7 +18,7 @@ import pytest
 from coms_hermes_bridge.actors import delivery as hermes_module
 from coms_hermes_bridge.actors.delivery import DeliveryActor, question_send
 from coms_hermes_bridge.actors.sends import run_send, sends_dir
-from coms_hermes_bridge.actors.store import Store, StoreClosedError
+from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
     ChildFailed,
     HermesRan,
@@ -28,7 +28,7 @@ from coms_hermes_bridge.messages.commands import (
 )
 from coms_hermes_bridge.messages.contract import cancel_note
 from coms_hermes_bridge.send_waiter import TAIL as OUTPUT_TAIL
-from tests.fakes import Commits, WiredRig, bridge_config, wait_for
+from tests.fakes import WiredRig, bridge_config, wait_for
 from tests.hermes_fake import FakeHermes
 from tests.test_question import question_spec
 
@@ -36,13 +36,12 @@ QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
-class Notes(Commits):
+class Notes:
     """The store as delivery uses it: whether a note is still owed (a question's send
     always is), marking it sent, and nothing owed from a last run."""
 
     def __init__(self, owed: Callable[[str], bool] = lambda note_id: True,
-                 sent: Callable[[str], None] = lambda note_id: None, **commits: Any) -> None:
-        super().__init__(**commits)
+                 sent: Callable[[str], None] = lambda note_id: None) -> None:
         self.owed, self.sent = owed, sent
         self.outcomes: dict[str, str | None] = {}  # outcomes a restart would find (`sent`)
         self.recorded: list[tuple[str, str | None]] = []
@@ -117,36 +116,6 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
-
-
-def test_hermes_runs_only_after_the_store_committed_what_its_text_tells(
-        hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[str] = []  # each run's text, as it is handed to the edge
-
-    def spy(directory: Path, key: str, argv: list[str], timeout_s: float) -> Any:
-        started.append(argv[-1])
-        return run_send(directory, key, argv, timeout_s)
-
-    monkeypatch.setattr(hermes_module, "run_send", spy)
-    notes = Notes(check=lambda: list(started))  # at each flush, the runs started so far
-    rig = DeliveryRig(hermes.path, notes=notes)
-    rig.send("one")
-    assert rig.told() == (QID, None)
-    rig.send("two")
-    assert rig.told() == (QID, None)
-    # a flush before each run starts, and one after it ends (its outcome kept, actors/sends.py)
-    assert notes.flushes == [[], ["one"], ["one"], ["one", "two"]]
-    notes.fails = StoreClosedError("the group's commit failed")  # the daemon is ending
-    rig.send("three")
-    rig.sync()
-    assert notes.flushes == [[], ["one"], ["one"], ["one", "two"], ["one", "two"]]
-    assert started == ["one", "two"]
-    assert [argv[-1] for argv in hermes.argvs()] == ["one", "two"]
-    notes.fails = None  # the job was kept, first in line
-    rig.send("four")
-    assert rig.told() == (QID, None)
-    assert rig.told() == (QID, None)
-    assert started == ["one", "two", "three", "four"]
 
 
 def test_runs_hermes_with_the_exact_argv_and_reports_delivered(hermes: FakeHermes) -> None:  # W20

@@ -7,7 +7,6 @@ import errno
 import gc
 import json
 import os
-import select
 import shutil
 import socket
 import threading
@@ -24,16 +23,13 @@ from coms_hermes_bridge.actors.listener import BUSY, MAX_LINE, Listener, bind_en
 from coms_hermes_bridge.actors.loop import Edge
 from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import PeerIdentity, read_entry, resolve_identity
-from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import (
     Heartbeat,
     NewQuestion,
     QueueDepthQuery,
 )
-from coms_hermes_bridge.messages.contract import NOT_ADMITTED
 from coms_hermes_bridge.messages.wire import AgentCard
 from tests.fakes import (
-    Commits,
     FakeRef,
     Settles,
     WiredRig,
@@ -429,28 +425,6 @@ def test_a_new_question_reaches_the_router_and_is_acked_once_stored(
     handed.verdict.set_result(None)  # the Router stored it
     sender.join(10)
     assert json.loads(replies[0]) == {"type": "ack", "msg_id": QID}
-
-
-def test_a_stored_question_is_acked_only_after_the_store_committed_it(
-    serve: Callable[..., Served],
-) -> None:  # W14: an ack means the question survives a crash
-    served = serve(answers={NewQuestion: lambda question: question.verdict.set_result(None)})  # stored at once
-    with connect(served.path) as conn:
-
-        def written() -> bool:  # anything from the listener for us to read yet?
-            return bool(select.select([conn], [], [], 0)[0])
-
-        commits = Commits(check=written)
-        served.listener._durable = commits.flush  # white-box: the Peer gives the store's
-        conn.sendall(prompt_envelope(QID).to_line())
-        assert json.loads(read_reply(conn)) == {"type": "ack", "msg_id": QID}
-    assert commits.flushes == [False]  # nothing was written before it
-    commits.check = lambda: None
-    commits.fails = StoreClosedError("the group's commit failed")  # said by the store
-    other = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
-    reply = json.loads(talk(served.path, prompt_envelope(other).to_line()))
-    assert reply == {"type": "nack", "msg_id": other, "error": NOT_ADMITTED}
-    assert len(commits.flushes) == 2
 
 
 def test_a_question_not_taken_in_time_is_withdrawn_refused_and_said(

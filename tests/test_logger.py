@@ -7,18 +7,17 @@ import stat
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from coms_hermes_bridge.actors import logger as logger_module
 from coms_hermes_bridge.actors.files import open_private
 from coms_hermes_bridge.actors.logger import LoggerActor
-from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.messages.commands import ChildFailed, LogEvent
 from coms_hermes_bridge.messages.contract import log_record
 from coms_hermes_bridge.messages.wire import LogRecord
-from tests.fakes import Commits, WiredRig, actors_held, bridge_config, wait_for
+from tests.fakes import WiredRig, actors_held, bridge_config, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
@@ -69,20 +68,6 @@ def test_appends_each_record_as_one_line_in_order(tmp_path: Path) -> None:  # C2
         b'{"at":"2025-01-02T03:04:05.678Z","qid":"00000000000000000000000000",'
         b'"event":"answer_rejected","detail":{"reason":"invalid_path","file":"x.txt"}}'
     )
-
-
-def test_a_line_is_written_only_after_the_store_committed_what_it_records(
-        tmp_path: Path) -> None:  # C20
-    rig = LoggerRig(tmp_path / "log.ndjson")
-    commits = cast(Commits, rig.wiring.store)
-    commits.check = lambda: rig.log_path.exists() and rig.log_path.read_bytes()
-    first, second = log_record(AT, QID, "question_received"), log_record(AT, QID, "delivered")
-    rig.logged(first)
-    assert commits.flushes == [False]  # nothing written yet when it flushed
-    commits.fails = StoreClosedError("the group's commit failed")  # said by the store; the
-    rig.logged(second)  # line is kept: what was decided, as the daemon ends
-    assert commits.flushes == [False, lines([first])]
-    assert rig.log_path.read_bytes() == lines([first, second])
 
 
 def test_keeps_appending_after_the_file_is_rotated_away(tmp_path: Path) -> None:  # C20

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,7 @@ from coms_hermes_bridge import ops
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
 from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, write_entry
-from coms_hermes_bridge.actors.store import Store
+from coms_hermes_bridge.actors.store import SCHEMA_VERSION, Store
 from coms_hermes_bridge.cli import main
 from coms_hermes_bridge.messages.commands import QuestionSpec
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
@@ -314,18 +315,6 @@ def test_one_unreadable_state_file_hides_no_other_project(bridge: Bridge) -> Non
     assert done.returncode == 1
     assert f"no open question {missing} in any project" in done.stderr
     assert "could not read: cannot read state database" in done.stderr and "state-aaa" in done.stderr
-
-
-def test_a_qid_in_the_old_shared_state_file_belongs_to_the_default_project(
-    tmp_path: Path,
-) -> None:  # upgrades: before any bridge adopted the host's old state.sqlite3
-    config = parse_config([], {"HOME": str(tmp_path)})
-    qid = new_qid()
-    prompt = prompt_envelope(qid, text="Old?")
-    store = Store.open(config.shared_state_path)
-    store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1000.0, 2e9), owner="q")
-    store.shutdown()
-    assert project_of(config, qid) == "default"
 
 
 def test_the_running_bridge_and_the_projects_come_from_live_bridge_entries(
@@ -635,17 +624,22 @@ def test_status_reads_closing_times_from_the_logs_tail_only(config: BridgeConfig
     assert times == {old: None, recent: "T2"}  # `first` is older than the tail
 
 
-def test_status_reads_the_shared_state_file_only_until_it_is_adopted(config: BridgeConfig) -> None:
-    (old,) = state_file(config.shared_state_path, closed=0)  # left from before the upgrade
-    assert [q["qid"] for q in status(config, 10)["open"]] == [old]
-    (adopted,) = state_file(config.state_path, closed=0)
-    assert [q["qid"] for q in status(config, 10)["open"]] == [adopted]
+def test_status_refuses_a_state_file_of_another_schema_in_one_line(bridge: Bridge) -> None:
+    path = bridge.bridge_dir / "state-default.sqlite3"
+    state_file(path, 0)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    done = bridge.verb("status", "--project", "default")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"coms-hermes-bridge: state file {path} has schema 5, this bridge reads "
+        f"{SCHEMA_VERSION}; stop the bridge and move {path} (and its -wal, -shm) aside to"
+        " start afresh\n")
 
 
 def test_a_qid_is_looked_for_in_every_projects_state_file(config: BridgeConfig) -> None:
     (demo_qid,) = state_file(config.state_path, closed=0)
-    state_file(config.shared_state_path, closed=0)  # left from before the upgrade, read
-    assert project_of(config, demo_qid) == "demo"  # only when no project's file is there
+    assert project_of(config, demo_qid) == "demo"
     other = config.state_path.with_name("state-other.sqlite3")
     (gone,) = state_file(other, closed=0)
     store = Store.open(other)

@@ -25,6 +25,7 @@ import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.actors.questions import failed_error
+from coms_hermes_bridge.actors.state_view import read_snapshot
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.actors.supervisor import Wiring
@@ -143,8 +144,9 @@ def test_the_error_a_poison_questions_asker_reads_is_kept_to_500_characters() ->
 
 def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Make) -> None:
     rig = make()
-    assert rig.admit(prompt_envelope(QIDS[0])) is None  # the ack: stored by then
-    assert [s.qid for s in rig.store.load()[0]] == [QIDS[0]]
+    assert rig.admit(prompt_envelope(QIDS[0])) is None  # the ack: stored by then,
+    # committed: another connection reads it (promise 1)
+    assert [s.qid for s in read_snapshot(rig.store.path).open] == [QIDS[0]]
     [(spec, child, _question)] = rig.started[QIDS[0]]
     assert spec.qid == QIDS[0] and child == f"question:{QIDS[0]}:t.0.1"
     assert rig.store.open_spec(QIDS[0], child) is not None  # owned by the child
@@ -310,7 +312,6 @@ def test_the_closed_qids_remembered_are_the_stores_and_no_others(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # X2, bounded: a qid the store still has is refused, one it let go is new again
     monkeypatch.setattr("coms_hermes_bridge.actors.store.CLOSED_MEMORY", 2)
-    monkeypatch.setattr("coms_hermes_bridge.actors.store.CLOSED_TRIM_BATCH", 1)
     rig = make()
     for qid in QIDS[:3]:
         _spec, child, _question = rig.opened(prompt_envelope(qid))

@@ -93,13 +93,13 @@ def test_a_row_nested_100000_deep_does_not_block_the_start(bridge: Bridge) -> No
 
     with contextlib.closing(sqlite3.connect(bridge.state_path())) as db:
         db.execute(
-            "INSERT INTO open_questions (qid, prompt, parsed, timeout_ms, deadline, state, seq,"
-            " owner) VALUES (?, ?, ?, 60000, ?, 'delivered', 1, 'old')",
+            "INSERT INTO open_questions (qid, prompt, parsed, timeout_ms, deadline, state,"
+            " owner) VALUES (?, ?, ?, 60000, ?, 'delivered', 'old')",
             (bad, deep, deep, time.time() + 60),
         )
         db.execute(
-            "INSERT INTO open_questions (qid, prompt, parsed, timeout_ms, deadline, state, seq,"
-            " owner) VALUES (?, ?, ?, 60000, ?, 'delivered', 2, 'old')",
+            "INSERT INTO open_questions (qid, prompt, parsed, timeout_ms, deadline, state,"
+            " owner) VALUES (?, ?, ?, 60000, ?, 'delivered', 'old')",
             (good, json.dumps(prompt), json.dumps({"question": "Still restored?"}),
              time.time() + 60),
         )

@@ -14,8 +14,7 @@ import pytest
 from coms_hermes_bridge.actors import supervisor
 from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.messages.commands import QueueDepthQuery
-from coms_hermes_bridge.messages.contract import NOT_ADMITTED
-from tests.fakes import DISK_ERROR, FailingConnection, prompt_envelope, request, wait_for
+from tests.fakes import request, wait_for
 from tests.tree_rig import Boom, Tree, running_tree
 
 
@@ -271,17 +270,4 @@ def test_the_roots_intensity_counts_on_the_trees_clock() -> None:
             clock.now += 20
         assert tree.fatal == []
 
-
-def test_a_failed_grouped_commit_is_the_trees_own_fatal_verdict() -> None:
-    """start_tree groups the store's writes on the edge and makes a failed group fatal
-    at once, not after the refused writers have crashed often enough."""
-    with running_tree() as tree:
-        tree.store._conn = FailingConnection(tree.store._conn, commit=DISK_ERROR)  # type: ignore[arg-type]
-        qid = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
-        reply = request(tree.endpoint, prompt_envelope(qid).model_dump(mode="json"))
-        assert reply == {"type": "nack", "msg_id": qid, "error": NOT_ADMITTED}
-        assert tree.fatal_event.wait(5)
-        assert tree.fatal[0] == (
-            f"state database {tree.store.path}: could not commit a group of writes "
-            "(OperationalError('disk I/O error')); refusing every write until a restart")
 

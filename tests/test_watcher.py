@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import inotify_simple
 import pykka
@@ -29,7 +29,6 @@ from inotify_simple import INotify
 
 from coms_hermes_bridge.actors import watcher as hermes
 from coms_hermes_bridge.actors.files import read_at_most
-from coms_hermes_bridge.actors.store import StoreClosedError
 from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
@@ -50,7 +49,6 @@ from coms_hermes_bridge.messages.contract import (
 )
 from coms_hermes_bridge.messages.wire import LogRecord, RejectReason
 from tests.fakes import (
-    Commits,
     FakeClock,
     WiredRig,
     actors_held,
@@ -532,32 +530,6 @@ def test_remove_answer_file_removes_only_the_version_that_was_read(tmp_path: Pat
     assert not (rig.dir / NAME).exists()
     rig.ref.tell(DisposeAnswerFile(NAME, second))  # gone already: nothing to do
     rig.sync()
-    rig.logger.assert_nothing()
-
-
-def test_a_used_file_goes_only_after_the_store_committed_what_used_it(tmp_path: Path) -> None:  # C2
-    rig = start(tmp_path)
-    commits = cast(Commits, rig.wiring.store)
-    commits.check = (rig.dir / NAME).exists  # at the flush, the file is still there
-    rig.sync()
-    first = write(rig.dir / NAME, ANSWER)
-    rig.seen(ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, first))
-    rig.sync()
-    assert commits.flushes == [True]
-    assert not (rig.dir / NAME).exists()
-    commits.fails = StoreClosedError("the group's commit failed")  # the daemon is ending:
-    second = write(rig.dir / NAME, ANSWER)  # the file stays, to be judged after a restart
-    rig.seen(ANSWER)
-    rig.ref.tell(DisposeAnswerFile(NAME, second))
-    rig.sync()
-    assert commits.flushes == [True, True]
-    assert (rig.dir / NAME).read_bytes() == ANSWER
-    tracked = rig.actor._tracked[NAME]  # white-box: judged, so never offered again here
-    assert (tracked.handed, tracked.resend_at) == (second, float("inf"))
-    rig.ref.tell(RejectAnswerFile(NAME, second, Rejected("invalid_schema", QID)))
-    rig.sync()  # refused, and not removed: not logged as rejected either
-    assert (rig.dir / NAME).read_bytes() == ANSWER
     rig.logger.assert_nothing()
 
 

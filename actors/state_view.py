@@ -1,0 +1,168 @@
+"""Reading state files without the daemon's lock: the operator's verbs (`status`,
+`answer`, the project of a qid) and the bridges of other projects that share the
+questions directory (X6). Read-only connections, so nothing is created, changed or
+deleted, and a running daemon's writer is never blocked (a WAL reader never waits on it).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..messages.commands import QuestionSpec
+from ..messages.wire import State
+from .loop import report
+from .store import (
+    _BUSY_TIMEOUT_S,
+    _UNDELIVERED_SQL,
+    CLOSED_MEMORY,
+    UNDELIVERED_MEMORY_S,
+    UnusableStateError,
+    _closed,
+    _decode,
+    _is_busy,
+    _schema_problem,
+    _spec,
+    _text,
+)
+
+# A sibling's file is read on the actors' thread: a lock held longer than this (rare,
+# a WAL reader waits only on recovery) makes the file count as busy, not a stall.
+SIBLING_BUSY_S = 0.2
+STATE_PREFIX = "state-"
+STATE_SUFFIX = ".sqlite3"
+
+
+
+def state_files(directory: Path) -> dict[str, Path]:
+    """Every project's state file in `directory`, by project: the bridges that share
+    the questions directory beside it (one file each, `state-<project>.sqlite3`)."""
+    found: dict[str, Path] = {}
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return found
+    for name in names:
+        if name.startswith(STATE_PREFIX) and name.endswith(STATE_SUFFIX):
+            project = name[len(STATE_PREFIX) : -len(STATE_SUFFIX)]
+            if project:
+                found[project] = directory / name
+    return found
+
+
+def _read_only(path: Path, busy_s: float = _BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    uri = f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=busy_s)
+    except sqlite3.Error as exc:
+        raise OSError(f"cannot open state database {path}: {exc}") from exc
+    conn.text_factory = _text
+    return conn
+
+
+def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S) -> str | None:
+    """What the state file at `path` knows of `qid`: "open", its closed state, or
+    "undelivered" (a failed delivery within the hour, X11); None when nothing.
+
+    Read-only, so a bridge can ask what a sibling owns while that sibling is up, down or
+    starting (a WAL reader never blocks its writer). StateBusyError when the file stays
+    locked past `busy_s`, OSError when it cannot be read.
+    """
+    try:  # a FIFO (or a device) by that name would block SQLite's open for ever
+        st = os.lstat(path)
+    except OSError as exc:
+        raise OSError(f"cannot read state database {path}: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        raise OSError(f"state database {path} is not a regular file of ours")
+    conn = _read_only(path, busy_s)
+    try:
+        tables = {name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "open_questions" in tables and conn.execute(
+            "SELECT 1 FROM open_questions WHERE qid = ?", (qid,)
+        ).fetchone():
+            return "open"
+        if "closed_questions" in tables:
+            row = conn.execute(
+                "SELECT state FROM closed_questions WHERE qid = ?", (qid,)
+            ).fetchone()
+            if row is not None:
+                return str(row[0])
+        if "undelivered" in tables and conn.execute(
+            _UNDELIVERED_SQL, (qid, now - UNDELIVERED_MEMORY_S)
+        ).fetchone():
+            return "undelivered"
+        return None
+    except sqlite3.Error as exc:
+        if _is_busy(exc):
+            raise StateBusyError(f"state database {path} is busy: {exc}") from exc
+        raise OSError(f"cannot read state database {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+class StateBusyError(OSError):
+    """Another process holds the state file locked past the busy timeout: try later."""
+
+
+def sibling_of(own: Path, qid: str, now: float) -> str | None:
+    """The project of another bridge beside `own` whose state knows `qid` (X6), or None.
+
+    A busy file counts as knowing it: leaving an answer file longer is safe, deleting
+    another bridge's is not. One that cannot be read at all (damaged) knows nothing,
+    said as a warning: it must not keep every stray answer file forever.
+    """
+    for project, path in state_files(own.parent).items():
+        if path == own:
+            continue
+        try:
+            if knows_qid(path, qid, now, SIBLING_BUSY_S) is not None:
+                return project
+        except StateBusyError:
+            return project
+        except OSError as exc:
+            report(f"cannot tell whether project {project} owns {qid}: {exc}", "warning")
+    return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a state file says right now: open questions in arrival order, closed newest first."""
+
+    open: tuple[QuestionSpec, ...]
+    closed: tuple[tuple[str, State], ...]
+
+
+def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
+    """The state file as it is now, for the operator's verbs, safe while the daemon runs.
+
+    Opened read-only (`mode=ro`): nothing is created, changed or deleted, and the daemon's
+    writer is never blocked. A row that does not parse is skipped, not repaired: that is
+    the daemon's business at its next start. FileNotFoundError when there is no file,
+    UnusableStateError when it is of another schema, OSError when it cannot be read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no state database at {path}")
+    conn = _read_only(path)
+    try:
+        why = _schema_problem(conn)
+        if why is not None:
+            raise UnusableStateError(path, why)
+        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,):
+            return Snapshot((), ())  # created, never written
+        specs, _ = _decode(conn.execute(
+            "SELECT rowid, qid, prompt, parsed, timeout_ms, deadline, state"
+            " FROM open_questions ORDER BY rowid").fetchall(), _spec)
+        closed, _ = _decode(conn.execute(
+            "SELECT rowid, qid, state FROM closed_questions ORDER BY rowid DESC LIMIT ?",
+            (max(0, closed_limit),)).fetchall(), _closed)
+        return Snapshot(tuple(specs), tuple(closed))
+    except sqlite3.Error as exc:
+        raise OSError(f"cannot read state database {path}: {exc}") from exc
+    finally:
+        conn.close()
