@@ -98,7 +98,7 @@ environment:
                            (default: 30000; a safety net, lengthened by tests)
   COMS_HERMES_BRIDGE_DEBUG any value: actor tracebacks on stderr
 
-signals: SIGTERM/SIGINT stop cleanly (exit 0); SIGUSR1 writes every thread's stack to stderr.
+signals: SIGTERM/SIGINT stop cleanly (exit 0).
 exit status: 0 after SIGTERM/SIGINT, 1 on a bad command line or when the daemon gives up,
   3 when this project and name already have a bridge running (it names its pid).
 """
