@@ -98,7 +98,7 @@ environment:
                            (default: 30000; a safety net, lengthened by tests)
   COMS_HERMES_BRIDGE_DEBUG any value: actor tracebacks on stderr
 
-signals: SIGTERM/SIGINT stop cleanly (exit 0); SIGUSR1 writes every thread's stack to stderr.
+signals: SIGTERM/SIGINT stop cleanly (exit 0).
 exit status: 0 after SIGTERM/SIGINT, 1 on a bad command line or when the daemon gives up,
   3 when this project and name already have a bridge running (it names its pid).
 """
@@ -125,7 +125,7 @@ def _parser() -> Parser:
     )
     p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
     p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
-    # Kept so that a unit written for an older version still starts (X6 no longer waits).
+    # accepted, unused: a unit that passes it still starts
     p.add_argument("--claim-ms", help=argparse.SUPPRESS)
     p.add_argument(
         "--max-open", metavar="N", help="open questions past which prompts are refused (10000)"
@@ -214,16 +214,15 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
 
 
 def state_file_name(project: str, name: str) -> str:
-    """The default name's file is the project's (as before names counted); another name
-    is another peer, with state of its own (X13). `@` is in no project and no name."""
+    """The default name's file is the project's; another name is another peer, with state
+    of its own (X13). `@` is in no project and no name."""
     peer = project if name == DEFAULT_NAME else f"{project}@{name}"
     return f"state-{peer}.sqlite3"
 
 
 def home_dir(env: Mapping[str, str]) -> Path:
     """`$HOME`; when it is unset, the password database's home, as Node's os.homedir()
-    reads it. A HOME set but empty is a mistake, not "unset": read as `~` it was `/`, and
-    the bridge (as root, say) made its files at the filesystem root."""
+    reads it. A HOME set but empty is a mistake, not "unset": files must not land at `/`."""
     home = env.get("HOME")
     if home is None:
         try:

@@ -36,7 +36,7 @@ from .registry import (
     validate_name,
     validate_project,
 )
-from .service import ServiceLink, dump_thread_stacks
+from .service import ServiceLink
 from .store import Store, UnusableStateError
 from .supervisor import start_tree
 
@@ -122,7 +122,6 @@ def _serve(config: BridgeConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGUSR1, dump_thread_stacks)
     link = ServiceLink.from_env(os.environ)
     for notice in config.notices:
         report(notice, "warning")

@@ -222,10 +222,8 @@ def resolve_identity(
 ) -> PeerIdentity:
     """Validate, make the places (W1-W3), and claim a unique name (W9, W10).
 
-    Every directory made here is 0700 whatever the umask (a bare mkdir under umask 000
-    made the registry and the sockets directory writable by every local user); ones
-    that exist already are the pool's, shared with its other peers, and left as they are,
-    bar the root itself (W1).
+    Every directory made here is 0700 whatever the umask; ones that exist already are the
+    pool's, shared with its other peers, and left as they are, bar the root itself (W1).
     """
     validate_project(project)
     validate_name(requested_name)

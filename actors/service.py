@@ -1,4 +1,4 @@
-"""The daemon's line to its service manager (sd_notify(3)), the watchdog, stack dumps.
+"""The daemon's line to its service manager (sd_notify(3)) and the watchdog.
 
 Without NOTIFY_SOCKET every call here does nothing, so the daemon behaves the same
 under any other service manager or in a terminal.
@@ -12,13 +12,10 @@ thread that merely still runs.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
-
-import pykka.debug
 
 from .loop import Episode, report
 
@@ -152,28 +149,3 @@ class ServiceLink:
                     self._socket.close()
                 self._socket = None
 
-
-class _StackLines(logging.Handler):
-    """Writes pykka's thread dumps to stderr, one prefixed line per stack line."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(Exception):
-            for line in record.getMessage().splitlines():
-                report(line, "info")
-
-
-def dump_thread_stacks(*_args: object) -> None:
-    """SIGUSR1: log every thread's stack, as Mopidy does, to see what a stuck daemon waits on.
-
-    pykka.debug does the walking; it logs at CRITICAL on the `pykka` logger,
-    which the daemon otherwise keeps quiet, so a handler is attached just for
-    the dump.
-    """
-    logger = logging.getLogger("pykka")
-    handler = _StackLines()
-    logger.addHandler(handler)
-    try:
-        report("SIGUSR1: stacks of every thread follow", "info")
-        pykka.debug.log_thread_tracebacks()
-    finally:
-        logger.removeHandler(handler)

@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             errors = [{"project": p, "error": e} for p, e in failed]
             print(dumps({"projects": every + errors}, indent=2))
-        else:  # no bridge anywhere yet: say so for the default project, as before
+        else:  # no bridge anywhere yet: say so for the default project
             blocks = [render(st) for st in every or ([] if failed else [status(config, limit)])]
             blocks += [f"bridge for project {p}: cannot read its state: {e}" for p, e in failed]
             print("\n\n".join(blocks))

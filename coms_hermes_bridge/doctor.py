@@ -43,18 +43,23 @@ class Check:
         return f"{mark} {self.name}: {self.detail}"
 
 
-def _run(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run a program for a check: no shell, no stdin, bounded in time (else OSError)."""
+def run_program(
+    argv: list[str], env: Mapping[str, str], timeout_s: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a program for a check or a setup step: no shell, no stdin, bounded in time
+    (CHECK_TIMEOUT_S unless given; past it, OSError)."""
+    limit = CHECK_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         return subprocess.run(
             argv, env=dict(env), capture_output=True, text=True, errors="replace",
-            timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False,
+            timeout=limit, stdin=subprocess.DEVNULL, check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise OSError(f"did not finish in {CHECK_TIMEOUT_S:g}s") from exc
+        raise OSError(f"did not finish in {limit:g}s") from exc
 
 
-def _said(done: subprocess.CompletedProcess[str]) -> str:
+def said(done: subprocess.CompletedProcess[str]) -> str:
+    """The last line a program wrote, for a one-line error."""
     text = (done.stderr.strip() or done.stdout.strip()).splitlines()
     return text[-1][:300] if text else f"exit {done.returncode}"
 
@@ -78,12 +83,12 @@ def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check
                     "(pip install hermes-agent) or put hermes on the daemon's PATH")
         return
     try:
-        done = _run([found, "--version"], env)
+        done = run_program([found, "--version"], env)
     except OSError as exc:
         yield Check("hermes", False, f"{found} --version: {exc}")
         return
     if done.returncode != 0:
-        yield Check("hermes", False, f"{found} --version failed: {_said(done)}")
+        yield Check("hermes", False, f"{found} --version failed: {said(done)}")
         return
     version = (done.stdout.strip().splitlines() or ["no version printed"])[0][:100]
     yield Check("hermes", True, f"{found} ({version})")
@@ -96,7 +101,7 @@ def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check
     yield _telegram_library(Path(found), env)
 
 
-def _interpreter(program: Path, env: Mapping[str, str]) -> str | None:
+def interpreter(program: Path, env: Mapping[str, str]) -> str | None:
     try:
         with open(program, "rb") as f:
             first = f.readline(512)
@@ -115,12 +120,12 @@ def _interpreter(program: Path, env: Mapping[str, str]) -> str | None:
 
 def _telegram_library(program: Path, env: Mapping[str, str]) -> Check:
     lazy = env.get(LAZY_ENV, "").strip() not in ("1", "true", "yes")
-    python = _interpreter(program, env)
+    python = interpreter(program, env)
     name = "python-telegram-bot"
     if python is None:
         return Check(name, None, f"cannot tell which Python runs {program}")
     try:
-        done = _run([python, "-c", "import telegram; print(telegram.__version__)"], env)
+        done = run_program([python, "-c", "import telegram; print(telegram.__version__)"], env)
     except OSError as exc:
         return Check(name, None, f"cannot run {python}: {exc}")
     if done.returncode == 0:
@@ -259,14 +264,14 @@ def check_service(config: BridgeConfig, env: Mapping[str, str]) -> Check:
     if systemctl is None:
         return Check("service", None, "no systemd here (no systemctl)")
     try:
-        done = _run([systemctl, "--user", "is-active", unit], env)
+        done = run_program([systemctl, "--user", "is-active", unit], env)
     except OSError as exc:
         return Check("service", None, f"systemctl --user did not answer: {exc}")
     state = done.stdout.strip()
     if done.returncode == 0 and state == "active":
         return Check("service", True, f"{unit} is active")
     if state in ("", "unknown") and "bus" in done.stderr.lower():
-        return Check("service", None, f"no systemd user manager to ask ({_said(done)})")
+        return Check("service", None, f"no systemd user manager to ask ({said(done)})")
     config_home = Path(env.get("XDG_CONFIG_HOME") or home_dir(env) / ".config")
     if not (config_home / "systemd" / "user" / UNIT).is_file():
         return Check("service", False, f"{UNIT} is not installed; "
@@ -279,12 +284,12 @@ def check_send(config: BridgeConfig, env: Mapping[str, str]) -> Check:
     found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes  # for errors
     profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
     try:
-        done = _run([found, *profile, "send", "--to", config.target, TEST_TEXT], env)
+        done = run_program([found, *profile, "send", "--to", config.target, TEST_TEXT], env)
     except OSError as exc:
         return Check("test message", False, f"hermes send: {exc}")
     if done.returncode != 0:
         return Check("test message", False, f"hermes send failed ({done.returncode}): "
-                     f"{_said(done)}")
+                     f"{said(done)}")
     return Check("test message", True, f"sent to {config.target}; look for it in Telegram")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import liaison
 from .actors.config import BridgeConfig
-from .doctor import _interpreter, hermes_home
+from .doctor import Check, hermes_home, interpreter, run_program, said
 from .ops import OpsError
 
 NAME = liaison.NAME
@@ -64,7 +64,7 @@ def find_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Hermes:
     if program is None:
         raise OpsError(f"{config.hermes!r} is not on PATH; the liaison is a plugin of the "
                        "Hermes gateway: install hermes-agent first")
-    python = _interpreter(Path(program), env)
+    python = interpreter(Path(program), env)
     if python is None:
         raise OpsError(f"cannot tell which Python runs {program}")
     home = hermes_home(env, config.hermes_profile)
@@ -75,16 +75,9 @@ def find_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Hermes:
 
 def _run(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(argv, env=dict(env), capture_output=True, text=True,
-                              errors="replace", timeout=RUN_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        return run_program(argv, env, RUN_TIMEOUT_S)
+    except OSError as exc:
         raise OpsError(f"{argv[0]}: {exc}") from exc
-
-
-def _said(done: subprocess.CompletedProcess[str]) -> str:
-    lines = (done.stderr.strip() or done.stdout.strip()).splitlines()
-    return lines[-1][:300] if lines else f"exit {done.returncode}"
 
 
 def probe(hermes: Hermes, env: Mapping[str, str]) -> dict[str, bool]:
@@ -96,7 +89,7 @@ def probe(hermes: Hermes, env: Mapping[str, str]) -> dict[str, bool]:
         found = json.loads(done.stdout.strip().splitlines()[-1])
         return {"hook": bool(found["hook"]), "enabled": bool(found["enabled"])}
     except (IndexError, ValueError, KeyError, TypeError):
-        raise OpsError(f"cannot ask {hermes.python} about Hermes' plugins: {_said(done)}") from None
+        raise OpsError(f"cannot ask {hermes.python} about Hermes' plugins: {said(done)}") from None
 
 
 def _source() -> Path:
@@ -164,7 +157,7 @@ def install(config: BridgeConfig, env: Mapping[str, str]) -> list[str]:
     if not probe(hermes, env)["enabled"]:
         done = _run(hermes.argv("plugins", "enable", NAME, "--no-allow-tool-override"), env)
         if done.returncode != 0 or not probe(hermes, env)["enabled"]:
-            raise OpsError(f"`hermes plugins enable {NAME}` failed: {_said(done)}")
+            raise OpsError(f"`hermes plugins enable {NAME}` failed: {said(done)}")
         lines.append(f"{NAME} enabled in Hermes")
     else:
         lines.append(f"{NAME} is enabled in Hermes")
@@ -180,7 +173,7 @@ def uninstall(config: BridgeConfig, env: Mapping[str, str]) -> list[str]:
     if probe(hermes, env)["enabled"]:
         done = _run(hermes.argv("plugins", "disable", NAME), env)
         if done.returncode != 0:
-            raise OpsError(f"`hermes plugins disable {NAME}` failed: {_said(done)}")
+            raise OpsError(f"`hermes plugins disable {NAME}` failed: {said(done)}")
     shutil.rmtree(target)
     return [f"{NAME} removed from {target}", RESTART]
 
@@ -192,15 +185,17 @@ def status(config: BridgeConfig, env: Mapping[str, str]) -> tuple[list[str], boo
     target = hermes.plugin_dir
     found = probe(hermes, env)
     if not target.is_dir():
-        return [f"✖ {NAME}: not installed at {target}; run `coms-hermes-bridge liaison "
-                "install`"], False
+        return [Check(NAME, False, f"not installed at {target}; run `coms-hermes-bridge "
+                      "liaison install`").line()], False
     current = _current(target)
-    lines = [f"{'✔' if current else '✖'} {NAME}: "
-             + (f"installed at {target}" if current else
-                f"an older copy at {target}; run `coms-hermes-bridge liaison install`")]
-    lines.append(f"✔ {NAME}: enabled in Hermes" if found["enabled"] else
-                 f"✖ {NAME}: not enabled; run `coms-hermes-bridge liaison install`")
+    install = "run `coms-hermes-bridge liaison install`"
     has = "has them" if found["hook"] else "lacks one of them; upgrade hermes-agent"
-    lines.append(f"{'✔' if found['hook'] else '✖'} {', '.join(HOOKS)}: this Hermes {has}")
+    lines = [check.line() for check in (
+        Check(NAME, current, f"installed at {target}" if current else
+              f"an older copy at {target}; {install}"),
+        Check(NAME, found["enabled"], "enabled in Hermes" if found["enabled"] else
+              f"not enabled; {install}"),
+        Check(", ".join(HOOKS), found["hook"], f"this Hermes {has}"),
+    )]
     lines.append(f"  answers go to {liaison.questions_dir(target)}")
     return lines, current and found["enabled"] and found["hook"]

@@ -79,9 +79,7 @@ def js_number(value: float) -> float:
 
 def js_string(value: float) -> str:
     """X17: a number in a text as JavaScript's String(number) writes it (1e-7, 1e+21,
-    1000), where Python writes 1e-07, 1e21 and 1000.0: the texts are the upstream
-    daemon's, word for word. repr() already gives the shortest round-trip digits, as
-    JavaScript does; only their layout differs."""
+    1000, where Python writes 1e-07, 1e21, 1000.0); repr() gives the same digits."""
     number = float(value)
     if math.isnan(number):
         return "NaN"
@@ -115,9 +113,8 @@ _RADIX = {"x": 16, "X": 16, "b": 2, "B": 2, "o": 8, "O": 8}
 
 
 def js_to_number(text: str) -> float:
-    """X17: `Number(text)`, NaN for what JavaScript cannot read. Python's float() reads
-    `1_000`, `inf`, `nan` and full-width digits, and no `0x10`, so the grammar decides
-    first and float() only converts what it let through."""
+    """X17: `Number(text)`, NaN for what JavaScript cannot read; the grammar decides,
+    since float() reads `1_000`, `inf` and full-width digits and no `0x10`."""
     body = js_trim(text)
     if not body:
         return 0.0  # as Number("  ") is: refused by every caller as not > 0
@@ -137,8 +134,7 @@ def js_to_number(text: str) -> float:
 
 def parse_positive_ms(raw: str | None) -> float | None:
     """C16, X17: milliseconds read as JavaScript's Number() reads them (`0x10`, ` 1e3 `),
-    or None unless they are finite and > 0. No upper bound: Node would fire a timer past
-    2^31-1 ms after 1 ms, and that is not worth copying."""
+    or None unless they are finite and > 0."""
     if raw is None:
         return None
     value = js_to_number(raw)
@@ -174,9 +170,7 @@ def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
 
 def resumed_deadline(deadline: float, timeout_ms: float, now: float) -> float:
     """C16/X5 across a restart: the stored deadline, but never more than the question's
-    own timeout from now. One further out can only come from a wall clock that moved
-    (asked while it ran fast, then set right), and would keep the question open for as
-    long as the clock was wrong, whatever its timeout."""
+    own timeout from now (a wall clock set back must not stretch it)."""
     return min(deadline, now + timeout_ms / 1000)
 
 

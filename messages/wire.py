@@ -47,19 +47,11 @@ def dumps(value: Any, *, indent: int | None = None) -> str:
     (a Python str can hold them; UTF-8 cannot), so that every line we write
     is valid UTF-8 and byte-identical to what a node peer would send.
     """
-    if indent is None:
-        text = _COMPACT.encode(value)
-    else:
-        text = json.dumps(
-            value, ensure_ascii=False, indent=indent, separators=(",", ": "), allow_nan=False
-        )
-    if text.isascii():  # the common case: nothing to escape, no scan
-        return text
+    separators = (",", ":") if indent is None else (",", ": ")
+    text = json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, allow_nan=False
+    )
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-# One encoder for every compact line: json.dumps with options builds a new one per call.
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def has_lone_surrogate(value: Any) -> bool:
@@ -67,7 +59,7 @@ def has_lone_surrogate(value: Any) -> bool:
 
     JSON can spell one (`"\\ud800"`) and Python holds it, but no UTF-8 text
     can: SQLite, the log, argv and Telegram would each fail on it later, far
-    from the line that brought it. Iterative, so depth never costs a frame.
+    from the line that brought it.
     """
     stack = [value]
     while stack:
@@ -105,9 +97,7 @@ class ValidText(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        # Before the fields' own validators: those (a timestamp parser, say) may
-        # fail on such text with an error no caller expects. Extra fields are
-        # ignored (W18), so only the model's own are looked at.
+        # before the fields' own validators, which may fail on such text unhelpfully
         for wire_name, value in _own_fields(cls, data):
             if has_lone_surrogate(value):
                 raise PydanticCustomError(
@@ -160,24 +150,17 @@ class FiniteNumbers(BaseModel):
 def invalid_text(exc: ValidationError) -> str | None:
     """The reason naming the field in a validation error, if its cause is a value no
     line can carry: text that is not valid Unicode (X12), a number not finite (X17)."""
-    # (pydantic itself lets a lone surrogate through a str field: only ValidText's
-    # check ever raises for one)
     named = (INVALID_UNICODE, NOT_FINITE)
     return next((str(e["msg"]) for e in exc.errors() if e["type"] in named), None)
 
 
 MAX_JSON_DEPTH = 200
-"""Arrays and objects nested deeper than this are not read as JSON at all.
-
-Python's parser recurses, so how deep it gets depends on how deep the calling
-thread's stack already is: the same text could parse on one thread and fail on
-another. Below this depth a thread with a few hundred frames to spare parses (one with
-less refuses it the same way); past it the answer is the same everywhere. No envelope,
-prompt or answer file nests more than a few levels."""
+"""Deeper JSON is refused outright: Python's parser recurses, so without a bound the same
+text would parse on one thread and fail on another."""
 
 
 def _too_deep(text: str) -> bool:
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # nearly always: no scan
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
         return False
     depth = 0
     in_string = escaped = False
@@ -213,8 +196,6 @@ def _finite(text: str) -> float:
     return value
 
 
-# One decoder for every read, as `_COMPACT` for writes: 5 of json.loads' 7 µs for an
-# answer file were building a decoder for its options.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
 # float() reads a number past a double as infinity, as JSON.parse does
 _ENVELOPE_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
@@ -500,12 +481,6 @@ _COMMENT = re.compile(r"\([^()]*\)")
 # (dateutil would read it the POSIX way round), so the label goes.
 _LABELLED_OFFSET = re.compile(r"\b(?:GMT|UTC|UT)(?=[+-]\d)", re.IGNORECASE)
 _YEAR_OR_MONTH = re.compile(r"\d{4}(?:-\d{2})?")
-# The form nearly every answer carries (hermes writes `toISOString()`): a whole
-# date and time, `Z` or an offset. `fromisoformat` reads it as dateutil does at a
-# fraction of the cost; anything it refuses still goes through dateutil.
-_PLAIN_ISO = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,6})?)?(?:Z|[+-]\d{2}:?\d{2})?"
-)
 # Two different defaults: a field the text does not carry shows up as a difference.
 _PROBES = (datetime(2000, 1, 1), datetime(2001, 2, 2))
 
@@ -534,11 +509,6 @@ def parse_timestamp(value: str) -> datetime:
         raise ValueError("not a timestamp")
     if _YEAR_OR_MONTH.fullmatch(text):
         return datetime.fromisoformat(text + "-01" * (3 - len(text.split("-"))))
-    if _PLAIN_ISO.fullmatch(text):
-        try:
-            return datetime.fromisoformat(text)
-        except ValueError:
-            pass  # no such day or hour: dateutil has the last word, as before
     try:
         first, second = (
             dateutil_parser.parse(text, default=probe, tzinfos=_zone) for probe in _PROBES

@@ -28,7 +28,7 @@ from coms_hermes_bridge.actors import peer as peer_module
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
 from coms_hermes_bridge.actors.peer import PeerActor
 from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir
-from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
+from coms_hermes_bridge.actors.service import ServiceLink
 from coms_hermes_bridge.actors.store import SCHEMA_VERSION, Store
 from coms_hermes_bridge.actors.supervisor import DEPTH_TIMEOUT_S, RootSupervisor, Tree
 from coms_hermes_bridge.messages.contract import NOT_ADMITTED
@@ -53,7 +53,7 @@ def base(coms_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A short directory (socket paths stay under 108 bytes); the signal handlers, pykka's
     logger and the service manager's variables as they were. (conftest stops what actors
     are left, within a bound.)"""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         monkeypatch.delenv(name, raising=False)
     logger = logging.getLogger("pykka")
@@ -145,13 +145,12 @@ def test_it_starts_says_ready_and_stops_on_sigterm(
     def look(notify: NotifySocket) -> None:
         entries = list(agents_dir(config.coms_dir, "demo").glob("*.json"))
         seen["entries"] = [entry.name for entry in entries]
-        seen["usr1"] = signal.getsignal(signal.SIGUSR1)
 
     world = World(base, monkeypatch, look)
     assert world.run_daemon(config) == 0
     assert world.ready.split("\n") == ["READY=1", "STATUS=1 open question"]
     assert world.after == ["STOPPING=1\nSTATUS=stopping"]
-    assert seen == {"entries": ["user-remote.json"], "usr1": dump_thread_stacks}
+    assert seen == {"entries": ["user-remote.json"]}
     endpoint = next((config.coms_dir / "sockets").iterdir(), None)
     assert endpoint is None  # W8: the socket went with the entry
     assert list(agents_dir(config.coms_dir, "demo").iterdir()) == []

@@ -1,5 +1,5 @@
 """The daemon under a service manager, as a process: sd_notify, stderr lines with their
-levels, SIGUSR1 stack dumps, the dev script. (The link itself: test_service_link.py.)"""
+levels, the dev script. (The link itself: test_service_link.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.bridge_process import ROOT, Bridge
-from tests.fakes import NotifySocket, wait_for
+from tests.fakes import NotifySocket
 
 
 @pytest.fixture
@@ -68,28 +68,6 @@ def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
     assert lines[-1] == "coms-hermes-bridge: info: stopping on SIGTERM (exit 0)"
 
 
-def test_sigusr1_logs_every_threads_stack(bridge: Bridge) -> None:
-    # pykka.debug's dump, as Mopidy wires it; the daemon carries on
-    bridge.start()
-    assert bridge.proc is not None
-    bridge.proc.send_signal(signal.SIGUSR1)
-    # the main thread's stack comes last
-    wait_for(
-        lambda: any("Current state of MainThread" in line for line in bridge.stderr_lines),
-        what="main thread's stack",
-    )
-    dumped = [
-        line.split("Current state of ", 1)[1].split(" (ident")[0]
-        for line in bridge.stderr_lines
-        if line.startswith("coms-hermes-bridge: info: Current state of ")
-    ]
-    assert "edge" in dumped, dumped  # the thread the actors' turns and all I/O run on
-    assert any(name.startswith("RootSupervisor") for name in dumped), dumped  # an actor's own
-    assert "SIGUSR1: stacks of every thread follow" in " ".join(bridge.stderr_lines)
-    assert bridge.ping()["type"] == "pong"
-    assert bridge.signal() == 0
-
-
 def test_scripts_dev_run_ends_with_the_daemons_own_status(bridge: Bridge) -> None:
     # `scripts/dev run` becomes the daemon (exec), so SIGTERM to what was
     # started is SIGTERM to the daemon, and its exit 0 is the status (not just's 143)
@@ -120,4 +98,4 @@ def test_help_lists_the_environment_the_daemon_reads(bridge: Bridge) -> None:
                  "JOURNAL_STREAM", "COMS_HERMES_BRIDGE_HEARTBEAT_MS", "COMS_HERMES_BRIDGE_REOFFER_MS",
                  "COMS_HERMES_BRIDGE_DEBUG"):
         assert f"\n  {name}" in done.stdout, name
-    assert "status [--project P] [--json]" in done.stdout and "SIGUSR1" in done.stdout
+    assert "status [--project P] [--json]" in done.stdout and "SIGTERM" in done.stdout

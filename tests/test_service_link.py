@@ -1,12 +1,10 @@
 """The daemon's line to its service manager, in this process: sd_notify's datagrams on a
-real socket, the earned watchdog, stderr lines for journald, the SIGUSR1 stack dump."""
+real socket, the earned watchdog, stderr lines for journald."""
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -16,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from coms_hermes_bridge.actors import loop as runtime
-from coms_hermes_bridge.actors.service import ServiceLink, dump_thread_stacks
+from coms_hermes_bridge.actors.service import ServiceLink
 from tests.fakes import NotifySocket, wait_for
 
 
@@ -288,31 +285,3 @@ def test_journald_reads_the_priority_when_stderr_is_the_journal(tmp_path: Path) 
         "coms-hermes-bridge: plain",
     ]
 
-
-def test_a_stack_dump_is_one_info_line_per_line_of_each_stack(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    pykka_logger = logging.getLogger("pykka")
-    handlers = list(pykka_logger.handlers)
-    dump_thread_stacks(signal.SIGUSR1, None)
-    lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "coms-hermes-bridge: info: SIGUSR1: stacks of every thread follow"
-    assert all(line.startswith("coms-hermes-bridge: info: ") for line in lines)
-    # pykka's dump gives the main thread's state, then its stack, a line for each frame
-    main = lines.index(next(line for line in lines if "Current state of MainThread" in line))
-    assert any("in test_a_stack_dump_is_one_info_line" in line for line in lines[main:])
-    assert pykka_logger.handlers == handlers  # attached for the dump only
-
-
-def test_a_stack_dump_can_land_while_this_thread_writes_a_line(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    # The SIGUSR1 handler runs on the main thread between any two bytecodes, so also
-    # inside report() while that thread holds the lock that keeps lines whole: the
-    # handler's own report() must take that lock again, not wait for ever on it.
-    with runtime._REPORT_LOCK:  # as if the signal came in the middle of a line
-        assert runtime._REPORT_LOCK.acquire(timeout=1)  # reentrant: the dump goes on
-        runtime._REPORT_LOCK.release()
-        dump_thread_stacks(signal.SIGUSR1, None)
-    assert capsys.readouterr().err.splitlines()[0] == (
-        "coms-hermes-bridge: info: SIGUSR1: stacks of every thread follow")

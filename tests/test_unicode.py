@@ -158,7 +158,7 @@ def test_a_settle_that_cannot_be_stored_fails_alone(store: Store) -> None:  # X1
                 response=SendResponse(_spec(other).prompt, {"kind": "freeform", "text": "y"}))
     assert _outbox_qids(store) == [other]
     with pytest.raises(UnicodeEncodeError):
-        store.settle("x\ud800y")  # what the poison line's error response used to settle
+        store.settle("x\ud800y")  # what the poison line's error response would settle
     store.settle(other, "o")
     assert _outbox_qids(store) == []
     store.put_open(_spec(), owner="q")  # later writes are not held up by it
