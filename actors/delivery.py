@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 from collections import deque
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ulid import ULID
@@ -25,7 +27,7 @@ from ..messages.contract import (
     js_string,
     log_record,
 )
-from .loop import Spawned, report, shared_edge, tell_quietly
+from .loop import Spawned, report, shared_edge, tell_quietly, utc_now
 from .sends import (
     UNKEPT,
     Outcome,
@@ -43,7 +45,7 @@ from .supervision import PooledChild
 
 if TYPE_CHECKING:
     from .config import BridgeConfig
-    from .supervisor import Wiring
+    from .store import Store
 
 
 SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
@@ -63,10 +65,13 @@ class DeliveryActor(PooledChild):
     the daemon (actors/sends.py): a stop or crash mid-send neither kills hermes nor sends
     again; the outcome is taken up by whoever runs next."""
 
-    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "delivery") -> None:
+    def __init__(self, *, config: BridgeConfig, store: Store, router: Address, logger: Address,
+                 supervisor: Address, now: Callable[[], datetime] = utc_now,
+                 name: str = "delivery") -> None:
         super().__init__(name, supervisor)
-        self.w = wiring
-        self.sends = sends_dir(wiring.config.state_path)
+        self.config, self.store, self.router, self.logger, self.now = (
+            config, store, router, logger, now)
+        self.sends = sends_dir(config.state_path)
         self._jobs: deque[SendText] = deque()
         self._keys: set[str] = set()  # of the jobs queued or running: none is queued twice
         # the job hermes is running for, and that run: only one at a time
@@ -88,16 +93,16 @@ class DeliveryActor(PooledChild):
         if running:
             report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
             self._earlier = shared_edge().spawn(
-                wait_done(running, self.w.config.send_timeout_ms / 1000 + 10))
+                wait_done(running, self.config.send_timeout_ms / 1000 + 10))
             self._earlier.add_done_callback(
                 lambda _: tell_quietly(self.actor_ref, EarlierSendsEnded()))
         else:
             self._take_finished()
-        specs, _ = self.w.store.load()
+        specs, _ = self.store.load()
         for spec in specs:
             if spec.state in (None, "pending"):
-                self._queue(question_send(spec, self.w.config))
-        for note in self.w.store.owed_notes():
+                self._queue(question_send(spec, self.config))
+        for note in self.store.owed_notes():
             self._queue(note)
         self._next()
 
@@ -124,7 +129,7 @@ class DeliveryActor(PooledChild):
 
     def argv(self, text: str) -> list[str]:
         """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
-        c = self.w.config
+        c = self.config
         profile = ["--profile", c.hermes_profile] if c.hermes_profile else []
         return [c.hermes, *profile, "send", "--to", c.target, text]
 
@@ -136,7 +141,7 @@ class DeliveryActor(PooledChild):
             return
         for outcome, _, _ in done:
             if outcome is not None and not outcome.key.startswith(UNKEPT):
-                self.w.store.record_sent(outcome.key, self._judge(outcome))
+                self.store.record_sent(outcome.key, self._judge(outcome))
         for _, lock, path in done:
             forget(lock, path)
 
@@ -157,13 +162,13 @@ class DeliveryActor(PooledChild):
             if self._withdrawn(key):
                 self._keys.discard(key or "")
                 continue
-            known = self.w.store.sent_outcome(key) if key is not None else None
+            known = self.store.sent_outcome(key) if key is not None else None
             if known is not None:  # hermes ran it before a restart: never twice
                 self._settle(job, known[0])
                 continue
             key = key or f"{UNKEPT}{ULID()}"
             run = shared_edge().spawn(run_send(self.sends, key, self.argv(job.text),
-                                               self.w.config.send_timeout_ms / 1000))
+                                               self.config.send_timeout_ms / 1000))
             self._running = job, key, run
             run.add_done_callback(functools.partial(self._ran, job))
 
@@ -186,7 +191,7 @@ class DeliveryActor(PooledChild):
         _, key, _ = self._running
         self._running = None
         if not key.startswith(UNKEPT):
-            self.w.store.record_sent(key, error)
+            self.store.record_sent(key, error)
         forget(*send_paths(self.sends, key))
 
     def _judge(self, outcome: Outcome) -> str | None:
@@ -195,7 +200,7 @@ class DeliveryActor(PooledChild):
             return delivery_error(None, outcome.error)
         result = outcome.result
         if result.returncode is None:
-            ms = js_string(self.w.config.send_timeout_ms)  # X17: 1e-7ms, as upstream says
+            ms = js_string(self.config.send_timeout_ms)  # X17: 1e-7ms, as upstream says
             return delivery_error(None, f"timed out after {ms}ms")
         if result.returncode == 0:
             return None
@@ -209,7 +214,7 @@ class DeliveryActor(PooledChild):
         if key is None:
             return False
         try:
-            return not self.w.store.send_owed(key)
+            return not self.store.send_owed(key)
         except Exception as exc:  # the store cannot say: send it (at least once, as every note)
             report(f"{self.child_name}: cannot tell whether {key} is owed: {exc!r}")
             return False
@@ -220,15 +225,15 @@ class DeliveryActor(PooledChild):
             report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
         try:
             if job.purpose == "question":
-                self.w.router.tell(HermesRan(job, error))
+                self.router.tell(HermesRan(job, error))
             elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
                 detail = {"phase": job.purpose, "error": error}
-                self.w.logger.tell(LogEvent(log_record(self.w.now(), job.qid, "delivery_error",
+                self.logger.tell(LogEvent(log_record(self.now(), job.qid, "delivery_error",
                                                        detail)))
         except Exception as exc:  # the log cannot take it, say
             report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
         if job.note_id is not None:  # hermes ran it (sent, or failed and logged): owed no more
             try:
-                self.w.store.note_sent(job.note_id)
+                self.store.note_sent(job.note_id)
             except Exception as exc:
                 report(f"could not record the {job.purpose} for {job.qid} as sent: {exc!r}")
