@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import sqlite3
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
@@ -215,7 +216,7 @@ class DeliveryActor(PooledChild):
             return False
         try:
             return not self.store.send_owed(key)
-        except Exception as exc:  # the store cannot say: send it (at least once, as every note)
+        except sqlite3.Error as exc:  # the state file's edge: send it (at least once)
             report(f"{self.child_name}: cannot tell whether {key} is owed: {exc!r}")
             return False
 
@@ -223,17 +224,13 @@ class DeliveryActor(PooledChild):
         self._keys.discard(send_key(job) or "")
         if error is not None:
             report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
-        try:
-            if job.purpose == "question":
-                self.router.tell(HermesRan(job, error))
-            elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
-                detail = {"phase": job.purpose, "error": error}
-                self.logger.tell(LogEvent(log_record(self.now(), job.qid, "delivery_error",
-                                                       detail)))
-        except Exception as exc:  # the log cannot take it, say
-            report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
+        if job.purpose == "question":
+            self.router.tell(HermesRan(job, error))
+        elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
+            detail = {"phase": job.purpose, "error": error}
+            self.logger.tell(LogEvent(log_record(self.now(), job.qid, "delivery_error", detail)))
         if job.note_id is not None:  # hermes ran it (sent, or failed and logged): owed no more
             try:
                 self.store.note_sent(job.note_id)
-            except Exception as exc:
+            except sqlite3.Error as exc:  # the state file's edge: it stays owed, sent again
                 report(f"could not record the {job.purpose} for {job.qid} as sent: {exc!r}")

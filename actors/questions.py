@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -231,11 +232,11 @@ class QuestionRouter(PooledChild):
     # -- admission ----------------------------------------------------------
 
     def _admit(self, envelope: PromptEnvelope) -> str | None:
-        """None to ack (once stored), else the nack's error. An unforeseen fault (the
-        store could not take it) is our words to the asker and the cause on stderr."""
+        """None to ack (once stored), else the nack's error. A store that cannot take it
+        is our words to the asker and the cause on stderr."""
         try:
             return self._new_question(envelope)
-        except Exception as exc:
+        except sqlite3.Error as exc:  # the state file's edge; anything else is a bug: a crash
             report(f"could not take question {envelope.msg_id!r}: {exc!r}", "error")
             return NOT_ADMITTED
 
@@ -301,7 +302,7 @@ class QuestionRouter(PooledChild):
     def _spawn(self, question: OpenQuestion, spec: QuestionSpec) -> None:
         try:
             ref = self.start_question(spec, question.child)
-        except Exception as exc:  # no thread for it, say: as if it had crashed at once
+        except Exception as exc:  # a supervisor's start of a child: a failed start is a crash
             self._crashed(question.child, f"{type(exc).__name__}: {exc}")
             return
         question.slot.bind(ref)
@@ -345,7 +346,7 @@ class QuestionRouter(PooledChild):
         owed = SendResponse(question.prompt, None, failed_error(error), child)
         try:
             owned = self.store.close(qid, None, owner=child, response=owed)
-        except Exception as exc:  # the asker is still told; the next start may retry it
+        except sqlite3.Error as exc:  # the state file's edge: the asker is still told
             report(f"could not record question {qid} as failed: {exc!r}")
             owned = True
         report(f"{verdict}; closed it with an error ({error})", "error")

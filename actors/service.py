@@ -129,7 +129,7 @@ class ServiceLink:
         while not self._stop.wait(interval):
             try:
                 count = probe(timeout)
-            except Exception as exc:
+            except Exception as exc:  # the watchdog thread's edge: no answer, no ping; it lives on
                 if self._unanswered.happened():
                     report(
                         f"actor tree did not answer within {timeout:g}s ({type(exc).__name__});"
@@ -157,7 +157,7 @@ class _StackLines(logging.Handler):
     """Writes pykka's thread dumps to stderr, one prefixed line per stack line."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a signal handler's edge: never raise into the thread
             for line in record.getMessage().splitlines():
                 report(line, "info")
 

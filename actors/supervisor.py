@@ -103,7 +103,7 @@ class RootSupervisor(pykka.ThreadingActor):
         self.incarnations[child] = incarnation + 1
         try:
             ref = spec.start(self.actor_ref, incarnation)
-        except Exception as exc:  # no thread for it, say: the same as a crash at start
+        except Exception as exc:  # the start of a child (no thread for it): a crash at start
             self._child_failed(child, f"{type(exc).__name__}: {exc}")
             return
         spec.slot.bind(ref)

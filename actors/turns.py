@@ -152,7 +152,7 @@ class PooledActor(pykka.Actor):
         assert isinstance(inbox, PoolInbox)
         try:
             inbox.attach(self, self.edge or shared_edge())
-        except BaseException:
+        except BaseException:  # the turn machinery's edge: never left registered
             ActorRegistry.unregister(self.actor_ref)
             raise
 
@@ -187,16 +187,16 @@ class PooledActor(pykka.Actor):
             response = self._handle_receive(envelope.message)
             if envelope.reply_to is not None:
                 envelope.reply_to.set(response)
-        except Exception:
+        except Exception:  # the turn's edge (as pykka's): a crash fails the actor, not the loop
             if envelope.reply_to is not None:
                 envelope.reply_to.set_exception()
             else:
                 self._handle_failure(*sys.exc_info())
                 try:
                     self.on_failure(*sys.exc_info())
-                except Exception:
+                except Exception:  # the same edge, in failure handling
                     self._handle_failure(*sys.exc_info())
-        except BaseException:
+        except BaseException:  # the same edge: an exit stops every actor
             self._stop()
             ActorRegistry.stop_all(block=False)  # never block the loop on pooled actors' stops
 

@@ -134,7 +134,7 @@ class WatcherActor(PooledChild):
         touch the watcher's state."""
         try:
             events = inotify.read(timeout=0)
-        except Exception:  # not read again before the next rescan, which listens again
+        except Exception:  # the loop's edge: not read again before the next rescan listens
             shared_edge().loop.remove_reader(inotify.fileno())
             raise  # one line, from the loop's fault handler
         names = tuple(dict.fromkeys(e.name for e in events if e.name))

@@ -1070,7 +1070,7 @@ def test_a_poison_question_not_recorded_still_tells_its_asker(
     c = crashing
 
     def close(*args: Any, **kwargs: Any) -> bool:
-        raise OSError("disk I/O error")
+        raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(c.rig.store, "close", close)
     c.fails.extend(ValueError("bad") for _ in range(10))
@@ -1081,7 +1081,7 @@ def test_a_poison_question_not_recorded_still_tells_its_asker(
     assert (record.event, record.detail) == ("question_failed", {"error": "ValueError: bad"})
     assert c.rig.depth() == 0
     assert (f"coms-hermes-bridge: could not record question {QID} as failed: "
-            "OSError('disk I/O error')\n") in capsys.readouterr().err
+            "OperationalError('disk I/O error')\n") in capsys.readouterr().err
 
 
 def test_a_question_whose_row_is_gone_is_not_restarted_and_takes_no_more_mail(
