@@ -59,6 +59,19 @@ def question_send(spec: QuestionSpec, config: BridgeConfig) -> SendText:
     return SendText(spec.qid, text, "question")
 
 
+def judged(outcome: Outcome, send_timeout_ms: float) -> str | None:
+    """None when hermes said it sent, else C18's error text."""
+    if outcome.error is not None:
+        return delivery_error(None, outcome.error)
+    result = outcome.result
+    if result.returncode is None:
+        ms = js_string(send_timeout_ms)  # X17: 1e-7ms, as upstream says
+        return delivery_error(None, f"timed out after {ms}ms")
+    if result.returncode == 0:
+        return None
+    return delivery_error(result.returncode, result.stderr, result.stdout)
+
+
 class DeliveryActor(PooledChild):
     """Sends run one at a time, in the order asked, so a note never overtakes the question
     it follows in the chat; a wedged hermes costs at most one send timeout (its waiter
@@ -95,8 +108,8 @@ class DeliveryActor(PooledChild):
             report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
             self._earlier = shared_edge().spawn(
                 wait_done(running, self.config.send_timeout_ms / 1000 + 10))
-            self._earlier.add_done_callback(
-                lambda _: tell_quietly(self.actor_ref, EarlierSendsEnded()))
+            me = self.actor_ref  # (the callback runs on the loop: it only tells)
+            self._earlier.add_done_callback(lambda _: tell_quietly(me, EarlierSendsEnded()))
         else:
             self._take_finished()
         specs, _ = self.store.load()
@@ -142,7 +155,7 @@ class DeliveryActor(PooledChild):
             return
         for outcome, _, _ in done:
             if outcome is not None and not outcome.key.startswith(UNKEPT):
-                self.store.record_sent(outcome.key, self._judge(outcome))
+                self.store.record_sent(outcome.key, judged(outcome, self.config.send_timeout_ms))
         for _, lock, path in done:
             forget(lock, path)
 
@@ -171,19 +184,23 @@ class DeliveryActor(PooledChild):
             run = shared_edge().spawn(run_send(self.sends, key, self.argv(job.text),
                                                self.config.send_timeout_ms / 1000))
             self._running = job, key, run
-            run.add_done_callback(functools.partial(self._ran, job))
+            run.add_done_callback(functools.partial(
+                self._ran, self.actor_ref, job, self.config.send_timeout_ms))
 
-    def _ran(self, job: SendText, done: Spawned[Outcome]) -> None:
+    @staticmethod
+    def _ran(me: Address, job: SendText, send_timeout_ms: float, done: Spawned[Outcome]
+             ) -> None:
+        """On the loop: the outcome, told; a static method, so it cannot touch the actor."""
         if done.cancelled():  # this actor stopped: its successor takes the outcome
             return
         exc = done.exception()
         if exc is None:
-            error = self._judge(done.result())
+            error = judged(done.result(), send_timeout_ms)
         elif isinstance(exc, OSError | ValueError):
             error = delivery_error(None, str(exc))
         else:
             error = delivery_error(None, f"{type(exc).__name__}: {exc}")
-        tell_quietly(self.actor_ref, HermesRan(job, error))
+        tell_quietly(me, HermesRan(job, error))
 
     def _ended(self, error: str | None) -> None:
         """The outcome goes into the store before its files go, and before anyone acts on
@@ -194,18 +211,6 @@ class DeliveryActor(PooledChild):
         if not key.startswith(UNKEPT):
             self.store.record_sent(key, error)
         forget(*send_paths(self.sends, key))
-
-    def _judge(self, outcome: Outcome) -> str | None:
-        """None when hermes said it sent, else C18's error text."""
-        if outcome.error is not None:
-            return delivery_error(None, outcome.error)
-        result = outcome.result
-        if result.returncode is None:
-            ms = js_string(self.config.send_timeout_ms)  # X17: 1e-7ms, as upstream says
-            return delivery_error(None, f"timed out after {ms}ms")
-        if result.returncode == 0:
-            return None
-        return delivery_error(result.returncode, result.stderr, result.stdout)
 
     def _withdrawn(self, key: str | None) -> bool:
         """Owed no more: a question delivered or closed (its send told again after it acted

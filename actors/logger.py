@@ -32,7 +32,7 @@ class LoggerActor(PooledChild):
     Batched (written when the mailbox is empty, or at the BATCH_* bounds) so a burst
     of thousands of events costs a few writes while a lone event is written at once.
     The file stays open; one stat per batch lets logrotate and chmod take effect at the
-    next line, as when the file was opened per record.
+    next line.
     """
 
     def __init__(self, *, log_path: Path, supervisor: Address, name: str = "logger") -> None:

@@ -36,8 +36,7 @@ class PoolInbox:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Made when mail comes, dropped when read: an empty deque costs over 600 bytes,
-        # and thousands of questions sit with empty mailboxes.
+        # made when mail comes, dropped when read: thousands of questions sit idle
         self._queue: deque[Envelope[Any]] | None = None
         self._actor: PooledActor | None = None
         self._edge: Edge | None = None
@@ -96,9 +95,8 @@ class PoolInbox:
 
 
 class StopFlag:
-    """`actor_stopped` as a bare flag: pykka's Event costs some 700 bytes per actor, paid
-    by each of thousands of questions, and pykka (4.1 to 4.5) only calls `set` and
-    `is_set` on it; a blocking stop waits on its own future."""
+    """`actor_stopped` as a bare flag: pykka's Event is heavy for thousands of questions,
+    and pykka only calls `set` and `is_set` on it; a blocking stop waits on its own future."""
 
     __slots__ = ("_flag",)
 

@@ -82,8 +82,8 @@ class _Tracked:
 
 class WatcherActor(PooledChild):
     """The one owner of "which answer file is being handled" (`_Tracked`, per name), so a
-    rescan re-reads only what changed or waited long enough. Paths are plain strings:
-    with thousands of answers at once, pathlib's joining was a tenth of the daemon's time.
+    rescan re-reads only what changed or waited long enough. Paths are plain strings, as
+    joining pathlib's is dear with thousands of answers at once.
     """
 
     def __init__(self, *, questions_dir: Path, poll_ms: float, router: Address,
