@@ -117,28 +117,14 @@ class OpenQuestion:
 
 class QuestionRouter(PooledChild):
 
-    def __init__(
-        self,
-        *,
-        config: BridgeConfig,
-        store: Store,
-        router: Address,
-        peer: Address,
-        delivery: Address,
-        watcher: Address,
-        logger: Address,
-        supervisor: Address,
-        run_tag: str,
-        question_restarts: int,
-        window_s: float,
-        incarnation: int = 0,
-        name: str = "router",
-        now: Callable[[], datetime] = utc_now,
-        clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        start_question: QuestionFactory | None = None,
-        sibling: Callable[[str], str | None] | None = None,
-    ) -> None:
+    def __init__(self, *, config: BridgeConfig, store: Store, router: Address, peer: Address,
+                 delivery: Address, watcher: Address, logger: Address, supervisor: Address,
+                 run_tag: str, question_restarts: int, window_s: float, incarnation: int = 0,
+                 name: str = "router", now: Callable[[], datetime] = utc_now,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 start_question: QuestionFactory | None = None,
+                 sibling: Callable[[str], str | None] | None = None) -> None:
         """`router` is this Router's own stable address, which its questions report to.
         `sibling(qid)` names the other project on this host whose bridge owns `qid` (X6);
         by default it reads their state files beside ours. `run_tag` makes question names
