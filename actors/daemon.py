@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 import stat
 import sys
 import threading
@@ -152,9 +153,9 @@ def _serve(config: BridgeConfig) -> int:
         return 1
     try:
         tree = start_tree(config=config, identity=identity, on_fatal=on_fatal, store=store)
-    except Exception as exc:  # no thread to be had (a pids limit, say): no actor runs
+    except (RuntimeError, OSError) as exc:  # no thread or loop to be had (a pids limit, say)
         report(f"cannot start the actors: {type(exc).__name__}: {exc}", "error")
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(sqlite3.Error):
             store.shutdown()
         return 1
     report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
@@ -198,7 +199,7 @@ def _serve(config: BridgeConfig) -> int:
     ):
         try:
             action()
-        except Exception as exc:
+        except Exception as exc:  # the process's last steps: each runs whatever came before
             report(f"while stopping, could not {step}: {exc!r}", "warning")
     return exit_code[0]
 

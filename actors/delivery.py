@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import sqlite3
 from collections import deque
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ulid import ULID
@@ -25,7 +28,7 @@ from ..messages.contract import (
     js_string,
     log_record,
 )
-from .loop import Spawned, report, shared_edge, tell_quietly
+from .loop import Spawned, report, shared_edge, tell_quietly, utc_now
 from .sends import (
     UNKEPT,
     Outcome,
@@ -43,7 +46,7 @@ from .supervision import PooledChild
 
 if TYPE_CHECKING:
     from .config import BridgeConfig
-    from .supervisor import Wiring
+    from .store import Store
 
 
 SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
@@ -56,6 +59,19 @@ def question_send(spec: QuestionSpec, config: BridgeConfig) -> SendText:
     return SendText(spec.qid, text, "question")
 
 
+def judged(outcome: Outcome, send_timeout_ms: float) -> str | None:
+    """None when hermes said it sent, else C18's error text."""
+    if outcome.error is not None:
+        return delivery_error(None, outcome.error)
+    result = outcome.result
+    if result.returncode is None:
+        ms = js_string(send_timeout_ms)  # X17: 1e-7ms, as upstream says
+        return delivery_error(None, f"timed out after {ms}ms")
+    if result.returncode == 0:
+        return None
+    return delivery_error(result.returncode, result.stderr, result.stdout)
+
+
 class DeliveryActor(PooledChild):
     """Sends run one at a time, in the order asked, so a note never overtakes the question
     it follows in the chat; a wedged hermes costs at most one send timeout (its waiter
@@ -63,10 +79,13 @@ class DeliveryActor(PooledChild):
     the daemon (actors/sends.py): a stop or crash mid-send neither kills hermes nor sends
     again; the outcome is taken up by whoever runs next."""
 
-    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "delivery") -> None:
+    def __init__(self, *, config: BridgeConfig, store: Store, router: Address, logger: Address,
+                 supervisor: Address, now: Callable[[], datetime] = utc_now,
+                 name: str = "delivery") -> None:
         super().__init__(name, supervisor)
-        self.w = wiring
-        self.sends = sends_dir(wiring.config.state_path)
+        self.config, self.store, self.router, self.logger, self.now = (
+            config, store, router, logger, now)
+        self.sends = sends_dir(config.state_path)
         self._jobs: deque[SendText] = deque()
         self._keys: set[str] = set()  # of the jobs queued or running: none is queued twice
         # the job hermes is running for, and that run: only one at a time
@@ -88,16 +107,16 @@ class DeliveryActor(PooledChild):
         if running:
             report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
             self._earlier = shared_edge().spawn(
-                wait_done(running, self.w.config.send_timeout_ms / 1000 + 10))
-            self._earlier.add_done_callback(
-                lambda _: tell_quietly(self.actor_ref, EarlierSendsEnded()))
+                wait_done(running, self.config.send_timeout_ms / 1000 + 10))
+            me = self.actor_ref  # (the callback runs on the loop: it only tells)
+            self._earlier.add_done_callback(lambda _: tell_quietly(me, EarlierSendsEnded()))
         else:
             self._take_finished()
-        specs, _ = self.w.store.load()
+        specs, _ = self.store.load()
         for spec in specs:
             if spec.state in (None, "pending"):
-                self._queue(question_send(spec, self.w.config))
-        for note in self.w.store.owed_notes():
+                self._queue(question_send(spec, self.config))
+        for note in self.store.owed_notes():
             self._queue(note)
         self._next()
 
@@ -124,7 +143,7 @@ class DeliveryActor(PooledChild):
 
     def argv(self, text: str) -> list[str]:
         """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
-        c = self.w.config
+        c = self.config
         profile = ["--profile", c.hermes_profile] if c.hermes_profile else []
         return [c.hermes, *profile, "send", "--to", c.target, text]
 
@@ -136,7 +155,7 @@ class DeliveryActor(PooledChild):
             return
         for outcome, _, _ in done:
             if outcome is not None and not outcome.key.startswith(UNKEPT):
-                self.w.store.record_sent(outcome.key, self._judge(outcome))
+                self.store.record_sent(outcome.key, judged(outcome, self.config.send_timeout_ms))
         for _, lock, path in done:
             forget(lock, path)
 
@@ -157,27 +176,31 @@ class DeliveryActor(PooledChild):
             if self._withdrawn(key):
                 self._keys.discard(key or "")
                 continue
-            known = self.w.store.sent_outcome(key) if key is not None else None
+            known = self.store.sent_outcome(key) if key is not None else None
             if known is not None:  # hermes ran it before a restart: never twice
                 self._settle(job, known[0])
                 continue
             key = key or f"{UNKEPT}{ULID()}"
             run = shared_edge().spawn(run_send(self.sends, key, self.argv(job.text),
-                                               self.w.config.send_timeout_ms / 1000))
+                                               self.config.send_timeout_ms / 1000))
             self._running = job, key, run
-            run.add_done_callback(functools.partial(self._ran, job))
+            run.add_done_callback(functools.partial(
+                self._ran, self.actor_ref, job, self.config.send_timeout_ms))
 
-    def _ran(self, job: SendText, done: Spawned[Outcome]) -> None:
+    @staticmethod
+    def _ran(me: Address, job: SendText, send_timeout_ms: float, done: Spawned[Outcome]
+             ) -> None:
+        """On the loop: the outcome, told; a static method, so it cannot touch the actor."""
         if done.cancelled():  # this actor stopped: its successor takes the outcome
             return
         exc = done.exception()
         if exc is None:
-            error = self._judge(done.result())
+            error = judged(done.result(), send_timeout_ms)
         elif isinstance(exc, OSError | ValueError):
             error = delivery_error(None, str(exc))
         else:
             error = delivery_error(None, f"{type(exc).__name__}: {exc}")
-        tell_quietly(self.actor_ref, HermesRan(job, error))
+        tell_quietly(me, HermesRan(job, error))
 
     def _ended(self, error: str | None) -> None:
         """The outcome goes into the store before its files go, and before anyone acts on
@@ -186,20 +209,8 @@ class DeliveryActor(PooledChild):
         _, key, _ = self._running
         self._running = None
         if not key.startswith(UNKEPT):
-            self.w.store.record_sent(key, error)
+            self.store.record_sent(key, error)
         forget(*send_paths(self.sends, key))
-
-    def _judge(self, outcome: Outcome) -> str | None:
-        """None when hermes said it sent, else C18's error text."""
-        if outcome.error is not None:
-            return delivery_error(None, outcome.error)
-        result = outcome.result
-        if result.returncode is None:
-            ms = js_string(self.w.config.send_timeout_ms)  # X17: 1e-7ms, as upstream says
-            return delivery_error(None, f"timed out after {ms}ms")
-        if result.returncode == 0:
-            return None
-        return delivery_error(result.returncode, result.stderr, result.stdout)
 
     def _withdrawn(self, key: str | None) -> bool:
         """Owed no more: a question delivered or closed (its send told again after it acted
@@ -209,8 +220,8 @@ class DeliveryActor(PooledChild):
         if key is None:
             return False
         try:
-            return not self.w.store.send_owed(key)
-        except Exception as exc:  # the store cannot say: send it (at least once, as every note)
+            return not self.store.send_owed(key)
+        except sqlite3.Error as exc:  # the state file's edge: send it (at least once)
             report(f"{self.child_name}: cannot tell whether {key} is owed: {exc!r}")
             return False
 
@@ -218,17 +229,13 @@ class DeliveryActor(PooledChild):
         self._keys.discard(send_key(job) or "")
         if error is not None:
             report(f"{job.purpose} for {job.qid} not delivered: {error}", "error")
-        try:
-            if job.purpose == "question":
-                self.w.router.tell(HermesRan(job, error))
-            elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
-                detail = {"phase": job.purpose, "error": error}
-                self.w.logger.tell(LogEvent(log_record(self.w.now(), job.qid, "delivery_error",
-                                                       detail)))
-        except Exception as exc:  # the log cannot take it, say
-            report(f"{self.child_name}: result of {job.purpose} for {job.qid} undeliverable: {exc}")
+        if job.purpose == "question":
+            self.router.tell(HermesRan(job, error))
+        elif error is not None:  # a note: nobody waits on it, so it is only logged (C20)
+            detail = {"phase": job.purpose, "error": error}
+            self.logger.tell(LogEvent(log_record(self.now(), job.qid, "delivery_error", detail)))
         if job.note_id is not None:  # hermes ran it (sent, or failed and logged): owed no more
             try:
-                self.w.store.note_sent(job.note_id)
-            except Exception as exc:
+                self.store.note_sent(job.note_id)
+            except sqlite3.Error as exc:  # the state file's edge: it stays owed, sent again
                 report(f"could not record the {job.purpose} for {job.qid} as sent: {exc!r}")

@@ -156,7 +156,7 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, *, replace: boo
             return
         if not link_new(tmp, path):
             raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
-    except BaseException:
+    except BaseException:  # the file's edge: no temporary file is left, whatever stopped it
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise

@@ -69,7 +69,7 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
     try:
         server.bind(str(path))
         server.listen(backlog)
-    except BaseException:
+    except BaseException:  # the socket's edge: closed, whatever stopped it
         server.close()
         raise
     return server

@@ -11,15 +11,13 @@ import contextlib
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from ..messages.commands import Address, LogEvent, UnknownMessage
 from .files import FILE_MODE, bridge_dir, open_private, tighten_mode
 from .loop import Episode, report
 from .supervision import PooledChild
-
-if TYPE_CHECKING:
-    from .supervisor import Wiring
 
 # A batch is written once the mailbox is empty, or at these bounds (the size in
 # characters, which bounds the bytes to four times as many).
@@ -34,12 +32,12 @@ class LoggerActor(PooledChild):
     Batched (written when the mailbox is empty, or at the BATCH_* bounds) so a burst
     of thousands of events costs a few writes while a lone event is written at once.
     The file stays open; one stat per batch lets logrotate and chmod take effect at the
-    next line, as when the file was opened per record.
+    next line.
     """
 
-    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "logger") -> None:
+    def __init__(self, *, log_path: Path, supervisor: Address, name: str = "logger") -> None:
         super().__init__(name, supervisor)
-        self.log_path = wiring.config.log_path
+        self.log_path = log_path
         self._batch: list[str] = []
         self._batch_size = 0
         self._batch_since = 0.0  # when its first line came

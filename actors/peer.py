@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import functools
 import sqlite3
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..messages.commands import (
@@ -22,13 +24,13 @@ from ..messages.contract import iso, log_record
 from ..messages.wire import AgentCard, PromptEnvelope, RegistryEntry, ResponseEnvelope, is_valid_qid
 from .files import private_dir
 from .listener import Listener, bind_endpoint
-from .loop import Episode, Spawned, report, tell_quietly
+from .loop import Episode, Spawned, report, tell_quietly, utc_now
 from .registry import PeerIdentity, remove_entry_if_ours, write_entry
 from .responses import RESPONSE_TIMEOUT_S, RETRY_PAUSES_S, ResponsePool, shared_responses
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
-    from .supervisor import Wiring
+    from .store import Store
 
 MODEL = "hermes-bridge"
 COLOR = "#38BDF8"
@@ -52,12 +54,13 @@ async def _beats(peer: Address, listener: Listener, every_s: float) -> None:
 class PeerActor(PooledChild):
     """Owns the coms identity: socket, registry entry, heartbeat, outgoing responses."""
 
-    def __init__(self, wiring: Wiring, *, supervisor: Address, identity: PeerIdentity,
-                 name: str = "peer", responses: ResponsePool | None = None) -> None:
+    def __init__(self, *, identity: PeerIdentity, store: Store, router: Address,
+                 logger: Address, heartbeat_s: float, supervisor: Address,
+                 now: Callable[[], datetime] = utc_now, name: str = "peer",
+                 responses: ResponsePool | None = None) -> None:
         super().__init__(name, supervisor)
-        self.w = wiring
-        self.identity = identity
-        self.heartbeat_s = wiring.config.heartbeat_ms / 1000
+        self.identity, self.store, self.router, self.logger = identity, store, router, logger
+        self.heartbeat_s, self.now = heartbeat_s, now
         self.responses = responses or shared_responses()
         self._listener: Listener | None = None
         self._bound = self._published = False
@@ -69,7 +72,7 @@ class PeerActor(PooledChild):
         self._heal()  # a restart after the directories were deleted finds them again
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
-        self._listener = Listener(server, self.w.router,
+        self._listener = Listener(server, self.router,
                                   functools.partial(agent_card, self.identity.name))
         self._listener.start()
         self._publish(0)
@@ -77,7 +80,7 @@ class PeerActor(PooledChild):
             _beats(self.actor_ref, self._listener, self.heartbeat_s))
         # every response owed (decided by the last run, or told to this actor's
         # predecessor): what is in flight already is not sent twice
-        for owed in self.w.store.outbox():
+        for owed in self.store.outbox():
             self._send_response(owed.prompt, owed.response, owed.error, owed.owner)
 
     def release(self) -> None:
@@ -121,7 +124,7 @@ class PeerActor(PooledChild):
             session_id=ident.session_id, name=ident.name, purpose=PURPOSE, model=MODEL,
             color=COLOR, pid=ident.pid, endpoint=str(ident.endpoint), cwd=ident.cwd,
             started_at=ident.started_at, explicit=False, version=1, context_used_pct=0,
-            queue_depth=depth, heartbeat_at=iso(self.w.now())))
+            queue_depth=depth, heartbeat_at=iso(self.now())))
         self._published = True
 
     def _heartbeat(self, depth: int) -> None:
@@ -152,27 +155,27 @@ class PeerActor(PooledChild):
         """The response is no longer owed: out of the durable outbox (a crash before this
         sends the asker its response a second time at the next start)."""
         try:
-            self.w.store.settle(qid, owner)
+            self.store.settle(qid, owner)
         except (sqlite3.Error, ValueError) as exc:  # the state file's edge; it stays owed
             report(f"could not record the response for {qid} as sent: {exc!r}")
 
     def _undelivered(self, qid: str, reason: str) -> None:
         """The asker is gone: said on stderr and in the log; the question stays closed."""
         report(f"could not deliver response for {qid}: {reason}", "error")
-        record = log_record(self.w.now(), qid if is_valid_qid(qid) else None, "response_failed",
+        record = log_record(self.now(), qid if is_valid_qid(qid) else None, "response_failed",
                             {"error": reason})
-        self.w.logger.tell(LogEvent(record))
+        self.logger.tell(LogEvent(record))
 
     def _send_response(self, prompt: PromptEnvelope, response: Any, error: str | None,
                        owner: str | None) -> None:
         """W15, through the pool: an asker's socket must never stall our mailbox."""
         qid = prompt.msg_id
-        if owner is not None and not self.w.store.response_owed(qid, owner):
+        if owner is not None and not self.store.response_owed(qid, owner):
             return  # settled: sent from the outbox at this actor's start, and acked
         try:
             line = ResponseEnvelope(
                 msg_id=qid, sender_session=self.identity.session_id,
-                sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.w.now()),
+                sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.now()),
                 response=response, error=error).to_line()
         except ValueError as exc:  # it will never serialise (NaN, say): do not owe it forever
             self._undelivered(qid, repr(exc))

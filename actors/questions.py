@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -71,19 +73,20 @@ from ..messages.contract import (
 from ..messages.wire import Event, PromptEnvelope, State, is_valid_qid
 from .delivery import question_send
 from .listener import RESTARTING
-from .loop import report
+from .loop import report, utc_now
 from .state_view import sibling_of
 from .store import remind_note_id
 from .supervision import GiveUp, PooledChild, RestartPolicy, Slot
 
 if TYPE_CHECKING:
-    from .supervisor import Wiring
+    from .config import BridgeConfig
+    from .store import Store
 
 _ERROR_LIMIT = 500  # characters of a poison question's error, as its asker reads it
 NOTED_MEMORY = 1_000  # answer file versions remembered as noted (late, undelivered)
 
-# (wiring, spec, child name) -> the question's ref
-QuestionFactory = Callable[["Wiring", QuestionSpec, str], pykka.ActorRef[Any]]
+# (spec, child name) -> the question's ref
+QuestionFactory = Callable[[QuestionSpec, str], pykka.ActorRef[Any]]
 
 
 def failed_error(error: str) -> str:
@@ -114,32 +117,31 @@ class OpenQuestion:
 
 class QuestionRouter(PooledChild):
 
-    def __init__(
-        self,
-        wiring: Wiring,
-        *,
-        supervisor: Address,
-        incarnation: int = 0,
-        name: str = "router",
-        start_question: QuestionFactory | None = None,
-        sibling: Callable[[str], str | None] | None = None,
-        question_restarts: int,
-        window_s: float,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """`sibling(qid)` names the other project on this host whose bridge owns `qid`
-        (X6); by default it reads their state files beside ours."""
+    def __init__(self, *, config: BridgeConfig, store: Store, router: Address, peer: Address,
+                 delivery: Address, watcher: Address, logger: Address, supervisor: Address,
+                 run_tag: str, question_restarts: int, window_s: float, incarnation: int = 0,
+                 name: str = "router", now: Callable[[], datetime] = utc_now,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 start_question: QuestionFactory | None = None,
+                 sibling: Callable[[str], str | None] | None = None) -> None:
+        """`router` is this Router's own stable address, which its questions report to.
+        `sibling(qid)` names the other project on this host whose bridge owns `qid` (X6);
+        by default it reads their state files beside ours. `run_tag` makes question names
+        unique across runs (the owner guard keys on them)."""
         super().__init__(name, supervisor)
-        self.w = wiring
+        self.config, self.store, self.router = config, store, router
+        self.peer, self.delivery, self.watcher, self.logger = peer, delivery, watcher, logger
+        self.now, self.clock = now, clock
         self.incarnation = incarnation
-        self.start_question = start_question or QuestionActor.start
-        self.sibling = sibling or (lambda qid: sibling_of(wiring.store.path, qid, wiring.clock()))
+        self.start_question = start_question or self._start_question
+        self.sibling = sibling or (lambda qid: sibling_of(store.path, qid, clock()))
         self.policy = RestartPolicy(question_restarts, window_s, monotonic, per_child=True)
         self.open: dict[str, OpenQuestion] = {}
         # answer file versions already noted (late, undelivered): a Watcher that restarted
         # hands every file on again, and the human must not get a second note for one
         self._noted_files: OrderedDict[tuple[str, FileSignature], None] = OrderedDict()
-        self._run_tag = f"{wiring.run_tag}.{incarnation}"
+        self._run_tag = f"{run_tag}.{incarnation}"
         self._serial = itertools.count(1)
 
     # -- life ---------------------------------------------------------------
@@ -149,7 +151,7 @@ class QuestionRouter(PooledChild):
         and answer files queue meanwhile, so answers written while the daemon was down
         find their questions and no prompt is admitted against a half-built table.
         (Responses and notes owed are the Peer's and Delivery's to send at their start.)"""
-        specs, closed = self.w.store.load()
+        specs, closed = self.store.load()
         first = self.incarnation == 0
         for spec in specs:
             self._start(spec, claim=True)
@@ -191,7 +193,7 @@ class QuestionRouter(PooledChild):
                         question.cancelled = message
                         question.slot.tell(message)
                     else:  # X2: only the asker cancels; acked all the same (C12)
-                        self._log(cancel_refused_record(self.w.now(), envelope))
+                        self._log(cancel_refused_record(self.now(), envelope))
             case QueueDepthQuery(reply=reply):
                 reply(len(self.open))
             case AnswerFileSeen(name=name, content=content, signature=signature):
@@ -211,16 +213,16 @@ class QuestionRouter(PooledChild):
         return None
 
     def _log(self, record: Any) -> None:
-        self.w.logger.tell(LogEvent(record))
+        self.logger.tell(LogEvent(record))
 
     # -- admission ----------------------------------------------------------
 
     def _admit(self, envelope: PromptEnvelope) -> str | None:
-        """None to ack (once stored), else the nack's error. An unforeseen fault (the
-        store could not take it) is our words to the asker and the cause on stderr."""
+        """None to ack (once stored), else the nack's error. A store that cannot take it
+        is our words to the asker and the cause on stderr."""
         try:
             return self._new_question(envelope)
-        except Exception as exc:
+        except sqlite3.Error as exc:  # the state file's edge; anything else is a bug: a crash
             report(f"could not take question {envelope.msg_id!r}: {exc!r}", "error")
             return NOT_ADMITTED
 
@@ -228,17 +230,17 @@ class QuestionRouter(PooledChild):
         """None to ack, else the nack's error: full, its asker's share, not its qid (X2)."""
         qid = envelope.msg_id
         if not is_valid_qid(qid):  # C3: never reaches Telegram
-            self.w.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
+            self.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
             return None
         current = self.open.get(qid)
         verdict = admission(envelope, current.prompt if current else None,
-                            current is None and self.w.store.closed(qid) is not None)
+                            current is None and self.store.closed(qid) is not None)
         if verdict == "retry":  # its asker retrying: ack, nothing more
             return None
         if verdict != "admit":
-            self._log(duplicate_refused_record(self.w.now(), qid, envelope, verdict))
+            self._log(duplicate_refused_record(self.now(), qid, envelope, verdict))
             return duplicate_error(qid)
-        config = self.w.config
+        config = self.config
         refusal = over_asker_limit(envelope.sender_name, self._open_of(envelope.sender_name),
                                    config.max_open_per_asker) or over_capacity(
                                        len(self.open), config.max_open)
@@ -246,13 +248,13 @@ class QuestionRouter(PooledChild):
             return refusal
         timeout_ms = effective_timeout_ms(envelope, config.timeout_ms)  # X5
         spec = QuestionSpec(qid=qid, prompt=envelope, parsed=parse_prompt(envelope),
-                            timeout_ms=timeout_ms, deadline=self.w.clock() + timeout_ms / 1000)
+                            timeout_ms=timeout_ms, deadline=self.clock() + timeout_ms / 1000)
         self._start(spec, claim=False)
         return None
 
     def _open_of(self, asker: str) -> int:
         """X10: counted from the table, and only when the limit is set."""
-        if self.w.config.max_open_per_asker is None:
+        if self.config.max_open_per_asker is None:
             return 0
         return sum(1 for question in self.open.values() if question.prompt.sender_name == asker)
 
@@ -262,10 +264,10 @@ class QuestionRouter(PooledChild):
         Delivery sends it once, or settles it from the outcome the store kept)."""
         child = f"question:{spec.qid}:{self._run_tag}.{next(self._serial)}"
         if claim:
-            if not self.w.store.claim(spec.qid, child):
+            if not self.store.claim(spec.qid, child):
                 return
         else:
-            self.w.store.put_open(spec, owner=child)  # before the ack, before delivery
+            self.store.put_open(spec, owner=child)  # before the ack, before delivery
         question = self.open[spec.qid] = OpenQuestion(spec.qid, child, Slot(child), spec.prompt)
         self._spawn(question, spec)
         self._deliver(spec)
@@ -273,7 +275,7 @@ class QuestionRouter(PooledChild):
     def _deliver(self, spec: QuestionSpec) -> None:
         # asked here, in arrival order, so questions reach the chat in the order asked
         if spec.state in (None, "pending"):
-            self.w.delivery.tell(question_send(spec, self.w.config))
+            self.delivery.tell(question_send(spec, self.config))
 
     # -- running the questions ----------------------------------------------
 
@@ -285,11 +287,18 @@ class QuestionRouter(PooledChild):
 
     def _spawn(self, question: OpenQuestion, spec: QuestionSpec) -> None:
         try:
-            ref = self.start_question(self.w, spec, question.child)
-        except Exception as exc:  # no thread for it, say: as if it had crashed at once
+            ref = self.start_question(spec, question.child)
+        except Exception as exc:  # a supervisor's start of a child: a failed start is a crash
             self._crashed(question.child, f"{type(exc).__name__}: {exc}")
             return
         question.slot.bind(ref)
+
+    def _start_question(self, spec: QuestionSpec, child: str) -> pykka.ActorRef[Any]:
+        return QuestionActor.start(
+            spec, child, store=self.store, router=self.router, delivery=self.delivery,
+            peer=self.peer, watcher=self.watcher, logger=self.logger,
+            target=self.config.target, remind_before_ms=self.config.remind_before_ms,
+            now=self.now, clock=self.clock)
 
     def _crashed(self, child: str, error: str) -> None:
         question = self._question(child)
@@ -306,7 +315,7 @@ class QuestionRouter(PooledChild):
         its mailbox held is lost: what mattered of it is told again from the table (its
         send, its newest answer, its cancel); a second sighting of what it had already
         acted on is dropped by the state its row resumes in."""
-        spec = self.w.store.open_spec(question.qid, question.child)
+        spec = self.store.open_spec(question.qid, question.child)
         if spec is None:
             self._ended(question, None)
             return
@@ -322,14 +331,14 @@ class QuestionRouter(PooledChild):
         self._forget(question)
         owed = SendResponse(question.prompt, None, failed_error(error), child)
         try:
-            owned = self.w.store.close(qid, None, owner=child, response=owed)
-        except Exception as exc:  # the asker is still told; the next start may retry it
+            owned = self.store.close(qid, None, owner=child, response=owed)
+        except sqlite3.Error as exc:  # the state file's edge: the asker is still told
             report(f"could not record question {qid} as failed: {exc!r}")
             owned = True
         report(f"{verdict}; closed it with an error ({error})", "error")
         if owned:  # else replaced meanwhile: its successor answers for the qid
-            self._log(log_record(self.w.now(), qid, "question_failed", {"error": error}))
-            self.w.peer.tell(owed)
+            self._log(log_record(self.now(), qid, "question_failed", {"error": error}))
+            self.peer.tell(owed)
             self._judge_routed(question, None)
 
     def _ended(self, question: OpenQuestion, answer_file: tuple[str, FileSignature] | None
@@ -370,29 +379,29 @@ class QuestionRouter(PooledChild):
             case Rejected(reason="foreign_qid", qid=str(qid)):
                 self._not_open(name, signature, qid)
             case Rejected():
-                self.w.watcher.tell(RejectAnswerFile(name, signature, verdict))
+                self.watcher.tell(RejectAnswerFile(name, signature, verdict))
 
     def _not_open(self, name: str, signature: FileSignature, qid: str) -> None:
         """Closed here (late, C15), ours undelivered (X11), a sibling's (X6), or foreign."""
-        closed = self.w.store.closed(qid)
+        closed = self.store.closed(qid)
         if closed is not None:
             state, answered_by = closed
             if answered_by == (name, signature):
                 # the very file that answered it, offered again before its removal
-                self.w.watcher.tell(DisposeAnswerFile(name, signature))
+                self.watcher.tell(DisposeAnswerFile(name, signature))
             else:
                 note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
                 self._noted(name, signature, note, "late_answer", {"state": state})
             return
         # our own failed delivery first (the human may have the question all the same);
         # siblings' files are read only when our own memory does not decide it
-        if self.w.store.undelivered(qid, self.w.clock()):
+        if self.store.undelivered(qid, self.clock()):
             note = SendText(qid, undelivered_note(qid), "undelivered_note",
                             note_id=f"undelivered:{qid}:{ULID()}")
             self._noted(name, signature, note, "answer_rejected",
                         {"reason": "foreign_qid", "file": name, "delivery_failed": True})
         elif self.sibling(qid) is None:  # no bridge on this host knows it: at once
-            self.w.watcher.tell(RejectAnswerFile(name, signature, Rejected("foreign_qid", qid)))
+            self.watcher.tell(RejectAnswerFile(name, signature, Rejected("foreign_qid", qid)))
         # else a sibling's (X6): left for its owner, however long it is down; the Watcher
         # offers it again `reoffer_s` after it handed it on
 
@@ -405,24 +414,31 @@ class QuestionRouter(PooledChild):
         (handed on again by a restarted Watcher) is only removed."""
         fresh = (name, signature) not in self._noted_files
         if fresh:
-            self.w.store.owe_note(note)
-        self.w.watcher.tell(DisposeAnswerFile(name, signature))
+            self.store.owe_note(note)
+        self.watcher.tell(DisposeAnswerFile(name, signature))
         if not fresh:
             return
         self._noted_files[name, signature] = None
         if len(self._noted_files) > NOTED_MEMORY:
             self._noted_files.popitem(last=False)
-        self._log(log_record(self.w.now(), note.qid, event, detail))
-        self.w.delivery.tell(note)
+        self._log(log_record(self.now(), note.qid, event, detail))
+        self.delivery.tell(note)
 
 
 class QuestionActor(PooledChild):
     """One qid's state machine (C19) and its timers; its row is the record a restart
     resumes from (see _move)."""
 
-    def __init__(self, wiring: Wiring, spec: QuestionSpec, name: str) -> None:
-        super().__init__(name, wiring.router)
-        self.w = wiring
+    def __init__(self, spec: QuestionSpec, name: str, *, store: Store, router: Address,
+                 delivery: Address, peer: Address, watcher: Address, logger: Address,
+                 target: str, remind_before_ms: float | None,
+                 now: Callable[[], datetime] = utc_now,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(name, router)  # the Router is its supervisor
+        self.store, self.router, self.delivery = store, router, delivery
+        self.peer, self.watcher, self.logger = peer, watcher, logger
+        self.target, self.remind_before_ms, self.now, self.clock = (
+            target, remind_before_ms, now, clock)
         self.spec = spec
         self.qid = spec.qid
         self.state: State | None = spec.state
@@ -433,9 +449,9 @@ class QuestionActor(PooledChild):
 
     def begin(self) -> None:
         # (a fresh question's deadline is its timeout away already: unchanged)
-        deadline = resumed_deadline(self.spec.deadline, self.spec.timeout_ms, self.w.clock())
+        deadline = resumed_deadline(self.spec.deadline, self.spec.timeout_ms, self.clock())
         if deadline < self.spec.deadline:
-            self.w.store.set_deadline(self.qid, deadline, self.child_name)
+            self.store.set_deadline(self.qid, deadline, self.child_name)
             self.spec = dataclasses.replace(self.spec, deadline=deadline)
         if self.state is None:
             if not self._move("question_received", {"from": self.spec.prompt.sender_name}):
@@ -466,15 +482,15 @@ class QuestionActor(PooledChild):
         match message:
             case HermesRan(error=None):
                 if self.state == "pending":
-                    self._move("delivered", {"to": self.w.config.target})
+                    self._move("delivered", {"to": self.target})
             case HermesRan(error=str(error)):
                 if self.state == "pending":
                     owed = self._owed(None, error)
                     # remembered an hour: the human may have the question all the same (X11)
                     if self._move("delivery_error", {"error": error}, owed=owed,
-                                  undelivered_at=self.w.clock()):
+                                  undelivered_at=self.clock()):
                         self._close()
-                        self.w.peer.tell(owed)
+                        self.peer.tell(owed)
             case AnswerArrived(answer=answer, name=name, signature=signature):
                 if self._is_open():
                     mapped = map_answer(answer.answer, self.spec.parsed.options)
@@ -482,8 +498,8 @@ class QuestionActor(PooledChild):
                     if self._move("answered", {"answered_by": answer.answered_by}, owed=owed,
                                   answer_file=(name, signature)):
                         self._close((name, signature))
-                        self.w.peer.tell(owed)
-                        self.w.watcher.tell(DisposeAnswerFile(name, signature))
+                        self.peer.tell(owed)
+                        self.watcher.tell(DisposeAnswerFile(name, signature))
                 # else closed under it: dropped; the Router, which routed it, judges it
                 # late (C15) once it hears of the close
             case CancelQuestion():
@@ -491,7 +507,7 @@ class QuestionActor(PooledChild):
                 if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},
                                                   note=note):
                     self._close()
-                    self.w.delivery.tell(note)
+                    self.delivery.tell(note)
             case RemindDue():
                 if self._is_open() and self._remind_after() is not None:
                     self._remind()
@@ -502,8 +518,8 @@ class QuestionActor(PooledChild):
                     note = self._note(timeout_note(self.qid, ms), "timeout_note")
                     if self._move("timeout", {"timeout_ms": ms}, owed=owed, note=note):
                         self._close()
-                        self.w.delivery.tell(note)
-                        self.w.peer.tell(owed)
+                        self.delivery.tell(note)
+                        self.peer.tell(owed)
             case _:
                 raise UnknownMessage(self.child_name, message)
 
@@ -511,26 +527,26 @@ class QuestionActor(PooledChild):
         """X9: when to remind, counted from the asking, if a reminder is due: configured,
         useful for this question, not decided yet, and before the deadline (after a
         restart past both moments the timeout comes, not a reminder)."""
-        if self.spec.reminded or self.w.clock() >= self.spec.deadline:
+        if self.spec.reminded or self.clock() >= self.spec.deadline:
             return None
-        return remind_after_s(self.spec.timeout_ms, self.w.config.remind_before_ms)
+        return remind_after_s(self.spec.timeout_ms, self.remind_before_ms)
 
     def _remind(self) -> None:
         """X9: decided once, stored as owed with the mark on the row, then sent."""
-        left_s = max(0.0, self.spec.deadline - self.w.clock())
+        left_s = max(0.0, self.spec.deadline - self.clock())
         text = remind_note(self.qid, left_s, self.spec.parsed.question)
         note = SendText(self.qid, text, "remind_note", note_id=remind_note_id(self.qid))
-        if not self.w.store.remind(note, self.child_name):
+        if not self.store.remind(note, self.child_name):
             return  # not this actor's row any more (see _move)
         self.spec = dataclasses.replace(self.spec, reminded=True)
         self._log("reminded", {"left_ms": round(left_s * 1000)})
-        self.w.delivery.tell(note)
+        self.delivery.tell(note)
 
     def _is_open(self) -> bool:
         return self.state in ("pending", "delivered")
 
     def _log(self, event: Event, detail: dict[str, Any]) -> None:
-        self.w.logger.tell(LogEvent(log_record(self.w.now(), self.qid, event, detail)))
+        self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
 
     def _move(self, event: Event, detail: dict[str, Any], *, owed: SendResponse | None = None,
               answer_file: tuple[str, FileSignature] | None = None,
@@ -542,7 +558,7 @@ class QuestionActor(PooledChild):
         crash before they go out sends them at the next start.
         """
         state = transition(self.state, event)
-        store = self.w.store
+        store = self.store
         if state == "pending" or state == "delivered":
             owned = store.set_state(self.qid, state, owner=self.child_name)
         else:
@@ -569,5 +585,5 @@ class QuestionActor(PooledChild):
         """The end is told first, so the open count (ping, C21) is right before anyone
         hears of it; the effects follow in the same turn, then the actor stops."""
         self.release()
-        self.w.router.tell(QuestionClosed(self.qid, self.child_name, answer_file))
+        self.router.tell(QuestionClosed(self.qid, self.child_name, answer_file))
         self.stop()

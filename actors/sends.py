@@ -47,8 +47,7 @@ _SLACK_S = 10.0  # past the send timeout, how long a waiter may take to say it i
 @functools.cache
 def spawner() -> concurrent.futures.ThreadPoolExecutor:
     """The one thread that starts processes (made at the first start): Popen blocks until
-    the child has exec'd, and on the loop that stalled every socket meanwhile (acks 1.12x
-    slower, measured)."""
+    the child has exec'd, which on the loop would stall every socket meanwhile."""
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
 
 

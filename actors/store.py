@@ -150,7 +150,7 @@ class Store:
             try:
                 yield conn
                 conn.commit()
-            except BaseException:
+            except BaseException:  # the transaction's edge: undone whole, whatever stopped it
                 with suppress(sqlite3.Error):  # a failed COMMIT leaves it open: end it
                     conn.rollback()
                 raise
@@ -350,7 +350,7 @@ class Store:
             return None
         try:
             return _spec(*row)
-        except Exception as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # a damaged row
             report(f"state database {self.path}: cannot read open question {qid!r}: {exc!r:.200}")
             return None
 
@@ -406,7 +406,7 @@ class Store:
         try:
             name, inode, size, mtime_ns = json.loads(row[1])
             return row[0], (str(name), FileSignature(int(inode), int(size), int(mtime_ns)))
-        except Exception:  # none, or damaged: a damaged memory only makes the file look late
+        except (TypeError, ValueError, RecursionError):  # none, or damaged: it only looks late
             return row[0], None
 
     def load(self) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
@@ -603,6 +603,6 @@ def _decode(rows: list[Any], decode: Callable[..., T]
     for rowid, *row in rows:
         try:
             good.append(decode(*row))
-        except Exception as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # the decoders' own, and deep JSON
             bad.append((rowid, row[0], exc))
     return good, bad

@@ -91,7 +91,7 @@ class Supervised(pykka.Actor):
         # pykka stops an actor whose on_start raises without on_failure: say it here
         try:
             self.begin()
-        except Exception as exc:
+        except Exception as exc:  # the start of a child: a failed begin is a crash
             # dead first, as pykka is before on_failure: nothing told from now on is
             # accepted into a mailbox about to be dropped
             pykka.ActorRegistry.unregister(self.actor_ref)
@@ -119,7 +119,7 @@ class Supervised(pykka.Actor):
             if envelope.reply_to is None:
                 try:
                     self.lost(envelope.message)
-                except Exception as exc:
+                except Exception as exc:  # crash handling: the next one is answered too
                     report(f"{self.child_name}: {exc!r}")
             else:  # an ask: its caller must not wait for an answer that won't come
                 envelope.reply_to.set_exception(

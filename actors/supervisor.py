@@ -2,9 +2,9 @@
 
 Children start in CHILDREN's order and stop in reverse: the Peer goes first (no
 new questions, the registry entry leaves, W8), and its entry, written last, is
-the daemon's readiness (W7). The `Wiring` every child gets is made before anything
-starts; what is told to a child not up yet is dropped, as to a dead one: each child
-rebuilds its work from the store when it starts.
+the daemon's readiness (W7). Each child is given only its own collaborators, their
+Slots made before anything starts; what is told to a child not up yet is dropped, as
+to a dead one: each child rebuilds its work from the store when it starts.
 """
 
 from __future__ import annotations
@@ -33,24 +33,6 @@ from .supervision import GiveUp, RestartPolicy, Slot
 from .watcher import WatcherActor
 
 CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """What every actor of the daemon is started with (constructor injection, as
-    Mopidy's actors get their config and core): the settings, the state store, each
-    other's addresses, and the clocks, which tests pin."""
-
-    config: BridgeConfig
-    store: Store
-    logger: Address
-    delivery: Address
-    router: Address
-    watcher: Address
-    peer: Address
-    now: Callable[[], datetime] = _utc_now
-    clock: Callable[[], float] = time.time
-    run_tag: str = "run"  # makes question names unique across runs (the owner guard)
 
 
 @dataclass(frozen=True)
@@ -121,7 +103,7 @@ class RootSupervisor(pykka.ThreadingActor):
         self.incarnations[child] = incarnation + 1
         try:
             ref = spec.start(self.actor_ref, incarnation)
-        except Exception as exc:  # no thread for it, say: the same as a crash at start
+        except Exception as exc:  # the start of a child (no thread for it): a crash at start
             self._child_failed(child, f"{type(exc).__name__}: {exc}")
             return
         spec.slot.bind(ref)
@@ -158,20 +140,25 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
                monotonic: Callable[[], float] = time.monotonic) -> Tree:
     """Build the child specs and start the root; returns at once (children start in it)."""
     slots = {name: Slot(name) for name in CHILDREN}
-    wiring = Wiring(config, store, now=now, clock=clock, run_tag=identity.session_id[-8:],
-                    **slots)
+    logger, delivery, router, watcher, peer = (slots[name] for name in CHILDREN)
     starts: dict[str, Callable[[Address, int], pykka.ActorRef[Any]]] = {
         "logger": lambda sup, n: LoggerActor.start_bound(
-            slots["logger"].bind, wiring, supervisor=sup),
+            logger.bind, log_path=config.log_path, supervisor=sup),
         "delivery": lambda sup, n: DeliveryActor.start_bound(
-            slots["delivery"].bind, wiring, supervisor=sup),
+            delivery.bind, config=config, store=store, router=router, logger=logger,
+            now=now, supervisor=sup),
         "router": lambda sup, n: QuestionRouter.start_bound(
-            slots["router"].bind, wiring, supervisor=sup, incarnation=n,
+            router.bind, config=config, store=store, router=router, peer=peer,
+            delivery=delivery, watcher=watcher, logger=logger, supervisor=sup,
+            run_tag=identity.session_id[-8:], incarnation=n, now=now, clock=clock,
             question_restarts=question_restarts, window_s=window_s, monotonic=monotonic),
         "watcher": lambda sup, n: WatcherActor.start_bound(
-            slots["watcher"].bind, wiring, supervisor=sup, reoffer_s=config.reoffer_ms / 1000),
+            watcher.bind, questions_dir=config.questions_dir, poll_ms=config.poll_ms,
+            router=router, delivery=delivery, logger=logger, now=now, supervisor=sup,
+            reoffer_s=config.reoffer_ms / 1000),
         "peer": lambda sup, n: PeerActor.start_bound(
-            slots["peer"].bind, wiring, supervisor=sup, identity=identity),
+            peer.bind, identity=identity, store=store, router=router, logger=logger,
+            heartbeat_s=config.heartbeat_ms / 1000, now=now, supervisor=sup),
     }
     root = RootSupervisor.start(
         specs=[ChildSpec(slots[name], starts[name]) for name in CHILDREN], on_fatal=on_fatal,

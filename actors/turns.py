@@ -36,8 +36,7 @@ class PoolInbox:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Made when mail comes, dropped when read: an empty deque costs over 600 bytes,
-        # and thousands of questions sit with empty mailboxes.
+        # made when mail comes, dropped when read: thousands of questions sit idle
         self._queue: deque[Envelope[Any]] | None = None
         self._actor: PooledActor | None = None
         self._edge: Edge | None = None
@@ -96,9 +95,8 @@ class PoolInbox:
 
 
 class StopFlag:
-    """`actor_stopped` as a bare flag: pykka's Event costs some 700 bytes per actor, paid
-    by each of thousands of questions, and pykka (4.1 to 4.5) only calls `set` and
-    `is_set` on it; a blocking stop waits on its own future."""
+    """`actor_stopped` as a bare flag: pykka's Event is heavy for thousands of questions,
+    and pykka only calls `set` and `is_set` on it; a blocking stop waits on its own future."""
 
     __slots__ = ("_flag",)
 
@@ -152,7 +150,7 @@ class PooledActor(pykka.Actor):
         assert isinstance(inbox, PoolInbox)
         try:
             inbox.attach(self, self.edge or shared_edge())
-        except BaseException:
+        except BaseException:  # the turn machinery's edge: never left registered
             ActorRegistry.unregister(self.actor_ref)
             raise
 
@@ -187,16 +185,16 @@ class PooledActor(pykka.Actor):
             response = self._handle_receive(envelope.message)
             if envelope.reply_to is not None:
                 envelope.reply_to.set(response)
-        except Exception:
+        except Exception:  # the turn's edge (as pykka's): a crash fails the actor, not the loop
             if envelope.reply_to is not None:
                 envelope.reply_to.set_exception()
             else:
                 self._handle_failure(*sys.exc_info())
                 try:
                     self.on_failure(*sys.exc_info())
-                except Exception:
+                except Exception:  # the same edge, in failure handling
                     self._handle_failure(*sys.exc_info())
-        except BaseException:
+        except BaseException:  # the same edge: an exit stops every actor
             self._stop()
             ActorRegistry.stop_all(block=False)  # never block the loop on pooled actors' stops
 

@@ -14,6 +14,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inotify_simple import INotify, flags
@@ -43,13 +45,11 @@ from ..messages.contract import (
 from ..messages.wire import RejectReason
 from .config import DEFAULT_REOFFER_MS
 from .files import private_dir, read_at_most
-from .loop import Episode, report, shared_edge, tell_quietly
+from .loop import Episode, report, shared_edge, tell_quietly, utc_now
 from .supervision import PooledChild
 
 if TYPE_CHECKING:
     import asyncio
-
-    from .supervisor import Wiring
 
 
 _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SELF | flags.ONLYDIR
@@ -82,18 +82,20 @@ class _Tracked:
 
 class WatcherActor(PooledChild):
     """The one owner of "which answer file is being handled" (`_Tracked`, per name), so a
-    rescan re-reads only what changed or waited long enough. Paths are plain strings:
-    with thousands of answers at once, pathlib's joining was a tenth of the daemon's time.
+    rescan re-reads only what changed or waited long enough. Paths are plain strings, as
+    joining pathlib's is dear with thousands of answers at once.
     """
 
-    def __init__(self, wiring: Wiring, *, supervisor: Address, name: str = "watcher",
-                 reoffer_s: float = DEFAULT_REOFFER_S,
+    def __init__(self, *, questions_dir: Path, poll_ms: float, router: Address,
+                 delivery: Address, logger: Address, supervisor: Address,
+                 name: str = "watcher", reoffer_s: float = DEFAULT_REOFFER_S,
+                 now: Callable[[], datetime] = utc_now,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name, supervisor)
-        self.w = wiring
-        self.questions_dir = wiring.config.questions_dir
+        self.router, self.delivery, self.logger, self.now = router, delivery, logger, now
+        self.questions_dir = questions_dir
         self._prefix = os.path.join(self.questions_dir, "")
-        self.poll_ms = wiring.config.poll_ms
+        self.poll_ms = poll_ms
         self.reoffer_s = reoffer_s
         self.clock = clock
         self._tracked: OrderedDict[str, _Tracked] = OrderedDict()
@@ -132,7 +134,7 @@ class WatcherActor(PooledChild):
         touch the watcher's state."""
         try:
             events = inotify.read(timeout=0)
-        except Exception:  # not read again before the next rescan, which listens again
+        except Exception:  # the loop's edge: not read again before the next rescan listens
             shared_edge().loop.remove_reader(inotify.fileno())
             raise  # one line, from the loop's fault handler
         names = tuple(dict.fromkeys(e.name for e in events if e.name))
@@ -262,7 +264,7 @@ class WatcherActor(PooledChild):
             if read is not None:
                 content, signature = read
                 self._hold(name, signature, self.clock() + self.reoffer_s)
-                self.w.router.tell(AnswerFileSeen(name, content, signature))
+                self.router.tell(AnswerFileSeen(name, content, signature))
             # else unsteady or unreadable for now: its next event or a rescan brings it back
         elif not stat.S_ISDIR(st.st_mode) and self._grace_over(name):
             # a symlink, FIFO or socket is never an answer (and is not followed); a
@@ -314,7 +316,7 @@ class WatcherActor(PooledChild):
             detail.update(size=signature.size, limit=ANSWER_FILE_LIMIT)  # never read
         if error is not None:
             detail["error"] = error
-        self.w.logger.tell(LogEvent(log_record(self.w.now(), qid, "answer_rejected", detail)))
+        self.logger.tell(LogEvent(log_record(self.now(), qid, "answer_rejected", detail)))
         report(f"rejected answer file {name}: {reason}" + (f" ({error})" if error else ""),
                "warning")
         if qid is not None and reason in UNREADABLE_REASONS:
@@ -330,7 +332,7 @@ class WatcherActor(PooledChild):
         if qid in self._noted:
             return
         self._noted[qid] = now
-        self.w.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
+        self.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
 
     def _remove(self, name: str, signature: FileSignature) -> bool:
         """Remove that version of the file; True if this call removed it.

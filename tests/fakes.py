@@ -26,14 +26,16 @@ import pykka
 from ulid import ULID
 
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.actors.delivery import DeliveryActor
 from coms_hermes_bridge.actors.listener import Listener
+from coms_hermes_bridge.actors.logger import LoggerActor
 from coms_hermes_bridge.actors.loop import Edge, shared_edge, utc_now
 from coms_hermes_bridge.actors.peer import MODEL, PeerActor
-from coms_hermes_bridge.actors.questions import QuestionRouter
+from coms_hermes_bridge.actors.questions import QuestionActor, QuestionRouter
 from coms_hermes_bridge.actors.registry import PeerIdentity, agents_dir, write_entry
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervision import Slot, Supervised
-from coms_hermes_bridge.actors.supervisor import Wiring
+from coms_hermes_bridge.actors.watcher import WatcherActor
 from coms_hermes_bridge.messages.commands import (
     Address,
     NewQuestion,
@@ -513,13 +515,26 @@ class FailingConnection:
             raise self._rollback_error
 
 
+# what each of the daemon's actors is started with, as start_tree gives it
+WIRED: dict[type, tuple[str, ...]] = {
+    LoggerActor: ("log_path",),
+    DeliveryActor: ("config", "store", "router", "logger", "now"),
+    WatcherActor: ("questions_dir", "poll_ms", "router", "delivery", "logger", "now"),
+    PeerActor: ("store", "router", "logger", "heartbeat_s", "now"),
+    QuestionRouter: ("config", "store", "router", "peer", "delivery", "watcher", "logger",
+                     "now", "clock", "run_tag"),
+    QuestionActor: ("store", "router", "delivery", "peer", "watcher", "logger", "target",
+                    "remind_before_ms", "now", "clock"),
+}
+
+
 class WiredRig(ActorRig[A]):
-    """One of the daemon's actors under test, started as the tree starts it: with a
-    Wiring whose every address is a FakeRef named for its role (the supervisor too),
-    unless `addresses` gives another (a FakeRef given is then `rig.<role>`); `store` (a
-    real Store or a stand-in; by default none at all), `config` (settings:
-    `bridge_config()` by default), and the clocks. `options` are the actor's own keyword
-    arguments."""
+    """One of the daemon's actors under test, started as the tree starts it: each
+    collaborator it takes is a FakeRef named for its role (the supervisor too), unless
+    `addresses` gives another (a FakeRef given is then `rig.<role>`); `store` (a real
+    Store or a stand-in; by default none at all), the settings it takes from `config`
+    (`bridge_config()` by default), and the clocks. `options` are the actor's own
+    keyword arguments, and override any of those."""
 
     def __init__(self, actor_class: type[A], *, store: Any = None,
                  config: BridgeConfig | None = None, now: Callable[[], Any] = utc_now,
@@ -528,16 +543,24 @@ class WiredRig(ActorRig[A]):
         self.fakes = {role: FakeRef(role) for role in ROLES}
         self.fakes.update({role: fake for role, fake in (addresses or {}).items()
                            if isinstance(fake, FakeRef)})
-        wired: dict[str, Any] = {role: self.fakes[role] for role in ROLES[1:]}
-        wired.update(addresses or {})
-        self.wiring = Wiring(config or bridge_config(), store or cast(Store, object()),
-                             now=now, clock=clock, run_tag="t", **wired)
+        self.config = config = config or bridge_config()
+        self.wired: dict[str, Any] = {role: self.fakes[role] for role in ROLES[1:]}
+        self.wired.update(addresses or {})
+        self.wired.update(
+            config=config, store=store or cast(Store, object()), now=now, clock=clock,
+            run_tag="t", log_path=config.log_path, questions_dir=config.questions_dir,
+            poll_ms=config.poll_ms, heartbeat_s=config.heartbeat_ms / 1000,
+            target=config.target, remind_before_ms=config.remind_before_ms)
         self.ref = self.start(actor_class, options)
 
+    def collaborators(self, actor_class: type[pykka.Actor]) -> dict[str, Any]:
+        """What `actor_class` is started with, as the tree would give it."""
+        return {name: self.wired[name] for name in WIRED[actor_class]}
+
     def start(self, actor_class: type[A], options: dict[str, Any]) -> pykka.ActorRef[A]:
-        """The actor's start, as the tree's: a subclass may add options of its own (one
-        whose name a Wiring field has, such as the Watcher's `clock`)."""
-        return actor_class.start(self.wiring, supervisor=self.fakes["supervisor"], **options)
+        """The actor's start, as the tree's: a subclass may add options of its own."""
+        return actor_class.start(**{**self.collaborators(actor_class), **options},
+                                 supervisor=self.fakes["supervisor"])
 
 
 class RouterRig(WiredRig[QuestionRouter]):
@@ -558,7 +581,7 @@ class RouterRig(WiredRig[QuestionRouter]):
                          addresses={"router": self.me}, **options)
         self.me.bind(self.ref)
 
-    def _fake_question(self, wiring: Any, spec: QuestionSpec, child: str) -> Any:
+    def _fake_question(self, spec: QuestionSpec, child: str) -> Any:
         question = FakeRef(child)
         self.started.setdefault(spec.qid, []).append((spec, child, question))
         return _FakeChild(question)

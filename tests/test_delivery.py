@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import signal
+import sqlite3
 import tempfile
 import time
 from collections.abc import Callable
@@ -311,7 +312,7 @@ def test_a_sent_note_that_cannot_be_recorded_is_said(
     hermes: FakeHermes, capfd: pytest.CaptureFixture[str]
 ) -> None:  # it stays owed, and is sent again at the next start (at least once)
     def note_sent(note_id: str) -> None:
-        raise RuntimeError("disk full")
+        raise sqlite3.OperationalError("database or disk is full")
 
     rig = DeliveryRig(hermes.path, notes=Notes(sent=note_sent))
     rig.send("✖ cancelled", "cancel_note", note_id="cancel:1")
@@ -319,12 +320,12 @@ def test_a_sent_note_that_cannot_be_recorded_is_said(
     assert rig.told() == (QID, None)
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: could not record the cancel_note for {QID} as sent: "
-        "RuntimeError('disk full')\n"
+        "OperationalError('database or disk is full')\n"
     )
 
 
 def test_a_reminder_no_longer_owed_is_never_run(hermes: FakeHermes) -> None:  # X9
-    owed = {"remind:a": False, "remind:b": True}
+    owed = {"remind:a": False, "remind:b": True, "c": True}
     asked: list[str] = []
     sent: list[str] = []
 
@@ -377,7 +378,7 @@ def test_a_store_that_cannot_say_sends_the_reminder_and_says_why(
     hermes: FakeHermes, capfd: pytest.CaptureFixture[str]
 ) -> None:  # X9: at least once, like every note
     def note_owed(note_id: str) -> bool:
-        raise RuntimeError("database is locked")
+        raise sqlite3.OperationalError("database is locked")
 
     rig = DeliveryRig(hermes.path, notes=Notes(owed=note_owed))
     rig.send("⏰ maybe", "remind_note", note_id="remind:m")
@@ -386,7 +387,7 @@ def test_a_store_that_cannot_say_sends_the_reminder_and_says_why(
     assert [argv[-1] for argv in hermes.argvs()] == ["⏰ maybe", "next"]
     assert capfd.readouterr().err == (
         "coms-hermes-bridge: delivery: cannot tell whether note:remind:m is owed: "
-        "RuntimeError('database is locked')\n"
+        "OperationalError('database is locked')\n"
     )
 
 

@@ -1,7 +1,7 @@
 """The PeerActor with fake collaborators, and the registry it keeps (W1-W11, W15, W17).
 
-The Peer is started as the tree starts it, with a Wiring whose addresses are
-FakeRefs and whose store records what is settled; the only real sockets are the
+The Peer is started as the tree starts it, with FakeRefs for its
+collaborators and a store that records what is settled; the only real sockets are the
 peer's own and a fake asker that records what it is sent.
 """
 

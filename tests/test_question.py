@@ -1,7 +1,7 @@
 """QuestionActor through its messages, with fake collaborators and a real Store (C11, C13-C19).
 
-Each question is started as the QuestionRouter starts one (`QuestionActor.start`: the
-Wiring, its spec and its name) and reached through a Slot; its supervisor is the
+Each question is started as the QuestionRouter starts one (`QuestionActor.start`: its
+spec, its name and its collaborators) and reached through a Slot; its supervisor is the
 router."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from coms_hermes_bridge.actors.loop import shared_edge
 from coms_hermes_bridge.actors.questions import QuestionActor
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervision import Slot
-from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
@@ -95,7 +94,7 @@ class Rig(WiredRig[QuestionActor]):
 
     def start(self, actor_class: type[QuestionActor], options: dict[str, Any]
               ) -> pykka.ActorRef[QuestionActor]:
-        return actor_class.start(self.wiring, self.spec, self.name)
+        return actor_class.start(self.spec, self.name, **self.collaborators(actor_class))
 
     def events(self, count: int, timeout: float = 5.0) -> list[tuple[str, Any]]:
         """The next `count` log events as (event, detail)."""
@@ -436,7 +435,7 @@ def test_timer_fires_at_the_absolute_deadline_across_a_restart(store: Store) -> 
     assert timer.cancelled()  # the stopped one's timer goes with it: it tells nobody
     # the restart, as a restarted Router's: the row claimed under a new name, same deadline
     assert store.claim(QID, "question:x:2")
-    second = QuestionActor.start(first.wiring, spec, "question:x:2")
+    second = QuestionActor.start(spec, "question:x:2", **first.collaborators(QuestionActor))
     assert first.logger.expect(LogEvent, timeout=5).record.event == "timeout"
     assert time.time() >= deadline  # not a moment before
     assert first.peer.expect(SendResponse) == SendResponse(
@@ -470,7 +469,7 @@ def test_a_restored_question_logs_its_timeout_in_the_bytes_a_fresh_one_does(stor
     store.put_open(dataclasses.replace(fresh, deadline=time.time() + 0.25), owner="question:x:2")
     restored = store.open_spec(QID, "question:x:2")
     assert restored is not None
-    QuestionActor.start(first.wiring, restored, "question:x:2")
+    QuestionActor.start(restored, "question:x:2", **first.collaborators(QuestionActor))
     assert first.logger.expect(LogEvent, timeout=5).record.to_line() == line
 
 
@@ -478,16 +477,18 @@ def test_two_thousand_open_questions_run_on_a_few_threads(store: Store) -> None:
     # every question an actor with its own mailbox and deadline, yet the
     # thread count stays flat (<= 40 for the process, as /proc/self/status counts)
     fakes = {role: FakeRef(role) for role in ROLES[1:]}
-    wiring = Wiring(bridge_config(), store, logger=fakes["logger"], delivery=fakes["delivery"],
-                    router=fakes["router"], watcher=fakes["watcher"], peer=fakes["peer"],
-                    now=lambda: NOW, run_tag="t")
+    config = bridge_config()
+    wired = dict(store=store, logger=fakes["logger"], delivery=fakes["delivery"],
+                 router=fakes["router"], watcher=fakes["watcher"], peer=fakes["peer"],
+                 target=config.target, remind_before_ms=config.remind_before_ms,
+                 now=lambda: NOW)
     before = thread_count()
     slots = []
     for i in range(2000):
         spec = question_spec(timeout_s=600, qid=f"01ARZ3NDEKTSV4RRFFQ{i:07d}")
         store.put_open(spec, owner=f"question:x:{i}")
         slot = Slot(f"question:x:{i}")
-        slot.bind(QuestionActor.start(wiring, spec, f"question:x:{i}"))
+        slot.bind(QuestionActor.start(spec, f"question:x:{i}", **wired))
         slots.append((spec.qid, slot))
     for qid, slot in slots:
         slot.tell(ran(qid=qid))

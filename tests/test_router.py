@@ -28,7 +28,6 @@ from coms_hermes_bridge.actors.questions import failed_error
 from coms_hermes_bridge.actors.state_view import read_snapshot
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervision import Slot
-from coms_hermes_bridge.actors.supervisor import Wiring
 from coms_hermes_bridge.messages.commands import (
     Address,
     AnswerArrived,
@@ -872,12 +871,12 @@ class Crashing:
         _spec, self.child, self.slot, _router = self.starts[0]
         assert self.rig.store.set_state(QID, "delivered", owner=self.child)
 
-    def _start(self, wiring: Wiring, spec: QuestionSpec, child: str) -> Any:
+    def _start(self, spec: QuestionSpec, child: str) -> Any:
         # (in the Router's turn: its table already holds the slot it will bind)
-        self.starts.append((spec, child, slot_of(self.rig, spec.qid), wiring.router))
+        self.starts.append((spec, child, slot_of(self.rig, spec.qid), self.rig.me))
         if self.fails:
             raise self.fails.pop(0)
-        return Recorder.start(supervisor=_Relay(wiring.router, self.reported), seen=self.seen,
+        return Recorder.start(supervisor=_Relay(self.rig.me, self.reported), seen=self.seen,
                               name=child, incarnation=next(self._incarnation))
 
     def crash(self, slot: Slot | None = None) -> None:
@@ -1071,7 +1070,7 @@ def test_a_poison_question_not_recorded_still_tells_its_asker(
     c = crashing
 
     def close(*args: Any, **kwargs: Any) -> bool:
-        raise OSError("disk I/O error")
+        raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(c.rig.store, "close", close)
     c.fails.extend(ValueError("bad") for _ in range(10))
@@ -1082,7 +1081,7 @@ def test_a_poison_question_not_recorded_still_tells_its_asker(
     assert (record.event, record.detail) == ("question_failed", {"error": "ValueError: bad"})
     assert c.rig.depth() == 0
     assert (f"coms-hermes-bridge: could not record question {QID} as failed: "
-            "OSError('disk I/O error')\n") in capsys.readouterr().err
+            "OperationalError('disk I/O error')\n") in capsys.readouterr().err
 
 
 def test_a_question_whose_row_is_gone_is_not_restarted_and_takes_no_more_mail(

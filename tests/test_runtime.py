@@ -490,7 +490,7 @@ def test_a_turn_that_fails_outside_its_actor_is_one_line_and_the_loop_goes_on(
     broken.attach(Broken(), edge)  # type: ignore[arg-type]
     works.attach(Works(), edge)  # type: ignore[arg-type]
     passed(edge)
-    assert ran == ["test-edge"]  # SIGUSR1's stack dump shows the edge's name
+    assert ran == ["test-edge"]  # the thread carries the edge's name
     assert capfd.readouterr().err.splitlines() == [
         "coms-hermes-bridge: test-edge: a turn failed outside its actor: "
         "RuntimeError('broken turn')"]

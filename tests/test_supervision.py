@@ -21,7 +21,7 @@ from coms_hermes_bridge.actors.delivery import DeliveryActor, question_send
 from coms_hermes_bridge.actors.loop import MAX_REPORT, Episode, report, utc_now
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervision import GiveUp, Intensity, RestartPolicy, Slot
-from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor, Wiring
+from coms_hermes_bridge.actors.supervisor import ChildSpec, RootSupervisor
 from coms_hermes_bridge.messages.commands import Address, ChildFailed, HermesRan
 from tests.fakes import (
     ROLES,
@@ -257,10 +257,11 @@ def test_delivery_crashed_mid_send_still_sends_both_in_order(tmp_path: Path) -> 
     specs = [question_spec(qid=qid, state="pending") for qid in (QID_A, QID_B)]
     for spec in specs:  # open and pending: their sends are owed
         store.put_open(spec, owner=f"question:{spec.qid}")
-    wiring = Wiring(config, store, **{**others, "delivery": slot})
 
     def start(sup: Address, n: int) -> pykka.ActorRef[Any]:
-        return DeliveryActor.start_bound(slot.bind, wiring, supervisor=sup)
+        return DeliveryActor.start_bound(slot.bind, config=config, store=store,
+                                         router=others["router"], logger=others["logger"],
+                                         supervisor=sup)
 
     root = RootSupervisor.start(specs=[ChildSpec(slot, start)], on_fatal=lambda r: None,
                                 max_restarts=5, window_s=10)

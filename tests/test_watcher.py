@@ -1,7 +1,7 @@
 """WatcherActor: answer files in, verdicts carried out (C7-C10, C15, C20, W21, X6, X7).
 
-The Watcher is started as the tree starts it, with a Wiring whose addresses are
-FakeRefs; its questions_dir and poll_ms come from the settings. Unit tests use a
+The Watcher is started as the tree starts it, with FakeRefs for its
+collaborators; its questions_dir and poll_ms come from the settings. Unit tests use a
 real directory and real inotify and, where the grace window (C10) matters, a
 hand-moved clock. The integration tests at the end use the real clock and write
 files the ways the gateway may.
@@ -87,7 +87,7 @@ class Rig(WiredRig[WatcherActor]):
 
     def start(self, actor_class: type[WatcherActor],
               options: dict[str, Any]) -> pykka.ActorRef[WatcherActor]:
-        if self.watcher_clock is not None:  # its own clock, beside the Wiring's
+        if self.watcher_clock is not None:  # its own clock, beside the log's
             options = {**options, "clock": self.watcher_clock}
         return super().start(actor_class, options)
 
@@ -1147,9 +1147,10 @@ def test_an_unreadable_answer_for_an_open_question_is_noted_once_a_minute(
 
 def test_the_note_memory_is_bounded(tmp_path: Path) -> None:  # X7: bounded memory
     clock = FakeClock()
-    rig = start(tmp_path)  # for its Wiring: the Delivery told is `rig.delivery`
+    rig = start(tmp_path)  # for its collaborators: the Delivery told is `rig.delivery`
     # never started: the method alone, in this thread
-    watcher = WatcherActor(rig.wiring, supervisor=rig.supervisor, clock=clock)
+    watcher = WatcherActor(**rig.collaborators(WatcherActor), supervisor=rig.supervisor,
+                           clock=clock)
     qids = [f"01HZY3K4M5N6P7Q8R9S{i:07d}" for i in range(hermes.NOTE_MEMORY + 5)]
     for qid in qids:
         watcher._note_unreadable(qid, "invalid_schema")
