@@ -13,7 +13,8 @@ PI_COMS_DIR, a fast fake `hermes` that exits 0 at once), then:
 5. writes every answer file at once (renamed into the questions directory)
    and waits for every response at the asker's socket (time from the first
    rename to the last response);
-6. prints the daemon's CPU time per question over the whole run.
+6. prints the daemon's CPU time per answer (step 5, until every answer is logged
+   and its file removed) and per question over the whole run.
 
 `--compare CMD` runs another bridge command (any program speaking the same
 wire and files, e.g. another implementation) through the same steps,
@@ -226,6 +227,7 @@ def run_once(command: str, n: int, clients: int, seq: int, threaded: bool) -> di
             tmp.write_text(json.dumps({"qid": qid, "answer": "yes", "answered_by":
                                        "telegram:bench", "at": "2026-11-30T12:01:00.000Z"}))
             staged.append((tmp, questions / f"{qid}.answer.json"))
+        cpu_answers = proc.cpu_s()
         started = time.perf_counter()
         for tmp, target in staged:
             os.rename(tmp, target)
@@ -237,8 +239,13 @@ def run_once(command: str, n: int, clients: int, seq: int, threaded: bool) -> di
             raise RuntimeError(f"{len(asker.errors)} responses carried errors, e.g. "
                                f"{next(iter(asker.errors.values()))!r}")
 
-        # 6. the whole run's CPU per question, and the peaks
-        out["cpu_ms_per_q"] = (proc.cpu_s() - cpu0) * 1000 / len(qids)
+        # 6. CPU per answer (from the first rename until every answer is logged and its
+        # file removed: all the work the answers cost), the whole run's per question
+        wait(lambda: log.poll().get("answered", 0) >= n and not any(questions.iterdir()),
+             "every answer logged and its file removed")
+        cpu_end = proc.cpu_s()
+        out["cpu_ms_per_answer"] = (cpu_end - cpu_answers) * 1000 / len(qids)
+        out["cpu_ms_per_q"] = (cpu_end - cpu0) * 1000 / len(qids)
         sampler.stop()
         out["threads_max"] = float(sampler.threads)
         out["rss_max_mib"] = sampler.rss_kib / 1024
@@ -273,6 +280,7 @@ FIGURES = [
     ("rss_mib", "RSS at N open, MiB", "{:.0f}"),
     ("rss_max_mib", "RSS peak, MiB", "{:.0f}"),
     ("threads_max", "threads (peak)", "{:.0f}"),
+    ("cpu_ms_per_answer", "daemon CPU/answer, ms", "{:.3f}"),
     ("cpu_ms_per_q", "daemon CPU/question, ms", "{:.2f}"),
     ("late_answers", "late_answer events (want 0)", "{:.0f}"),
     ("rejected_answers", "answer_rejected events (want 0)", "{:.0f}"),
