@@ -47,11 +47,20 @@ def dumps(value: Any, *, indent: int | None = None) -> str:
     (a Python str can hold them; UTF-8 cannot), so that every line we write
     is valid UTF-8 and byte-identical to what a node peer would send.
     """
-    separators = (",", ":") if indent is None else (",", ": ")
-    text = json.dumps(
-        value, ensure_ascii=False, indent=indent, separators=separators, allow_nan=False
-    )
+    if indent is None:
+        text = _COMPACT.encode(value)
+    else:
+        text = json.dumps(
+            value, ensure_ascii=False, indent=indent, separators=(",", ": "), allow_nan=False
+        )
+    if text.isascii():  # nothing to escape: no scan
+        return text
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# One encoder for every compact line (a line per log record, response and stored row):
+# json.dumps with options builds a new one per call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def has_lone_surrogate(value: Any) -> bool:
@@ -481,6 +490,9 @@ _COMMENT = re.compile(r"\([^()]*\)")
 # (dateutil would read it the POSIX way round), so the label goes.
 _LABELLED_OFFSET = re.compile(r"\b(?:GMT|UTC|UT)(?=[+-]\d)", re.IGNORECASE)
 _YEAR_OR_MONTH = re.compile(r"\d{4}(?:-\d{2})?")
+_PLAIN_ISO = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,6})?)?(?:Z|[+-]\d{2}:?\d{2})?"
+)
 # Two different defaults: a field the text does not carry shows up as a difference.
 _PROBES = (datetime(2000, 1, 1), datetime(2001, 2, 2))
 
@@ -509,6 +521,11 @@ def parse_timestamp(value: str) -> datetime:
         raise ValueError("not a timestamp")
     if _YEAR_OR_MONTH.fullmatch(text):
         return datetime.fromisoformat(text + "-01" * (3 - len(text.split("-"))))
+    if _PLAIN_ISO.fullmatch(text):  # what the liaison writes: 1 us, not dateutil's 90
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            pass  # no such day or hour: dateutil has the last word
     try:
         first, second = (
             dateutil_parser.parse(text, default=probe, tzinfos=_zone) for probe in _PROBES
