@@ -312,8 +312,14 @@ class Store:
     def send_owed(self, key: str) -> bool:
         """Is the send known as `key` still owed: its question pending, its note not run?
         (Told again after a restart, one already acted on is not sent twice.)"""
-        with self._transaction() as conn:
-            row = conn.execute(f"SELECT 1 WHERE ? IN {_SENT_OWED}", (key,)).fetchone()
+        kind, _, name = key.partition(":")
+        sql = {"question": "SELECT 1 FROM open_questions WHERE qid = ?"
+                           " AND (state IS NULL OR state = 'pending')",
+               "note": "SELECT 1 FROM notes WHERE id = ?"}.get(kind)
+        if sql is None:
+            return False
+        with self._transaction() as conn:  # by its key's index: one row, not a scan per send
+            row = conn.execute(sql, (name,)).fetchone()
         return row is not None
 
     def sent_outcome(self, key: str) -> tuple[str | None] | None:

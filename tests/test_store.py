@@ -1050,3 +1050,20 @@ def test_a_close_whose_commit_fails_leaves_the_question_open_for_the_restart(
         assert restarted.outbox() == []
     finally:
         restarted.shutdown()
+
+
+def test_a_question_send_is_owed_while_its_question_is_pending_and_no_longer(
+    store: Store,
+) -> None:
+    # promise 1: a send told again after a restart runs only while owed; each key is read
+    # by its own row (a scan of every open question per send made 10,000 sends quadratic)
+    other = "01HZY3K4M5N6P7Q8R9S0T1V2WB"
+    store.put_open(spec(QID), owner="q")
+    store.put_open(spec(other, state="delivered"), owner="q2")
+    assert store.send_owed(f"question:{QID}")  # never confirmed: pending
+    assert store.set_state(QID, "pending", owner="q") and store.send_owed(f"question:{QID}")
+    assert not store.send_owed(f"question:{other}")  # delivered: not again
+    assert store.set_state(QID, "delivered", owner="q")
+    assert not store.send_owed(f"question:{QID}")
+    assert not store.send_owed("question:01HZY3K4M5N6P7Q8R9S0T1V2WZ")  # no such question
+    assert not store.send_owed(f"note:{QID}") and not store.send_owed(f"other:{QID}")
