@@ -154,7 +154,7 @@ class Intensity:
         window = f"{self.window_s:g}s"
         if len(whos) == 1:
             return f"{whos.pop()} crashed {len(self._times)} times within {window}"
-        last = self._times[-1][1] if self._times else "?"
+        last = self._times[-1][1]  # asked only after allow() recorded one
         who = ", ".join(sorted(whos))
         return f"{len(self._times)} crashes within {window} ({who}; last {last})"
 
