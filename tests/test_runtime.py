@@ -226,8 +226,10 @@ def test_awaited_hands_out_a_reply_callback_and_waits_on_the_loop(edge: Edge) ->
 
     assert edge.spawn(awaited(at_once, 5)).result(5) == 7
     assert edge.spawn(awaited(twice, 5)).result(5) == "first"  # at most once used
+    waiting = edge.spawn(awaited(never, 0.05))
     with pytest.raises(TimeoutError):
-        edge.spawn(awaited(never, 0.05)).result(5)
+        waiting.result(2)
+    assert waiting.done()  # it gave up by itself after 0.05 s, not this wait after 2 s
 
 
 def test_a_reply_after_the_loop_closed_is_dropped_quietly() -> None:
