@@ -12,6 +12,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors import supervisor
+from coms_hermes_bridge.actors.config import HEARTBEAT_ENV
 from coms_hermes_bridge.actors.supervision import Slot
 from coms_hermes_bridge.messages.commands import QueueDepthQuery
 from tests.fakes import request, wait_for
@@ -208,6 +209,30 @@ def test_the_tree_runs_on_the_clocks_and_under_the_run_tag_it_is_given() -> None
         wait_for(lambda: any(r["event"] == "question_received" for r in tree.log_records()),
                  what="question_received logged")
         assert tree.log_records()[0]["at"] == "2026-01-02T03:04:05.000Z"
+
+
+def test_each_actor_is_given_its_own_collaborators_and_the_trees_clock() -> None:
+    # the design's wiring: no bag; start_tree hands each actor the addresses, store and
+    # clock it uses, and the Peer its heartbeat from the environment (W6)
+    def at() -> datetime:
+        return datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    with running_tree(options={"now": at}, env={HEARTBEAT_ENV: "2500"}) as tree:
+        slots = tree.tree.slots
+        actor = {name: tree.child_ref(name)._actor_weakref() for name in slots}
+        delivery, router, watcher, peer = (actor[n] for n in ("delivery", "router", "watcher",
+                                                                "peer"))
+        assert (delivery.router, delivery.logger, delivery.now) == (
+            slots["router"], slots["logger"], at)
+        assert delivery.store is tree.store and router.store is tree.store
+        assert (router.router, router.peer, router.delivery, router.watcher, router.logger,
+                router.now) == (slots["router"], slots["peer"], slots["delivery"],
+                                slots["watcher"], slots["logger"], at)
+        assert (watcher.router, watcher.delivery, watcher.logger, watcher.now) == (
+            slots["router"], slots["delivery"], slots["logger"], at)
+        assert (peer.router, peer.logger, peer.now, peer.heartbeat_s) == (
+            slots["router"], slots["logger"], at, 2.5)
+        assert peer.store is tree.store
 
 
 def test_the_roots_stop_returns_once_every_child_has_stopped(tree: Tree) -> None:
