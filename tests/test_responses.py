@@ -124,6 +124,23 @@ def test_an_ack_is_success_and_the_line_arrives_whole(coms_dir: Path) -> None:  
     assert asker.connections == 1
 
 
+def test_a_send_whose_key_is_in_flight_is_taken_and_sent_once(coms_dir: Path) -> None:
+    # promise 1: a restarted Peer sends all it owes; one still in flight is not sent twice,
+    # and is taken (True), not refused as if the pool were full; once done, it may go again
+    gate = threading.Event()
+    asker = Asker(coms_dir / "a.sock", gate=gate)
+    pool, done = ResponsePool(), Done()
+    assert pool.submit(asker.endpoint, LINE, 5.0, NEVER, done("q"), key=("q", "o"))
+    assert pool.submit(asker.endpoint, LINE, 5.0, NEVER, done("again"), key=("q", "o"))
+    gate.set()
+    wait_for(lambda: "q" in done.outcomes, what="the ack")
+    edge_caught_up()
+    assert done.outcomes == {"q": None} and asker.lines == [LINE]
+    assert pool.submit(asker.endpoint, LINE, 5.0, NEVER, done("later"), key=("q", "o"))
+    wait_for(lambda: "later" in done.outcomes, what="the second ack")
+    assert asker.lines == [LINE, LINE]
+
+
 def test_a_nack_is_final_and_says_why(coms_dir: Path) -> None:  # W15
     asker = Asker(coms_dir / "a.sock", lambda _: b'{"type":"nack","error":"no such qid"}\n')
     pool, done = ResponsePool(), Done()
