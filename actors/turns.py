@@ -1,9 +1,7 @@
 """Actor turns on the loop: a pykka actor whose mailbox asks the loop for a turn when mail
-comes. Every private pykka name the daemon relies on (pinned in setup.cfg) is in this file:
-the `ActorInbox` protocol, `Actor._create_actor_inbox`, `_create_future`,
-`_start_actor_loop` (and `start`'s steps), `_actor_loop_setup`, `_actor_loop_teardown`,
-`_handle_receive`, `_handle_failure`, `_stop`, and `Envelope.message`/`reply_to`.
-"""
+comes. Every private pykka name the daemon relies on (pinned in setup.cfg) is here: the
+`ActorInbox` protocol, `_create_actor_inbox`, `_start_actor_loop`, `_actor_loop_setup`,
+`_actor_loop_teardown`, `_handle_receive`, `_handle_failure`, `_stop`, `Envelope`'s fields."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
-from pykka import ActorRegistry, ThreadingFuture
+from pykka import ActorRegistry
 
 from ..messages.commands import Address
 from .loop import Edge, report, shared_edge, tell_quietly
@@ -24,20 +22,14 @@ if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-# -- actor turns on the loop ----------------------------------------------------
 
 class PoolInbox:
-    """A mailbox that asks its edge for a turn of its actor when mail comes, as Akka's
-    dispatchers do: never more than one turn queued or running. `get` never blocks
-    (the actor reads only in a turn, or drains what is left when it dies), and a put
-    is never refused, so a `tell` never blocks its caller."""
-
-    __slots__ = ("__weakref__", "_actor", "_edge", "_lock", "_queue", "_scheduled")
+    """Asks its edge for a turn of its actor when mail comes, as Akka's dispatchers do: never
+    more than one turn queued or running. A put is never refused: a `tell` never blocks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # made when mail comes, dropped when read: thousands of questions sit idle
-        self._queue: deque[Envelope[Any]] | None = None
+        self._queue: deque[Envelope[Any]] = deque()
         self._actor: PooledActor | None = None
         self._edge: Edge | None = None
         self._scheduled = False
@@ -50,8 +42,6 @@ class PoolInbox:
 
     def put(self, envelope: Envelope[Any], /) -> None:
         with self._lock:
-            if self._queue is None:
-                self._queue = deque()
             self._queue.append(envelope)
             if self._scheduled or self._edge is None:
                 return
@@ -59,18 +49,9 @@ class PoolInbox:
             edge = self._edge
         edge.call(self.run_turn)
 
-    def get(self) -> Envelope[Any]:  # its callers (pykka's teardown, a crash) ask empty() first
-        return self.take()  # type: ignore[return-value]
-
-    def take(self) -> Envelope[Any] | None:
+    def get(self) -> Envelope[Any] | None:  # never blocks: None when empty
         with self._lock:
-            queue = self._queue
-            if not queue:
-                return None
-            envelope = queue.popleft()
-            if not queue:
-                self._queue = None
-            return envelope
+            return self._queue.popleft() if self._queue else None
 
     def empty(self) -> bool:
         with self._lock:
@@ -94,23 +75,7 @@ class PoolInbox:
         edge.call(self.run_turn)  # still marked scheduled: nobody else queues it
 
 
-class StopFlag:
-    """`actor_stopped` as a bare flag: pykka's Event is heavy for thousands of questions,
-    and pykka only calls `set` and `is_set` on it; a blocking stop waits on its own future."""
-
-    __slots__ = ("_flag",)
-
-    def __init__(self) -> None:
-        self._flag = False
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        self._flag = True
-
-
-class PooledActor(pykka.Actor):
+class PooledActor(pykka.ThreadingActor):
     """A pykka actor whose turns run on an edge's loop (the shared one unless `edge`
     says), at most `throughput` messages a turn so a busy actor starves nobody."""
 
@@ -118,17 +83,10 @@ class PooledActor(pykka.Actor):
     throughput: ClassVar[int] = 8
     _started = False
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        stopped = StopFlag()  # before the actor starts or its ref is handed out
-        self.actor_stopped = stopped  # type: ignore[assignment]
-        self._actor_ref.actor_stopped = stopped  # type: ignore[assignment]
-
     @classmethod
     def start_bound(cls, bind: Callable[[pykka.ActorRef[Any]], None], *args: Any,
                     **kwargs: Any) -> pykka.ActorRef[Any]:
-        """pykka's `start`, with `bind(ref)` (its slot's) done before the first turn: what is
-        told through the slot from then on waits in the mailbox, none of it dropped."""
+        """pykka's `start`, binding its slot before the first turn: nothing told is dropped."""
         actor = cls(*args, **kwargs)
         bind(actor.actor_ref)
         ActorRegistry.register(actor.actor_ref)
@@ -137,15 +95,10 @@ class PooledActor(pykka.Actor):
 
     @staticmethod
     def _create_actor_inbox() -> ActorInbox:
-        return PoolInbox()
-
-    @staticmethod
-    def _create_future() -> pykka.Future[Any]:
-        return ThreadingFuture()
+        return PoolInbox()  # type: ignore[return-value]  # get() says None, never blocks
 
     def _start_actor_loop(self) -> None:
-        """pykka registers the actor before this runs: one that can never run must not
-        stay registered, or a stop of every actor would wait for it forever."""
+        """An actor that can never run must not stay registered: stop_all would wait on it."""
         inbox = self.actor_inbox
         assert isinstance(inbox, PoolInbox)
         try:
@@ -171,9 +124,7 @@ class PooledActor(pykka.Actor):
             self._started = True
             self._actor_loop_setup()
         for _ in range(self.throughput):
-            if self.actor_stopped.is_set():
-                break
-            envelope = inbox.take()
+            envelope = None if self.actor_stopped.is_set() else inbox.get()
             if envelope is None:
                 break
             self._handle_envelope(envelope)
@@ -188,14 +139,12 @@ class PooledActor(pykka.Actor):
         except Exception:  # the turn's edge (as pykka's): a crash fails the actor, not the loop
             if envelope.reply_to is not None:
                 envelope.reply_to.set_exception()
-            else:
+                return
+            self._handle_failure(*sys.exc_info())
+            try:
+                self.on_failure(*sys.exc_info())
+            except Exception:  # the same edge, in failure handling
                 self._handle_failure(*sys.exc_info())
-                try:
-                    self.on_failure(*sys.exc_info())
-                except Exception:  # the same edge, in failure handling
-                    self._handle_failure(*sys.exc_info())
         except BaseException:  # the same edge: an exit stops every actor
             self._stop()
             ActorRegistry.stop_all(block=False)  # never block the loop on pooled actors' stops
-
-
