@@ -61,6 +61,11 @@ check: venv
 install-service project *flags: venv
     @.venv/bin/python scripts/install_service.py "$@"
 
+# Make .venv (the package and its dependencies); then `. .venv/bin/activate` puts
+# coms-hermes-bridge on PATH.
+setup: venv
+    @echo "ready: run \`. .venv/bin/activate\` to put coms-hermes-bridge on PATH"
+
 # Make or refresh the project's virtual environment.
 venv:
     @scripts/ensure-venv
