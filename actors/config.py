@@ -77,7 +77,7 @@ operator's commands (the same program, first word):
   status [--project P] [--json]       open and recently closed questions
   answer QID TEXT... [--project P] [--by NAME]
                                       answer an open question by hand
-  cancel QID [--project P]            close an open question as its asker's console would
+  cancel QID [--project P]            close an open question; its asker gets an error
   doctor [--project P] [--to T] [--hermes-profile X] [--send-test]
                                       check the chain from agent to human, link by link
   (coms-hermes-bridge status --help, and so on, for each)

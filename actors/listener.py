@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..messages.commands import Address, CancelQuestion, NewQuestion, QueueDepthQuery
+from ..messages.contract import OPERATOR
 from ..messages.wire import (
     Ack,
     AgentCard,
@@ -292,7 +293,8 @@ class Listener:
                 cancel = CancelEnvelope.model_validate(body)
             except ValidationError as exc:
                 return Nack(msg_id=msg_id, error=_refusal(INVALID_CANCEL, exc)), None
-            return Ack(msg_id=cancel.msg_id), lambda: self._router.tell(CancelQuestion(cancel))
+            told = CancelQuestion(cancel, by_operator=body.get("by") == OPERATOR)  # X15
+            return Ack(msg_id=cancel.msg_id), lambda: self._router.tell(told)
         if kind == "ping":
             return Pong(msg_id=msg_id, agent_card=self._card(await self.open_count())), None
         return Nack(msg_id=msg_id, error=NOT_TAKEN), None

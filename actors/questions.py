@@ -49,7 +49,7 @@ from ..messages.contract import (
     Accepted,
     Rejected,
     admission,
-    cancel_note,
+    cancel_outcome,
     cancel_refused_record,
     duplicate_error,
     duplicate_refused_record,
@@ -502,12 +502,15 @@ class QuestionActor(PooledChild):
                         self.watcher.tell(DisposeAnswerFile(name, signature))
                 # else closed under it: dropped; the Router, which routed it, judges it
                 # late (C15) once it hears of the close
-            case CancelQuestion():
-                note = self._note(cancel_note(self.qid), "cancel_note")
-                if self._is_open() and self._move("cancelled", {"reason": "cancel envelope"},
-                                                  note=note):
+            case CancelQuestion(by_operator=by_operator):
+                text, told, detail = cancel_outcome(self.qid, by_operator)
+                note = self._note(text, "cancel_note")
+                reply = None if told is None else self._owed(None, told)  # X15
+                if self._is_open() and self._move("cancelled", detail, owed=reply, note=note):
                     self._close()
                     self.delivery.tell(note)
+                    if reply is not None:
+                        self.peer.tell(reply)
             case RemindDue():
                 if self._is_open() and self._remind_after() is not None:
                     self._remind()

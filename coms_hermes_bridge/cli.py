@@ -29,8 +29,8 @@ VERBS = {  # each verb's --help
     "answer": "Write the answer file for an open question, as the Hermes gateway would; the "
     "running bridge (or the next one to start) picks it up. With options, a number or a title "
     "selects that option (C11).",
-    "cancel": "Send the running bridge a cancel for an open question, in its asker's name: the "
-    "human gets the cancel note, the asker no response (C13).",
+    "cancel": "Send the running bridge the operator's cancel for an open question: the asker "
+    "gets the error response `cancelled by the operator`, the human a ✖ note saying so (X15).",
     "doctor": "Check hermes, python-telegram-bot, the --to target, the gateway's hub-liaison "
     "plugin (or skill), the questions directory and state file, the running bridge (a ping) "
     "and its systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not "

@@ -24,12 +24,13 @@ from .actors.responses import send_envelope
 from .actors.state_view import Snapshot, knows_qid, read_snapshot, state_files
 from .actors.store import CLOSED_MEMORY
 from .messages.commands import QuestionSpec
-from .messages.contract import answer_name, first_line, iso, map_answer
+from .messages.contract import OPERATOR, answer_name, first_line, iso, map_answer
 from .messages.wire import (
     AnswerFile,
     CancelEnvelope,
     MappedAnswer,
     RegistryEntry,
+    fit_line,
     has_lone_surrogate,
 )
 
@@ -224,9 +225,9 @@ def answer(config: BridgeConfig, qid: str, text: str, answered_by: str) -> Writt
 
 
 def cancel(config: BridgeConfig, qid: str) -> RegistryEntry:
-    """Close an open question as the asker's console would (C12, C13, X2): in the asker's
-    name, because only the asker may cancel; once the bridge acked it and it left the open
-    table."""
+    """Close an open question as the operator (X15): in the asker's name, because only the
+    asker may cancel (X2), marked `"by": "operator"` so the asker is told; once the bridge
+    acked it and it left the open table."""
     spec = find_open(config, qid)
     asker = spec.prompt.sender_name
     if not asker:
@@ -241,7 +242,8 @@ def cancel(config: BridgeConfig, qid: str) -> RegistryEntry:
         created_at=iso(utc_now()),
         ref_msg_id=qid,
     )
-    reason, _ = send_envelope(bridge.endpoint, envelope.to_line(), CANCEL_TIMEOUT_S)
+    line = fit_line({**envelope.json_body(), "by": OPERATOR}).encode("utf-8")
+    reason, _ = send_envelope(bridge.endpoint, line, CANCEL_TIMEOUT_S)
     if reason is not None:
         raise OpsError(f"the bridge at {bridge.endpoint} did not take the cancel: {reason}")
     deadline = time.monotonic() + CANCEL_TIMEOUT_S

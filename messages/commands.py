@@ -49,9 +49,11 @@ class NewQuestion:
 @dataclass(frozen=True, slots=True)
 class CancelQuestion:
     """A well-formed cancel arrived (already acked, C12): Peer -> Router, and Router ->
-    the question once the Router has found it may cancel (X2)."""
+    the question once the Router has found it may cancel (X2). `by_operator`: the
+    envelope carried the operator's mark (X15)."""
 
     envelope: CancelEnvelope
+    by_operator: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -458,6 +458,20 @@ def cancel_note(qid: str) -> str:
     return f"✖ {hub_tag(qid)} The question was cancelled — it was answered from the console."
 
 
+OPERATOR = "operator"
+"""X15: the `by` an operator's cancel envelope carries (W18: upstream ignores it)."""
+
+
+def cancel_outcome(qid: str, by_operator: bool) -> tuple[str, str | None, dict[str, str]]:
+    """C13, X15: a cancel's note to the human, error to the asker (None: no response) and
+    log detail. The asker cancelled because it has its answer; the operator's cancel
+    leaves the asker waiting for one, so it is told."""
+    if not by_operator:
+        return cancel_note(qid), None, {"reason": "cancel envelope"}
+    return (f"✖ {hub_tag(qid)} The question was cancelled by the operator.",
+            "cancelled by the operator", {"by": OPERATOR})
+
+
 def late_note(qid: str) -> str:
     """C15: told to the human when an answer came for a closed question."""
     return f"ℹ {hub_tag(qid)} This question is already closed; the late answer was ignored."

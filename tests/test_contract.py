@@ -14,6 +14,7 @@ from coms_hermes_bridge.messages.contract import (
     Accepted,
     Rejected,
     cancel_note,
+    cancel_outcome,
     delivery_error,
     format_question,
     grace_ms,
@@ -308,6 +309,17 @@ def test_notes_and_errors_exact_text() -> None:
         f"⚠ [HUB-Q:{QID}] Your answer could not be read (invalid_schema); please reply again."
     )
     assert {"invalid_json", "invalid_schema", "qid_mismatch"} == UNREADABLE_REASONS
+
+
+def test_a_cancel_by_the_operator_answers_the_asker_and_says_so() -> None:
+    # C13: the asker's own cancel: the console note, no response, the envelope as reason
+    assert cancel_outcome(QID, False) == (
+        f"✖ [HUB-Q:{QID}] The question was cancelled — it was answered from the console.",
+        None, {"reason": "cancel envelope"})
+    # X15: the operator's: the asker gets an error, the human is told who cancelled
+    assert cancel_outcome(QID, True) == (
+        f"✖ [HUB-Q:{QID}] The question was cancelled by the operator.",
+        "cancelled by the operator", {"by": "operator"})
 
 
 @pytest.mark.parametrize(

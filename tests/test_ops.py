@@ -203,8 +203,9 @@ def test_answer_or_by_that_is_not_utf8_is_one_line(bridge: Bridge) -> None:
     assert not list(bridge.questions.iterdir())
 
 
-def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
-    # C13: closed as the console would: note to the human, no response to the asker
+def test_cancel_tells_the_asker_and_the_human_it_was_the_operator(bridge: Bridge) -> None:
+    # X15: the asker gets the error response, the human the operator's note, the log
+    # the mark; an asker's own cancel after it is still C13's (a note, no response)
     bridge.start()
     qid = bridge.ask(OPTIONS_PROMPT)
     other = bridge.ask("Keep me open")
@@ -214,15 +215,25 @@ def test_cancel_sends_the_cancel_note(bridge: Bridge) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"cancelled {qid} through user-remote (pid {bridge.entry['pid']})\n"
     record = bridge.wait_log("cancelled", qid)
-    assert record["detail"] == {"reason": "cancel envelope"}
+    assert record["detail"] == {"by": "operator"}
+    response = bridge.asker.response()
+    assert response.pop("timestamp").endswith("Z")
+    assert response == {
+        "type": "response", "msg_id": qid, "sender_session": bridge.entry["session_id"],
+        "sender_endpoint": bridge.entry["endpoint"], "hops": 0, "response": None,
+        "error": "cancelled by the operator"}
     wait_for(lambda: len(bridge.hermes.calls()) == 3, what="cancel note")
-    assert bridge.sent_texts()[2] == (
-        f"✖ [HUB-Q:{qid}] The question was cancelled — it was answered from the console."
-    )
-    bridge.no_response()
+    assert bridge.sent_texts()[2] == f"✖ [HUB-Q:{qid}] The question was cancelled by the operator."
     (report,) = json.loads(bridge.verb("status", "--json").stdout)["projects"]
     assert [q["qid"] for q in report["open"]] == [other]
     assert report["closed"][0]["qid"] == qid and report["closed"][0]["state"] == "cancelled"
+    bridge.cancel(other)  # C13: the asker's own
+    assert bridge.wait_log("cancelled", other)["detail"] == {"reason": "cancel envelope"}
+    wait_for(lambda: len(bridge.hermes.calls()) == 4, what="the asker's cancel note")
+    assert bridge.sent_texts()[3] == (
+        f"✖ [HUB-Q:{other}] The question was cancelled — it was answered from the console.")
+    bridge.no_response()
+    assert [r["event"] for r in bridge.log_records()].count("cancelled") == 2
     # a second cancel: the question is closed now, one line, non-zero
     again = bridge.verb("cancel", qid)
     assert (again.returncode, again.stderr) == (
@@ -563,8 +574,9 @@ def test_a_cancel_is_sent_in_the_askers_name_and_waits_for_the_close(
         assert refusal(lambda: cancel(config, qid)) == (
             f"the bridge acked the cancel, but {qid} is still open")
         sent = json.loads(bridge.lines[0])
-        assert {key: sent[key] for key in ("type", "from", "to", "ref_msg_id")} == {
-            "type": "cancel", "from": "builder", "to": "user-remote", "ref_msg_id": qid}
+        assert {key: sent[key] for key in ("type", "from", "to", "ref_msg_id", "by")} == {
+            "type": "cancel", "from": "builder", "to": "user-remote", "ref_msg_id": qid,
+            "by": "operator"}  # X15
         assert str(ULID.from_str(sent["msg_id"])) == sent["msg_id"]  # a fresh ULID (W3)
         store = Store.open(config.state_path)
 

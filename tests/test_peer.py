@@ -178,6 +178,22 @@ def test_cancel_is_handed_on_as_cancel_question_and_acked(identity: PeerIdentity
     )
 
 
+@pytest.mark.parametrize(("extra", "by_operator"), [
+    ({}, False), ({"by": "operator"}, True), ({"by": "Operator"}, False),
+    ({"by": ["operator"]}, False), ({"by": None}, False)])
+def test_the_operators_mark_is_handed_on_with_the_cancel(
+    identity: PeerIdentity, extra: dict[str, object], by_operator: bool
+) -> None:  # X15: only the exact mark; anything else is an extra field like any (W18)
+    rig = start(identity).ready()
+    cancel = {"type": "cancel", "msg_id": "01ARZ3NDEKTSV4RRFFQ69G5FAW", "from": "builder",
+              "to": "user-remote", "created_at": "2026-11-30T12:00:05.000Z",
+              "ref_msg_id": QID, **extra}
+    reply = rig.send((json.dumps(cancel) + "\n").encode())
+    assert reply == b'{"type":"ack","msg_id":"01ARZ3NDEKTSV4RRFFQ69G5FAW"}\n'
+    got = rig.router.expect(CancelQuestion)
+    assert (got.envelope.ref_msg_id, got.by_operator) == (QID, by_operator)
+
+
 def test_nothing_is_handed_on_for_a_ping(identity: PeerIdentity) -> None:  # W17
     rig = start(identity).ready()
     assert ping(identity.endpoint)["agent_card"]["queue_depth"] == 2

@@ -234,6 +234,31 @@ def test_cancel_sends_the_note_and_no_response(start: Start, delivered: bool) ->
 
 
 @pytest.mark.parametrize("delivered", [True, False])
+def test_the_operators_cancel_tells_the_asker_and_the_human(
+    start: Start, store: Store, delivered: bool
+) -> None:
+    # X15, C19: pending|delivered + cancelled -> cancelled; error response and the
+    # operator's note, both owed in the store with the close (a restart sends them)
+    rig = start()
+    if delivered:
+        rig.slot.tell(ran())
+    rig.slot.tell(dataclasses.replace(CANCEL, by_operator=True))
+    assert rig.events(3 if delivered else 2)[-1] == ("cancelled", {"by": "operator"})
+    note = rig.delivery.expect(SendText)
+    assert note == SendText(QID, f"✖ [HUB-Q:{QID}] The question was cancelled by the operator.",
+                            "cancel_note", note_id=f"{NAME}:cancel_note")
+    owed = SendResponse(PROMPT, None, "cancelled by the operator", NAME)
+    assert rig.peer.expect(SendResponse) == owed
+    assert rig.router.next() == QuestionClosed(QID, NAME, None)
+    rig.stopped()
+    assert store.outbox() == [owed]
+    assert store.owed_notes() == [note]
+    assert store.closed(QID) == ("cancelled", None)
+    rig.peer.assert_nothing()
+    rig.delivery.assert_nothing()
+
+
+@pytest.mark.parametrize("delivered", [True, False])
 def test_timer_expiry(start: Start, delivered: bool) -> None:
     # C16, C17, C19: the timer fires at the deadline; note and error response
     rig = start(timeout_s=0.25)

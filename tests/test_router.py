@@ -90,11 +90,12 @@ def seen(qid: str, content: bytes | None = None,
                           answer_file(qid) if content is None else content, signature)
 
 
-def cancel(ref_msg_id: str, sender: str = "builder") -> CancelQuestion:
+def cancel(ref_msg_id: str, sender: str = "builder", by_operator: bool = False
+           ) -> CancelQuestion:
     return CancelQuestion(CancelEnvelope.model_validate({
         "msg_id": QIDS[9], "from": sender, "to": "user-remote",
         "created_at": "2026-11-30T12:00:00.000Z", "ref_msg_id": ref_msg_id,
-    }))
+    }), by_operator)
 
 
 def slot_of(rig: RouterRig, qid: str) -> Slot:
@@ -353,16 +354,20 @@ def test_an_answer_reaches_its_question_and_again_after_it_restarted(make: Make)
     rig.watcher.assert_nothing()
 
 
-def test_a_question_restarted_after_a_cancel_is_told_it_again(make: Make) -> None:
-    # C13: the cancel died with the crashed question's mailbox; the Router's table kept it
+@pytest.mark.parametrize("by_operator", [False, True])
+def test_a_question_restarted_after_a_cancel_is_told_it_again(
+    make: Make, by_operator: bool
+) -> None:
+    # C13, X15: the cancel died with the crashed question's mailbox; the Router's table
+    # kept it, the operator's mark with it
     rig = make()
     _spec, child, question = rig.opened(prompt_envelope(QID))
     rig.store.set_state(QID, "delivered", owner=child)
-    rig.ref.tell(cancel(QID))
-    assert question.expect(CancelQuestion) == cancel(QID)
+    rig.ref.tell(cancel(QID, by_operator=by_operator))
+    assert question.expect(CancelQuestion) == cancel(QID, by_operator=by_operator)
     rig.ref.tell(ChildFailed(child, "RuntimeError: boom"))
     rig.depth()
-    assert rig.question(QID).expect(CancelQuestion) == cancel(QID)
+    assert rig.question(QID).expect(CancelQuestion) == cancel(QID, by_operator=by_operator)
     rig.question(QID).assert_nothing()
     assert rig.delivery.expect(SendText).qid == QID  # at admission; delivered since: not again
     rig.delivery.assert_nothing()
