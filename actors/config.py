@@ -72,6 +72,18 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Wrapped help in which a line break stays one: each default on a line of its own."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        wrap = super()._split_lines  # (zero-argument super() fails in the comprehension)
+        return [line for part in text.splitlines() for line in wrap(part, width)]
+
+
+class _DaemonHelp(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """... and the epilog as written."""
+
+
 HELP_EPILOG = f"""\
 operator's commands (the same program, first word):
   status [--project P] [--json]       open and recently closed questions
@@ -110,34 +122,36 @@ def _parser() -> Parser:
         description="Join the coms pool as the remote human: ask via `hermes send`, "
         "answer from the Hermes gateway's answer files.",
         epilog=HELP_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_DaemonHelp,
         allow_abbrev=False,
     )
-    p.add_argument("--name", default=DEFAULT_NAME, help="peer name (default: user-remote)")
-    p.add_argument("--project", default=DEFAULT_PROJECT, help="coms project (default: default)")
-    p.add_argument(
-        "--to", action="append", metavar="TARGET", help="hermes target (default: telegram)"
-    )
-    p.add_argument("--hermes-profile", metavar="PROFILE", help="hermes profile to send with")
-    p.add_argument("--timeout", metavar="MS", help="per-question timeout in ms (C16)")
-    p.add_argument(
-        "--poll-ms", metavar="MS", help="rescan interval in ms, at least 10 (default: 1000)"
-    )
-    p.add_argument("--questions-dir", metavar="DIR", help="answer-file directory")
-    p.add_argument("--send-timeout", metavar="MS", help="hermes send limit in ms (default: 60000)")
+    p.add_argument("--name", default=DEFAULT_NAME,
+                   help="the name agents address the human by\n(default: user-remote)")
+    p.add_argument("--project", default=DEFAULT_PROJECT,
+                   help="the coms project whose agents may ask\n(default: default)")
+    p.add_argument("--to", action="append", metavar="TARGET",
+                   help="where `hermes send` sends questions: telegram, telegram:<chat_id>, "
+                   "telegram:<chat_id>:<thread_id> or telegram:<chat name>\n"
+                   "(default: telegram, hermes' home channel)")
+    p.add_argument("--hermes-profile", metavar="PROFILE",
+                   help="the hermes profile to send with\n(default: hermes' own)")
+    p.add_argument("--timeout", metavar="MS", help="how long a question waits for its answer, "
+                   "in ms\n(default: PI_COMS_TIMEOUT_MS, else 1800000)")
+    p.add_argument("--poll-ms", metavar="MS", help="how often the answer files are looked over "
+                   "again, in ms, at least 10\n(default: 1000)")
+    p.add_argument("--questions-dir", metavar="DIR", help="where answer files arrive; its "
+                   "parent must exist and gets the log and state\n"
+                   "(default: ~/.pi/coms/hermes-bridge/questions)")
+    p.add_argument("--send-timeout", metavar="MS",
+                   help="the longest one `hermes send` may take, in ms\n(default: 60000)")
+    p.add_argument("--max-open", metavar="N",
+                   help="open questions past which new ones are refused\n(default: 10000)")
+    p.add_argument("--max-open-per-asker", metavar="N", help="open questions one agent may "
+                   "have; its next one is refused\n(default: off)")
+    p.add_argument("--remind-before", metavar="MS", help="remind the human once, this long "
+                   "before a question times out, in ms\n(default: off)")
     # accepted, unused: a unit that passes it still starts
     p.add_argument("--claim-ms", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--max-open", metavar="N", help="open questions past which prompts are refused (10000)"
-    )
-    p.add_argument(
-        "--max-open-per-asker", metavar="N",
-        help="open questions one asker may have; its next prompt is refused (off)",
-    )
-    p.add_argument(
-        "--remind-before", metavar="MS",
-        help="send the human one reminder this long before a question times out (off)",
-    )
     p.add_argument("--version", action="version", version=f"coms-hermes-bridge {__version__}")
     return p
 
@@ -165,8 +179,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     if args.to is not None and len(args.to) > 1:
         raise UsageError("--to may only be specified once")
     target = args.to[0] if args.to else DEFAULT_TARGET
-    if not target.strip():
-        raise UsageError("--to must not be empty")
+    notices = tuple(filter(None, [target_warning(target)]))
     profile = args.hermes_profile
     if profile is not None and not SAFE_PROFILE.fullmatch(profile):
         raise UsageError(f"--hermes-profile must be a safe profile name: {profile!r}")
@@ -175,27 +188,34 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     if poll < MIN_POLL_MS:  # a rescan every 1e-9 ms keeps a core busy for nothing
         raise UsageError(f"--poll-ms must be at least {MIN_POLL_MS} (ms between rescans)")
     send_timeout = _positive("--send-timeout", args.send_timeout) or DEFAULT_SEND_TIMEOUT_MS
-    notices: tuple[str, ...] = ()
     if _positive("--claim-ms", args.claim_ms) is not None:
-        notices = (
+        notices += (
             "--claim-ms is no longer used: an answer file is left for another bridge on this "
             "host exactly while that bridge's state knows its qid (X6)",
         )
     max_open = _count("--max-open", args.max_open) or DEFAULT_MAX_OPEN
     per_asker = _count("--max-open-per-asker", args.max_open_per_asker)
     remind = _positive("--remind-before", args.remind_before)
+    timeout_ms = resolve_timeout_ms(timeout, env)
+    if remind is not None and remind >= timeout_ms:  # X5: a prompt's own may be longer
+        notices += (f"--remind-before {remind:.15g} ms is not below the timeout, "
+                    f"{timeout_ms:.15g} ms: only a question that asks for a longer "
+                    "timeout of its own gets a reminder",)
     home = home_dir(env)
     bridge_dir = home / ".pi" / "coms" / "hermes-bridge"
     questions = (
         Path(args.questions_dir).expanduser() if args.questions_dir else bridge_dir / "questions"
     ).absolute()
+    if args.questions_dir and not questions.parent.is_dir():  # a typo makes no directories
+        raise UsageError(f"--questions-dir {questions}: its parent {questions.parent} is not "
+                         "a directory")
     coms_dir = Path(env.get("PI_COMS_DIR") or home / ".pi" / "coms").absolute()
     return BridgeConfig(
         name=args.name,
         project=args.project,
         target=target,
         hermes_profile=profile,
-        timeout_ms=resolve_timeout_ms(timeout, env),
+        timeout_ms=timeout_ms,
         poll_ms=poll,
         send_timeout_ms=send_timeout,
         questions_dir=questions,
@@ -211,6 +231,24 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
         reoffer_ms=_reoffer_ms(env),
         notices=notices,
     )
+
+
+def target_warning(target: str) -> str | None:
+    """The one check of --to (daemon, install-service, doctor): UsageError for a target
+    `hermes send` cannot take, a warning for a platform the liaison does not answer on."""
+    platform, colon, chat = target.strip().partition(":")
+    if not target.strip():
+        raise UsageError("--to must not be empty")
+    if not platform.strip():
+        raise UsageError(f"--to {target!r} names no platform: give telegram, "
+                         "telegram:<chat_id> or telegram:<chat name>")
+    if colon and not chat.strip():  # `telegram:$CHAT` with the variable unset, say
+        raise UsageError(f"--to {target!r} has nothing after the colon: give the chat, or "
+                         "telegram alone for hermes' home channel")
+    if platform.strip().lower() == DEFAULT_TARGET:
+        return None
+    return (f"--to {target}: answers come back only from Telegram (the liaison listens "
+            "there alone); answer other questions with `coms-hermes-bridge answer`")
 
 
 def state_file_name(project: str, name: str) -> str:

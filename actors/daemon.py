@@ -158,7 +158,8 @@ def _serve(config: BridgeConfig) -> int:
         with contextlib.suppress(sqlite3.Error):
             store.shutdown()
         return 1
-    report(f"{identity.name}@{config.project} starting (hermes target {config.target})", "info")
+    report(f"starting as peer {identity.name} in coms project {config.project} (agents must "
+           f"use this project to ask), hermes target {config.target}", "info")
     while running(0.02):  # ready: published (W7), and the Router answers
         if not published(identity):
             continue

@@ -5,6 +5,7 @@ bare word, so the two cannot be confused."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import os
@@ -14,7 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import liaison_setup
-from .actors.config import DEFAULT_PROJECT, BridgeConfig, Parser, UsageError, parse_config
+from .actors.config import (
+    DEFAULT_PROJECT,
+    BridgeConfig,
+    HelpFormatter,
+    Parser,
+    UsageError,
+    parse_config,
+)
 from .actors.loop import report
 from .actors.registry import IdentityError, validate_project
 from .doctor import run_checks
@@ -28,15 +36,16 @@ VERBS = {  # each verb's --help
     "runs.",
     "answer": "Write the answer file for an open question, as the Hermes gateway would; the "
     "running bridge (or the next one to start) picks it up. With options, a number or a title "
-    "selects that option (C11).",
+    "selects that option.",
     "cancel": "Send the running bridge the operator's cancel for an open question: the asker "
-    "gets the error response `cancelled by the operator`, the human a ✖ note saying so (X15).",
-    "doctor": "Check hermes, python-telegram-bot, the --to target, the gateway's hub-liaison "
-    "plugin (or skill), the questions directory and state file, the running bridge (a ping) "
-    "and its systemd user service: one line each, ✔ or ✖ with the fix (– when a link is not "
-    "there to check). Exit 0 only when none is ✖.",
+    "gets the error response `cancelled by the operator`, the human a ✖ note saying so.",
+    "doctor": "Check hermes, python-telegram-bot, the --to target (that hermes knows its "
+    "chat, sending nothing), the gateway's hub-liaison plugin (or skill), the questions "
+    "directory and state file, the running bridge (a ping) and its systemd user service: one "
+    "line each, ✔ or ✖ with the fix (⚠ for a cost worth knowing, – when a link is not there "
+    "to check). Exit 0 only when none is ✖.",
     "liaison": "Install, remove or check the liaison, the Hermes gateway plugin that writes "
-    "the answer file when the human replies (X14): `install` copies it into the Hermes "
+    "the answer file when the human replies: `install` copies it into the Hermes "
     "profile's plugins folder, records where answers go (--questions-dir) and enables it "
     "with the hermes on PATH; `uninstall` disables and removes it; `status` says whether it "
     "is there, current and enabled (exit 0 only then). A running gateway must be restarted "
@@ -48,36 +57,41 @@ def _parser() -> Parser:
     # (parsed only when the first word is a verb: the verb's own parser is a Parser too)
     p = Parser(prog="coms-hermes-bridge")
     verbs = p.add_subparsers(dest="verb")
-    parsers = [verbs.add_parser(verb, description=text, allow_abbrev=False)
+    parsers = [verbs.add_parser(verb, description=text, allow_abbrev=False,
+                                formatter_class=HelpFormatter)
                for verb, text in VERBS.items()]
     for v in parsers:
-        v.add_argument("--project", help="coms project (default: every project for status, "
+        v.add_argument("--project", help="coms project\n(default: every project for status, "
                        "the one that has the qid open for answer and cancel, `default` for "
-                       "doctor)")
+                       "doctor and liaison)")
         v.add_argument("--questions-dir", metavar="DIR",
-                       help="the daemon's --questions-dir, if it was given")
+                       help="the daemon's --questions-dir, if it was given\n"
+                       "(default: ~/.pi/coms/hermes-bridge/questions)")
     s, a, c, d, li = parsers
     s.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     s.add_argument("--closed", type=int, default=10, metavar="N",
-                   help="closed questions to show (10)")
-    a.add_argument("--by", metavar="NAME", help="answered_by (default: cli:<your login>)")
+                   help="closed questions to show\n(default: 10)")
+    a.add_argument("--by", metavar="NAME",
+                   help="who answered, as the asker is told\n(default: cli:<your login>)")
     a.add_argument("qid")
     a.add_argument("text", nargs="+", help="the answer; several words are joined by spaces")
     c.add_argument("qid")
-    d.add_argument("--to", metavar="TARGET", help="the daemon's --to (default: telegram)")
-    d.add_argument("--hermes-profile", metavar="PROFILE", help="the daemon's --hermes-profile")
+    d.add_argument("--to", metavar="TARGET", help="the daemon's --to\n(default: telegram)")
+    d.add_argument("--hermes-profile", metavar="PROFILE",
+                   help="the daemon's --hermes-profile\n(default: hermes' own)")
     d.add_argument("--send-test", action="store_true", help="also send one test message")
     li.add_argument("action", choices=("install", "uninstall", "status"))
     li.add_argument("--hermes-profile", metavar="PROFILE",
-                    help="the Hermes profile whose gateway gets the plugin")
+                    help="the Hermes profile whose gateway gets the plugin\n"
+                    "(default: hermes' own)")
     return p
 
 
 def _config(args: argparse.Namespace, project: str | None = None) -> BridgeConfig:
     project = project or args.project or DEFAULT_PROJECT
     validate_project(project)
-    flags = [f"--{flag.replace('_', '-')}={value}"
-             for flag in ("questions_dir", "to", "hermes_profile")
+    flags = [f"--{flag.replace('_', '-')}={value}"  # (--to: doctor judges it, in a line)
+             for flag in ("questions_dir", "hermes_profile")
              if (value := getattr(args, flag, None)) is not None]
     return parse_config(["--project", project, *flags], os.environ)
 
@@ -118,6 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.verb == "doctor":
         broken = False
+        config = dataclasses.replace(config, target=args.to or config.target)
         for check in run_checks(config, os.environ, send_test=args.send_test):
             print(check.line(), flush=True)
             broken |= check.ok is False

@@ -4,6 +4,7 @@ question that times out after 30 minutes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .actors.config import BridgeConfig, home_dir
+from .actors.config import BridgeConfig, UsageError, home_dir, target_warning
 from .actors.responses import exchange, failure
 from .actors.state_view import read_snapshot
 from .messages.wire import PingEnvelope
@@ -23,7 +24,8 @@ CHECK_TIMEOUT_S = 10.0  # for each program run; the socket ping has 2 s
 PING_TIMEOUT_S = 2.0
 SKILL = "hub-liaison"
 UNIT = "coms-hermes-bridge@.service"
-TARGET = re.compile(r"telegram(?::(?:-?\d+|@[A-Za-z0-9_]{5,32})(?::\d+)?)?")
+# what hermes 0.19 sends to as given, without its channel directory
+TELEGRAM_CHAT = re.compile(r"-?\d+(?::\d+)?|@[A-Za-z0-9_]{4,32}")
 LAZY_ENV = "HERMES_DISABLE_LAZY_INSTALLS"
 TEST_TEXT = "coms-hermes-bridge doctor: a test message; nothing to answer."
 
@@ -58,10 +60,10 @@ def run_program(
         raise OSError(f"did not finish in {limit:g}s") from exc
 
 
-def said(done: subprocess.CompletedProcess[str]) -> str:
-    """The last line a program wrote, for a one-line error."""
+def said(done: subprocess.CompletedProcess[str], line: int = -1) -> str:
+    """The last (or another) line a program wrote, for a one-line error."""
     text = (done.stderr.strip() or done.stdout.strip()).splitlines()
-    return text[-1][:300] if text else f"exit {done.returncode}"
+    return text[line][:300] if text else f"exit {done.returncode}"
 
 
 def hermes_home(env: Mapping[str, str], profile: str | None) -> Path:
@@ -138,11 +140,56 @@ def _telegram_library(program: Path, env: Mapping[str, str]) -> Check:
                  f"to install it: `{python} -m pip install 'python-telegram-bot[webhooks]'`")
 
 
-def check_target(config: BridgeConfig) -> Check:
-    if TARGET.fullmatch(config.target):
-        return Check("--to", True, config.target)
-    return Check("--to", False, f"{config.target!r} is not telegram, telegram:<chat_id> or "
-                 "telegram:<chat_id>:<thread_id> (group ids are negative)")
+def check_target(config: BridgeConfig, env: Mapping[str, str]) -> Check:
+    """--to as the daemon checks it, then looked up as `hermes send` would, in hermes'
+    channel directory (`send --list`): a chat it cannot resolve fails only at the first
+    question, 30 minutes later."""
+    target = config.target
+    try:
+        warning = target_warning(target)
+    except UsageError as exc:
+        return Check("--to", False, str(exc))
+    platform, _, chat = (part.strip() for part in target.strip().partition(":"))
+    found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes
+    profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
+    try:
+        done = run_program([found, *profile, "send", "--list", platform, "--json"], env)
+    except OSError as exc:
+        return Check("--to", None, f"{target}: cannot ask hermes for its chats: {exc}")
+    if done.returncode != 0:
+        return Check("--to", False, f"{target}: {said(done, 0)}; set {platform} up in hermes "
+                     "(`hermes gateway setup`) and start its gateway once")
+    try:  # hermes' own JSON, read as loosely as it is written
+        chats = [c for cs in json.loads(done.stdout)["platforms"].values() for c in cs]
+        known = _resolve(chat, chats) if chat else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return Check("--to", None, f"{target}: cannot read hermes' chats: {exc!r}")
+    if not chat:
+        held = f"hermes has {platform} and sends to its home channel"
+    elif known is not None:
+        held = f"hermes knows this chat: {known.get('name')} ({known.get('id')})"
+    elif platform.lower() == "telegram" and not TELEGRAM_CHAT.fullmatch(chat):
+        names = ", ".join(str(c.get("name")) for c in chats[:10]) or "none yet"
+        return Check("--to", False, f"{target}: hermes has no telegram chat named {chat!r} "
+                     f"(its chats: {names}); give the chat id, or write to the bot from that "
+                     "chat while the gateway runs")
+    else:
+        held = "hermes sends to it as given, but has not seen this chat yet"
+        warning = warning or "the human must have written to the bot there first"
+    return Check("--to", True, f"{target}: {held}" + (f"; {warning}" if warning else ""),
+                 warning=warning is not None)
+
+
+def _resolve(chat: str, chats: list[dict[str, object]]) -> dict[str, object] | None:
+    """The chat hermes picks for `<platform>:<chat>`: its id, its name (any case, `#`
+    or not, with or without ` (<type>)`), else the one name that starts so."""
+    def norm(value: object) -> str:
+        return str(value).lstrip("#").strip().lower()
+    query = norm(chat)
+    exact = [c for c in chats if c.get("id") == chat or query in (
+        norm(c.get("name")), norm(f"{c.get('name')} ({c.get('type')})"))]
+    prefix = [c for c in chats if norm(c.get("name")).startswith(query)]
+    return exact[0] if exact else prefix[0] if len(prefix) == 1 else None
 
 
 def check_skill(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
@@ -298,7 +345,7 @@ def run_checks(
 ) -> Iterator[Check]:
     """Every check in chain order, each as it is made (a slow one shows where it is)."""
     yield from check_hermes(config, env)
-    yield check_target(config)
+    yield check_target(config, env)
     yield from check_skill(config, env)
     yield from check_files(config)
     yield check_bridge(config)

@@ -108,9 +108,11 @@ def _check_flags(project: str, flags: Sequence[str], env: Mapping[str, str]) -> 
                 " in a drop-in (systemctl --user edit) instead"
             )
     try:
-        parse_config(["--project", project, *flags], env)
+        notices = parse_config(["--project", project, *flags], env).notices
     except UsageError as exc:
         raise InstallError(str(exc)) from exc
+    for notice in notices:  # what the daemon will warn of at each start, said now
+        print(f"install-service: warning: {notice}", file=sys.stderr)
 
 
 def _exec_path(command: Path) -> str:

@@ -5,7 +5,8 @@ and behaves as its config file says, so a test can change what the next run
 does without restarting anything. Environment variables override the file:
 FAKE_HERMES_EXIT, FAKE_HERMES_SLEEP, FAKE_HERMES_STDERR, FAKE_HERMES_STDOUT,
 FAKE_HERMES_SPAWN (1: start a `sleep` grandchild in the same process group),
-FAKE_HERMES_FLOOD (bytes of filler written to stderr).
+FAKE_HERMES_FLOOD (bytes of filler written to stderr). `send --list [PLATFORM] --json`
+answers as hermes 0.19 does, from the config's `chats` (by default a Telegram with none).
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ run = {{"argv": sys.argv[1:], "pid": os.getpid(), "pgid": os.getpgid(0), "child"
        "start": start}}
 with open(os.path.join(HERE, "started.ndjson"), "a", encoding="utf-8") as f:
     f.write(json.dumps(run) + "\n")
+args = sys.argv[1:]
+if "send" in args and "--list" in args:
+    chats = config.get("chats")
+    chats = {{"telegram": []}} if chats is None else chats
+    wanted = [a for a in args[args.index("send") + 1:] if not a.startswith("-")][:1]
+    found = {{k: v for k, v in chats.items() if k.lower() in [w.lower() for w in wanted] or
+             not wanted}}
+    if not found:
+        config.update(exit=1, stdout="", stderr="hermes send: no targets found for platform "
+                      "'%s'. Configured: %s\n" % (wanted[0], ", ".join(sorted(chats)) or "(none)"))
+    else:
+        config.update(exit=0, stderr="", stdout=json.dumps({{"platforms": found}}) + "\n")
+    config["flood"] = 0
 time.sleep(float(config.get("sleep", 0)))
 flood = int(config.get("flood", 0))
 line = b"hermes: something went wrong, and it says so at length\n"
@@ -75,11 +89,13 @@ class FakeHermes:
         stdout: str = "",
         spawn: bool = False,
         flood: int = 0,
+        chats: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         """What the following runs do: exit code, seconds to sleep, what to print
-        (`flood`: that many bytes of filler on stderr before `stderr`)."""
+        (`flood`: that many bytes of filler on stderr before `stderr`); `chats`: hermes'
+        channel directory, platform to chats (`{}`: no platform at all)."""
         config = {"exit": exit, "sleep": sleep, "stderr": stderr, "stdout": stdout,
-                  "spawn": spawn, "flood": flood}
+                  "spawn": spawn, "flood": flood, "chats": chats}
         (self.directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
 
     def _read(self, file: str) -> list[dict[str, Any]]:

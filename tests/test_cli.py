@@ -18,19 +18,22 @@ from coms_hermes_bridge.cli import VERBS, main, render
 
 PROJECT = (
     "--project PROJECT coms project (default: every project for status, the one that has "
-    "the qid open for answer and cancel, `default` for doctor)"
+    "the qid open for answer and cancel, `default` for doctor and liaison)"
 )
-QUESTIONS_DIR = "--questions-dir DIR the daemon's --questions-dir, if it was given"
+QUESTIONS_DIR = ("--questions-dir DIR the daemon's --questions-dir, if it was given (default: "
+                 "~/.pi/coms/hermes-bridge/questions)")
 ARGUMENTS = {
-    "status": ["--json one JSON object instead of a table", "--closed N closed questions to show (10)"],
-    "answer": ["--by NAME answered_by (default: cli:<your login>)",
+    "status": ["--json one JSON object instead of a table",
+               "--closed N closed questions to show (default: 10)"],
+    "answer": ["--by NAME who answered, as the asker is told (default: cli:<your login>)",
                "qid text the answer; several words are joined by spaces"],
     "cancel": ["positional arguments: qid options:"],
     "doctor": ["--to TARGET the daemon's --to (default: telegram)",
-               "--hermes-profile PROFILE the daemon's --hermes-profile",
+               "--hermes-profile PROFILE the daemon's --hermes-profile (default: hermes' own)",
                "--send-test also send one test message"],
     "liaison": ["positional arguments: {install,uninstall,status}",  # X14
-                "--hermes-profile PROFILE the Hermes profile whose gateway gets the plugin"],
+                "--hermes-profile PROFILE the Hermes profile whose gateway gets the plugin "
+                "(default: hermes' own)"],
 }
 
 
@@ -44,6 +47,9 @@ def test_each_verb_says_what_it_does_and_takes(verb: str, capsys: pytest.Capture
     flat = " ".join(out.split())  # argparse wraps to the terminal: compare the words
     for words in (VERBS[verb], PROJECT, QUESTIONS_DIR, *ARGUMENTS[verb]):
         assert words in flat, words
+    assert not re.search(r"\b[CWX]\d+\b", out)  # plain words: no requirement ids
+    defaults = [line.strip() for line in out.splitlines() if "(default:" in line]
+    assert defaults and all(line.startswith("(default: ") for line in defaults)  # own lines
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,12 +45,13 @@ def test_environment() -> None:
     assert config.timeout_ms == 250  # C16
 
 
-def test_every_flag() -> None:
+def test_every_flag(tmp_path: Path) -> None:
+    (tmp_path / "q").mkdir()
     config = parse_config(
         [
             "--name", "remote-b", "--project", "p.1", "--to", "telegram:-100:7",
             "--hermes-profile", "ops", "--timeout", "5000", "--poll-ms", "250",
-            "--questions-dir", "/var/q/answers", "--send-timeout", "9000", "--claim-ms", "500",
+            "--questions-dir", f"{tmp_path}/q/answers", "--send-timeout", "9000", "--claim-ms", "500",
             "--max-open", "3",
         ],
         {**ENV, "PI_COMS_TIMEOUT_MS": "250"},
@@ -62,7 +64,7 @@ def test_every_flag() -> None:
         "host exactly while that bridge's state knows its qid (X6)",
     )
     assert config.max_open == 3
-    assert config.log_path == Path("/var/q/log.ndjson")  # C20: beside the questions directory
+    assert config.log_path == tmp_path / "q" / "log.ndjson"  # C20: beside the questions dir
 
 
 @pytest.mark.parametrize(
@@ -131,22 +133,32 @@ def test_the_help_gives_every_flag_its_words(capsys: pytest.CaptureFixture[str])
     for words in (
         "Join the coms pool as the remote human: ask via `hermes send`, answer from the "
         "Hermes gateway's answer files.",
-        "--name NAME peer name (default: user-remote)",
-        "--project PROJECT coms project (default: default)",
-        "--to TARGET hermes target (default: telegram)",
-        "--hermes-profile PROFILE hermes profile to send with",
-        "--timeout MS per-question timeout in ms (C16)",
-        "--poll-ms MS rescan interval in ms, at least 10 (default: 1000)",
-        "--questions-dir DIR answer-file directory",
-        "--send-timeout MS hermes send limit in ms (default: 60000)",
-        "--max-open N open questions past which prompts are refused (10000)",
-        "--max-open-per-asker N open questions one asker may have; its next prompt is "
-        "refused (off)",
-        "--remind-before MS send the human one reminder this long before a question times "
-        "out (off)",
+        "--name NAME the name agents address the human by (default: user-remote)",
+        "--project PROJECT the coms project whose agents may ask (default: default)",
+        "--to TARGET where `hermes send` sends questions: telegram, telegram:<chat_id>, "
+        "telegram:<chat_id>:<thread_id> or telegram:<chat name> (default: telegram, hermes' "
+        "home channel)",
+        "--hermes-profile PROFILE the hermes profile to send with (default: hermes' own)",
+        "--timeout MS how long a question waits for its answer, in ms (default: "
+        "PI_COMS_TIMEOUT_MS, else 1800000)",
+        "--poll-ms MS how often the answer files are looked over again, in ms, at least 10 "
+        "(default: 1000)",
+        "--questions-dir DIR where answer files arrive; its parent must exist and gets the "
+        "log and state (default: ~/.pi/coms/hermes-bridge/questions)",
+        "--send-timeout MS the longest one `hermes send` may take, in ms (default: 60000)",
+        "--max-open N open questions past which new ones are refused (default: 10000)",
+        "--max-open-per-asker N open questions one agent may have; its next one is refused "
+        "(default: off)",
+        "--remind-before MS remind the human once, this long before a question times out, "
+        "in ms (default: off)",
         "--version show program's version number and exit",
     ):
         assert words in flat, words
+    # each setting's default on a line of its own, after its words
+    options = out.split("\noptions:\n")[1].split("\n\n")[0].splitlines()
+    defaults = [line.strip() for line in options if "(default:" in line]
+    assert len(defaults) == 11 and all(line.startswith("(default: ") for line in defaults)
+    assert not re.search(r"\b[CWX]\d+\b", out)  # plain words: no requirement ids
     assert "--claim-ms" not in out  # kept for old units, never offered
     assert out.endswith(HELP_EPILOG)  # as written, line for line
 
@@ -227,3 +239,61 @@ def test_a_home_set_but_empty_is_refused_not_read_as_the_root(
     with pytest.raises(UsageError) as caught:  # the daemon's settings and every verb's
         parse_config([], {"HOME": ""})
     assert str(caught.value).startswith("HOME is set but empty")
+
+
+@pytest.mark.parametrize("target", [
+    "telegram", "telegram:42", "telegram:-1001234567890:7", "telegram:@abcd", "telegram:Ops team",
+    "Telegram:42", " telegram:42 "])
+def test_a_telegram_target_hermes_can_send_to_starts_quietly(target: str) -> None:
+    # hermes resolves a name from its channel directory: only doctor can look that up
+    config = parse_config(["--to", target], ENV)
+    assert (config.target, config.notices) == (target, ())
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    (":42", "--to ':42' names no platform: give telegram, telegram:<chat_id> or "
+     "telegram:<chat name>"),
+    ("telegram:", "--to 'telegram:' has nothing after the colon: give the chat, or telegram "
+     "alone for hermes' home channel"),
+    ("telegram: ", "--to 'telegram: ' has nothing after the colon: give the chat, or telegram "
+     "alone for hermes' home channel"),
+])
+def test_a_target_hermes_can_never_send_to_is_refused(target: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_config(["--to", target], ENV)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("target", ["whatsapp:+15551234567", "slack", "telegramx:1"])
+def test_another_platform_starts_with_a_warning(target: str) -> None:
+    assert parse_config(["--to", target], ENV).notices == (
+        f"--to {target}: answers come back only from Telegram (the liaison listens there "
+        "alone); answer other questions with `coms-hermes-bridge answer`",)
+
+
+def test_a_questions_dir_whose_parent_is_missing_is_refused(tmp_path: Path) -> None:
+    wanted = tmp_path / "typo" / "questions"
+    with pytest.raises(UsageError) as caught:
+        parse_config(["--questions-dir", str(wanted)], ENV)
+    assert str(caught.value) == (
+        f"--questions-dir {wanted}: its parent {tmp_path / 'typo'} is not a directory")
+    assert list(tmp_path.iterdir()) == []  # nothing made
+    # its parent there, the directory itself is the daemon's to make
+    assert parse_config(["--questions-dir", str(tmp_path / "q")], ENV).questions_dir == (
+        tmp_path / "q")
+
+
+@pytest.mark.parametrize(("argv", "env", "warned"), [
+    (["--remind-before", "1800000"], {}, "1800000 ms is not below the timeout, 1800000 ms"),
+    (["--remind-before", "6000", "--timeout", "5000"], {}, "6000 ms is not below the timeout, "
+     "5000 ms"),
+    (["--remind-before", "300.5"], {"PI_COMS_TIMEOUT_MS": "300"}, "300.5 ms is not below the "
+     "timeout, 300 ms"),
+])
+def test_a_reminder_not_before_the_timeout_is_warned_of(
+    argv: list[str], env: dict[str, str], warned: str,
+) -> None:  # X9; it still starts: a prompt's own timeout may be longer (X5)
+    config = parse_config(argv, {**ENV, **env})
+    assert config.notices == (f"--remind-before {warned}: only a question that asks for a "
+                              "longer timeout of its own gets a reminder",)
+    assert parse_config(["--remind-before", "4999", "--timeout", "5000"], ENV).notices == ()

@@ -158,7 +158,8 @@ def test_it_starts_says_ready_and_stops_on_sigterm(
     assert lines[0] == "warning: --poll-ms is kept but unused"
     assert sorted(lines[1:3]) == [  # the tree restores while the main thread says it started
         "info: restored 1 open and 2 closed question(s)",
-        "info: user-remote@demo starting (hermes target telegram)"]
+        "info: starting as peer user-remote in coms project demo (agents must use this "
+        "project to ask), hermes target telegram"]
     assert lines[3].startswith(f"info: ready: user-remote@demo at {config.coms_dir}/sockets/")
     assert lines[3].endswith(".sock, 1 open question(s)")
     assert lines[4:] == ["info: stopping on SIGTERM (exit 0)"]
@@ -272,7 +273,8 @@ def test_a_tree_that_gives_up_stops_the_daemon_with_exit_1(
     config = dataclasses.replace(config_in(base), coms_dir=coms)
     assert daemon.run(config) == 1
     lines = stderr_lines(capsys)
-    assert lines[0] == "info: user-remote@demo starting (hermes target telegram)"
+    assert lines[0] == ("info: starting as peer user-remote in coms project demo (agents must "
+                        "use this project to ask), hermes target telegram")
     assert lines[-2:] == [
         "error: peer crashed 6 times within 10s; last error: OSError: AF_UNIX path too long",
         "error: stopping giving up (exit 1)"]

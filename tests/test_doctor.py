@@ -63,6 +63,8 @@ def marks(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
 def test_all_links_hold(bridge: Bridge) -> None:  # the skill in place, bridge up
     bridge.start("--project", "demo")
     where = skill(bridge)
+    bridge.hermes.configure(chats={"telegram": [
+        {"id": "-1001234567890:7", "name": "Ops / topic 7", "type": "group", "thread_id": "7"}]})
     done = doctor(bridge, "--project", "demo", "--to", "telegram:-1001234567890:7")
     assert done.returncode == 0, done.stdout + done.stderr
     assert marks(done) == {
@@ -75,7 +77,10 @@ def test_all_links_hold(bridge: Bridge) -> None:  # the skill in place, bridge u
     assert any(line.startswith(f"✔ bridge demo: user-remote (pid {bridge.entry['pid']}) answers")
                for line in lines)
     assert "hermes installs it at its first send (lazy installs allowed" in done.stdout
-    assert [argv for argv in bridge.hermes.argvs()] == [["--version"]]  # nothing was sent
+    assert ("✔ --to: telegram:-1001234567890:7: hermes knows this chat: Ops / topic 7 "
+            "(-1001234567890:7)") in lines
+    assert bridge.hermes.argvs() == [  # nothing was sent
+        ["--version"], ["send", "--list", "telegram", "--json"]]
 
 
 def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:
@@ -133,6 +138,23 @@ def test_bad_links_are_each_named(bridge: Bridge) -> None:
     assert (f"✖ questions directory: {bridge.questions} is mode 0755; `chmod 700 "
             f"{bridge.questions}` (the bridge tightens it at start)") in done.stdout.splitlines()
     assert "HERMES_DISABLE_LAZY_INSTALLS=1 forbids hermes to install it" in done.stdout
+
+
+def test_the_target_is_judged_in_its_line_as_the_daemon_judges_it(bridge: Bridge) -> None:
+    bridge.start()
+    skill(bridge)
+    done = doctor(bridge, "--to", "telegram:")
+    assert (done.returncode, done.stderr) == (1, "")  # a ✖ among the others, no usage error
+    assert ("✖ --to: --to 'telegram:' has nothing after the colon: give the chat, or telegram "
+            "alone for hermes' home channel") in done.stdout.splitlines()
+    assert len(done.stdout.splitlines()) == 9
+    bridge.hermes.configure(chats={"telegram": [], "whatsapp": []})
+    done = doctor(bridge, "--to", "whatsapp:+15551234567")
+    assert done.returncode == 0, done.stdout  # a warning fails nothing
+    assert ("⚠ --to: whatsapp:+15551234567: hermes sends to it as given, but has not seen this "
+            "chat yet; --to whatsapp:+15551234567: answers come back only from Telegram (the "
+            "liaison listens there alone); answer other questions with `coms-hermes-bridge "
+            "answer`") in done.stdout.splitlines()
 
 
 def test_send_test_sends_one_message(bridge: Bridge) -> None:
@@ -371,22 +393,88 @@ def test_a_python_that_cannot_be_run_is_said(world: World) -> None:
         "directory: '/opt/py\ufffd/python3'")
 
 
-@pytest.mark.parametrize("target", [
-    "telegram", "telegram:42", "telegram:0", "telegram:-1001234567890",
-    "telegram:-1001234567890:7", "telegram:@abcde", "telegram:@A_z09", "telegram:@abcde:12",
-    "telegram:@" + "a" * 32])
-def test_a_target_hermes_can_send_to_holds(world: World, target: str) -> None:
-    assert check_target(world.with_("--to", target)).line() == f"✔ --to: {target}"
+CHATS = [{"id": "42", "name": "Alice", "type": "dm", "thread_id": None},
+         {"id": "-100123:7", "name": "#Ops", "type": "group", "thread_id": "7"},
+         {"id": "-100124", "name": "Ops later", "type": "group", "thread_id": None}]
 
 
-@pytest.mark.parametrize("target", [
-    "telegram:", "telegram:x", "telegram:--42", "telegram:-", "telegram:42:", "telegram:42:-7",
-    "telegram:42:7:1", "telegram:42 ", "telegram:@abcd", "telegram:@" + "a" * 33,
-    "telegram:@abc-de", "Telegram:42", "slack:42", "xtelegram"])
-def test_a_target_hermes_cannot_send_to_is_broken(world: World, target: str) -> None:
-    assert check_target(world.with_("--to", target)).line() == (
-        f"✖ --to: {target!r} is not telegram, telegram:<chat_id> or "
-        "telegram:<chat_id>:<thread_id> (group ids are negative)")
+@pytest.mark.parametrize(("target", "held"), [
+    ("telegram", "hermes has telegram and sends to its home channel"),
+    ("telegram:42", "hermes knows this chat: Alice (42)"),
+    ("telegram:-100123:7", "hermes knows this chat: #Ops (-100123:7)"),
+    ("telegram:alice", "hermes knows this chat: Alice (42)"),  # by name, as hermes resolves
+    ("telegram:ops", "hermes knows this chat: #Ops (-100123:7)"),
+    ("telegram:Ops (group)", "hermes knows this chat: #Ops (-100123:7)"),
+    ("telegram:ops l", "hermes knows this chat: Ops later (-100124)"),  # the one it starts
+])
+def test_a_target_hermes_can_resolve_holds(world: World, target: str, held: str) -> None:
+    hermes = FakeHermes(world.bin, chats={"telegram": CHATS, "slack": []})
+    config = dataclasses.replace(world.config, target=target)
+    assert check_target(config, world.env).line() == f"✔ --to: {target}: {held}"
+    assert hermes.argvs() == [["send", "--list", "telegram", "--json"]]  # nothing sent
+
+
+@pytest.mark.parametrize(("target", "why"), [
+    ("Telegram: ", "--to 'Telegram: ' has nothing after the colon: give the chat, or telegram "
+     "alone for hermes' home channel"),
+    (":42", "--to ':42' names no platform: give telegram, telegram:<chat_id> or "
+     "telegram:<chat name>"),
+])
+def test_a_target_the_daemon_refuses_is_broken(world: World, target: str, why: str) -> None:
+    hermes = FakeHermes(world.bin)
+    config = dataclasses.replace(world.config, target=target)
+    assert check_target(config, world.env).line() == f"✖ --to: {why}"
+    assert hermes.argvs() == []  # judged before hermes is asked
+
+
+@pytest.mark.parametrize("target", ["telegram:@abcd", "telegram:-100999", "telegram:5:6"])
+def test_a_chat_id_hermes_has_not_seen_is_warned_of(world: World, target: str) -> None:
+    FakeHermes(world.bin, chats={"telegram": CHATS})
+    config = dataclasses.replace(world.config, target=target, hermes_profile="ops")
+    assert check_target(config, world.env).line() == (
+        f"⚠ --to: {target}: hermes sends to it as given, but has not seen this chat yet; the "
+        "human must have written to the bot there first")
+
+
+def test_a_chat_name_hermes_cannot_resolve_is_broken(world: World) -> None:
+    hermes = FakeHermes(world.bin, chats={"telegram": CHATS})
+    config = dataclasses.replace(world.config, target="telegram:ops x", hermes_profile="ops")
+    assert check_target(config, world.env).line() == (
+        "✖ --to: telegram:ops x: hermes has no telegram chat named 'ops x' (its chats: Alice, "
+        "#Ops, Ops later); give the chat id, or write to the bot from that chat while the "
+        "gateway runs")
+    assert hermes.argvs() == [["--profile", "ops", "send", "--list", "telegram", "--json"]]
+    hermes.configure(chats={"telegram": []})
+    assert check_target(dataclasses.replace(config, target="telegram:ops"), world.env).line() == (
+        "✖ --to: telegram:ops: hermes has no telegram chat named 'ops' (its chats: none yet); "
+        "give the chat id, or write to the bot from that chat while the gateway runs")
+
+
+def test_a_platform_hermes_does_not_have_is_broken_in_its_words(world: World) -> None:
+    FakeHermes(world.bin, chats={})  # a hermes with no Telegram
+    assert check_target(world.config, world.env).line() == (
+        "✖ --to: telegram: hermes send: no targets found for platform 'telegram'. Configured: "
+        "(none); set telegram up in hermes (`hermes gateway setup`) and start its gateway once")
+
+
+def test_another_platform_is_a_warning_not_a_broken_link(world: World) -> None:
+    FakeHermes(world.bin, chats={"whatsapp": [{"id": "+15551234567", "name": "Bob"}]})
+    config = dataclasses.replace(world.config, target="whatsapp:+15551234567")
+    check = check_target(config, world.env)
+    assert (check.ok, check.line()) == (True, (
+        "⚠ --to: whatsapp:+15551234567: hermes knows this chat: Bob (+15551234567); --to "
+        "whatsapp:+15551234567: answers come back only from Telegram (the liaison listens "
+        "there alone); answer other questions with `coms-hermes-bridge answer`"))
+
+
+def test_a_hermes_that_cannot_list_leaves_the_target_unchecked(world: World) -> None:
+    assert check_target(world.config, world.env).line() == (  # no hermes at all
+        "– --to: telegram: cannot ask hermes for its chats: [Errno 2] No such file or "
+        "directory: 'hermes'")
+    world.hermes(FAKE_PYTHON)  # prints its version, whatever it is asked
+    assert check_target(world.config, world.env).line() == (
+        "– --to: telegram: cannot read hermes' chats: JSONDecodeError('Expecting value: line "
+        "1 column 1 (char 0)')")
 
 
 def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:

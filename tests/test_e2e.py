@@ -421,6 +421,8 @@ def test_wire_errors_against_the_daemon(bridge: Bridge) -> None:
     ("args", "message"),
     [
         (["--to", "a", "--to", "b"], "--to may only be specified once"),
+        (["--to", "telegram:"], "--to 'telegram:' has nothing after the colon: give the chat, "
+         "or telegram alone for hermes' home channel"),
         (["--timeout", "abc"], "--timeout must be a positive number"),
         (["--timeout", "0"], "--timeout must be a positive number"),
         (["--poll-ms", "-1"], "--poll-ms must be a positive number"),
@@ -440,6 +442,28 @@ def test_bad_flags(bridge: Bridge, args: list[str], message: str) -> None:
     assert done.stderr == f"coms-hermes-bridge: {message}\n"
     agents = bridge.coms / "projects"
     assert not any(agents.rglob("*.json")) if agents.exists() else True
+
+
+def test_a_questions_dir_whose_parent_is_missing_is_a_bad_flag(bridge: Bridge) -> None:
+    wanted = bridge.base / "typo" / "questions"
+    done = bridge.run("--questions-dir", str(wanted))
+    assert (done.returncode, done.stderr) == (1, f"coms-hermes-bridge: --questions-dir {wanted}: "
+                                              f"its parent {wanted.parent} is not a directory\n")
+    assert not wanted.parent.exists() and not bridge.coms.exists()  # nothing made
+
+
+def test_start_warns_of_another_platform_and_a_reminder_never_due(bridge: Bridge) -> None:
+    # still starts: a Telegram-less target can be answered by hand, a prompt may ask longer (X5)
+    bridge.start("--to", "whatsapp:+15551234567", "--remind-before", "1800000")
+    assert bridge.signal() == 0
+    assert bridge.stderr_lines[:3] == [
+        "coms-hermes-bridge: warning: --to whatsapp:+15551234567: answers come back only from "
+        "Telegram (the liaison listens there alone); answer other questions with "
+        "`coms-hermes-bridge answer`",
+        "coms-hermes-bridge: warning: --remind-before 1800000 ms is not below the timeout, "
+        "1800000 ms: only a question that asks for a longer timeout of its own gets a reminder",
+        "coms-hermes-bridge: info: starting as peer user-remote in coms project default (agents "
+        "must use this project to ask), hermes target whatsapp:+15551234567"]
 
 
 def test_a_home_set_but_empty_stops_the_daemon_and_every_verb(bridge: Bridge) -> None:
@@ -470,6 +494,7 @@ def test_help_and_version(bridge: Bridge) -> None:
 def test_questions_dir_flag_moves_the_log_beside_it(bridge: Bridge) -> None:
     # C20: the log lives beside the questions directory
     qdir = bridge.base / "q" / "answers"
+    qdir.parent.mkdir()  # (the directory itself is made, never its parents)
     bridge.start("--questions-dir", str(qdir))
     qid = bridge.ask("Where?")
     log = qdir.parent / "log.ndjson"

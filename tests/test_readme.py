@@ -74,7 +74,8 @@ def test_the_first_hour_as_written(bridge: Bridge) -> None:
     start = line("coms-hermes-bridge --project")
     bridge.project = "myproject"
     bridge.start(command=("bash", "-c", f"{ACTIVATE} && exec {start}"))
-    assert any(s.endswith("user-remote@myproject starting (hermes target telegram:123456789)")
+    assert any(s.endswith("starting as peer user-remote in coms project myproject (agents "
+                          "must use this project to ask), hermes target telegram:123456789")
                for s in bridge.stderr_lines), bridge.stderr_lines
 
     qid = bridge.ask("Deploy to prod?")  # as coms-cli would, to the project's user-remote

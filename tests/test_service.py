@@ -57,7 +57,8 @@ def test_operator_lines_carry_a_level(bridge: Bridge) -> None:
     bridge.wait_log("answer_rejected")
     assert bridge.signal() == 0
     lines = bridge.stderr_lines
-    assert lines[0] == "coms-hermes-bridge: info: user-remote@default starting (hermes target telegram)"
+    assert lines[0] == ("coms-hermes-bridge: info: starting as peer user-remote in coms project "
+                        "default (agents must use this project to ask), hermes target telegram")
     assert lines[1].startswith("coms-hermes-bridge: info: ready: user-remote@default at ")
     assert re.search(r", [01] open question\(s\)$", lines[1])  # the asker may be first
     assert (

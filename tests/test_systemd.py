@@ -104,6 +104,10 @@ def test_install_writes_the_unit_and_the_instance_settings(tmp_path: Path) -> No
     ("flags", "message"),
     [
         (["--to", "a", "--to", "b"], "install-service: --to may only be specified once"),
+        (["--to", "telegram:"], "install-service: --to 'telegram:' has nothing after the colon: "
+         "give the chat, or telegram alone for hermes' home channel"),
+        (["--questions-dir", "/no-such-dir-chb/q"], "install-service: --questions-dir "
+         "/no-such-dir-chb/q: its parent /no-such-dir-chb is not a directory"),
         (["--bogus"], "install-service: unrecognized arguments: --bogus"),
         (["--project", "x"], "install-service: the project is the instance name; do not pass --project"),
         (["--questions-dir", "/a b"], "install-service: flag '/a b' has a space, quote, backslash, % or $;"
@@ -114,6 +118,16 @@ def test_install_refuses_what_the_daemon_would(tmp_path: Path, flags: list[str],
     done = install(tmp_path, "acme", *flags, "--no-enable")
     assert (done.returncode, done.stderr) == (1, message + "\n")
     assert not (tmp_path / ".config").exists()
+
+
+def test_install_warns_as_the_daemon_will_and_installs(tmp_path: Path) -> None:
+    done = install(tmp_path, "acme", "--to", "whatsapp:+15551234567", "--bin", sys.executable,
+                   "--no-enable")
+    assert (done.returncode, done.stderr) == (0, (
+        "install-service: warning: --to whatsapp:+15551234567: answers come back only from "
+        "Telegram (the liaison listens there alone); answer other questions with "
+        "`coms-hermes-bridge answer`\n"))
+    assert (tmp_path / ".config" / "coms-hermes-bridge" / "acme.env").is_file()
 
 
 def test_install_refuses_a_bad_project(tmp_path: Path) -> None:
