@@ -35,9 +35,10 @@ class LoggerActor(PooledChild):
     next line.
     """
 
-    def __init__(self, *, log_path: Path, supervisor: Address, name: str = "logger") -> None:
+    def __init__(self, *, log_path: Path, project: str, supervisor: Address,
+                 name: str = "logger") -> None:
         super().__init__(name, supervisor)
-        self.log_path = log_path
+        self.log_path, self.project = log_path, project  # every record names it (X16)
         self._batch: list[str] = []
         self._batch_size = 0
         self._batch_since = 0.0  # when its first line came
@@ -49,7 +50,7 @@ class LoggerActor(PooledChild):
     def on_receive(self, message: Any) -> None:
         match message:
             case LogEvent(record=record):
-                line = record.to_line()
+                line = record.to_line(self.project)
                 if not self._batch:
                     self._batch_since = time.monotonic()
                 self._batch.append(line)

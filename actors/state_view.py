@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..messages.commands import QuestionSpec
-from ..messages.wire import State
+from ..messages.wire import State, has_lone_surrogate
 from .loop import report
 from .store import (
     _BUSY_TIMEOUT_S,
@@ -105,6 +107,15 @@ def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S)
         conn.close()
 
 
+def _failed(qid: Any, at: Any, asker: Any, error: Any) -> Failed:
+    """One failed delivery's row; ValueError if it does not parse (X12: nor lone surrogates)."""
+    if not (isinstance(qid, str) and isinstance(at, int | float)
+            and all(v is None or isinstance(v, str) for v in (asker, error))
+            and not has_lone_surrogate([qid, asker, error])):
+        raise ValueError("not a failed delivery")
+    return Failed(qid, float(at), asker, error)
+
+
 class StateBusyError(OSError):
     """Another process holds the state file locked past the busy timeout: try later."""
 
@@ -130,11 +141,24 @@ def sibling_of(own: Path, qid: str, now: float) -> str | None:
 
 
 @dataclass(frozen=True)
+class Failed:
+    """A delivery that failed within UNDELIVERED_MEMORY_S (X11): when (epoch seconds), the
+    asker and C18's error (None in a row written without them)."""
+
+    qid: str
+    at: float
+    asker: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """What a state file says right now: open questions in arrival order, closed newest first."""
+    """What a state file says right now: open questions in arrival order, closed newest
+    first, failed deliveries newest first."""
 
     open: tuple[QuestionSpec, ...]
     closed: tuple[tuple[str, State], ...]
+    failed: tuple[Failed, ...] = ()
 
 
 def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
@@ -161,7 +185,10 @@ def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
         closed, _ = _decode(conn.execute(
             "SELECT rowid, qid, state FROM closed_questions ORDER BY rowid DESC LIMIT ?",
             (max(0, closed_limit),)).fetchall(), _closed)
-        return Snapshot(tuple(specs), tuple(closed))
+        failed, _ = _decode(conn.execute(
+            "SELECT rowid, qid, at, asker, error FROM undelivered WHERE at >= ?"
+            " ORDER BY at DESC", (time.time() - UNDELIVERED_MEMORY_S,)).fetchall(), _failed)
+        return Snapshot(tuple(specs), tuple(closed), tuple(failed))
     except sqlite3.Error as exc:
         raise OSError(f"cannot read state database {path}: {exc}") from exc
     finally:

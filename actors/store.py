@@ -34,7 +34,7 @@ from .loop import report
 T = TypeVar("T")
 
 # A file of any other version is refused, never converted (`UnusableStateError`).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 CLOSED_MEMORY = 1000  # closed qids remembered, at most (C15, X2)
 
 _STATES: frozenset[str] = frozenset(get_args(State))
@@ -66,7 +66,7 @@ CREATE TABLE outbox (
 );
 CREATE TABLE notes (id TEXT PRIMARY KEY, qid TEXT NOT NULL, purpose TEXT NOT NULL,
                     text TEXT NOT NULL);
-CREATE TABLE undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL, asker TEXT, error TEXT);
 CREATE TABLE sent (key TEXT PRIMARY KEY, error TEXT);
 """
 # A send's outcome is owed to its question while the question has not moved on, and to a
@@ -222,8 +222,9 @@ class Store:
         the file until `settle` or `note_sent`, so a crash resends it rather than losing
         it. `answer_file` is remembered so a restart before its removal does not take it
         for a late answer; `undelivered_at` for UNDELIVERED_MEMORY_S, so an answer that
-        comes all the same gets the human a word (X11) instead of silence. Of `response`
-        only the response and error are read: the prompt owed an answer is the row's own.
+        comes all the same gets the human a word (X11) instead of silence, and `status`
+        shows the failure (with the response's asker and error). Of `response` only the
+        response and error are read for the outbox: the prompt owed an answer is the row's.
         """
         with self._transaction() as conn:
             if response is not None:  # the asker's prompt is the row's, as stored when it
@@ -246,8 +247,10 @@ class Store:
                 self._owe_note(conn, note)
             if undelivered_at is not None:
                 conn.execute(
-                    "INSERT OR REPLACE INTO undelivered (qid, at) VALUES (?, ?)",
-                    (qid, undelivered_at),
+                    "INSERT OR REPLACE INTO undelivered (qid, at, asker, error)"
+                    " VALUES (?, ?, ?, ?)",
+                    (qid, undelivered_at, response and response.prompt.sender_name,
+                     response and response.error),
                 )
                 conn.execute(
                     "DELETE FROM undelivered WHERE at < ? OR qid NOT IN"

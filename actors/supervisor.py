@@ -143,7 +143,7 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
     logger, delivery, router, watcher, peer = (slots[name] for name in CHILDREN)
     starts: dict[str, Callable[[Address, int], pykka.ActorRef[Any]]] = {
         "logger": lambda sup, n: LoggerActor.start_bound(
-            logger.bind, log_path=config.log_path, supervisor=sup),
+            logger.bind, log_path=config.log_path, project=config.project, supervisor=sup),
         "delivery": lambda sup, n: DeliveryActor.start_bound(
             delivery.bind, config=config, store=store, router=router, logger=logger,
             now=now, supervisor=sup),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import getpass
 import json
 import os
@@ -32,8 +33,8 @@ from .ops import OpsError, answer, cancel, project_of, projects, status
 
 VERBS = {  # each verb's --help
     "status": "List open questions (qid, asker, state, age, time left, the question's first "
-    "line) and recently closed ones. Reads the state file read-only; safe while the daemon "
-    "runs.",
+    "line), recently closed ones and the deliveries that failed within the hour. Reads the "
+    "state file read-only; safe while the daemon runs.",
     "answer": "Write the answer file for an open question, as the Hermes gateway would; the "
     "running bridge (or the next one to start) picks it up. With options, a number or a title "
     "selects that option.",
@@ -125,6 +126,13 @@ def render(st: dict[str, Any], now: datetime | None = None) -> str:
         lines.append(f"recently closed: {len(st['closed'])}")
         lines += [f"  {row['qid']:<26}  {row['state']:<9}  {_ago(row['closed_at'], moment)}"
                   for row in st["closed"]]
+    if st["failed"]:
+        lines.append(f"failed deliveries (last hour): {len(st['failed'])}")
+        lines.append(f"  {'QID':<26}  {'ASKER':<16}  {'EXIT':>4}  {'WHEN':>10}  ERROR")
+        lines += [f"  {row['qid']:<26}  {_clip(row['asker'] or '-', 16):<16}  "
+                  f"{'-' if row['exit_status'] is None else row['exit_status']:>4}  "
+                  f"{_ago(row['at'], moment):>10}  {_clip(row['error'] or '-', 72)}"
+                  for row in st["failed"]]
     return "\n".join(lines)
 
 
@@ -142,6 +150,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.verb == "status":
         limit = max(0, args.closed)
         if args.project is not None:
+            known = projects(config)
+            if args.project not in known:
+                raise OpsError(f"no bridge and no state for project {args.project} (projects "
+                               f"here: {', '.join(known) or 'none'})")
             st = status(config, closed_limit=limit)
             print(dumps(st, indent=2) if args.json else render(st))
             return 0
@@ -204,6 +216,11 @@ def _login() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a verb if the first word names one, else the daemon."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] not in VERBS and not args[0].startswith("-"):  # a mistyped verb
+        near = difflib.get_close_matches(args[0], VERBS, n=1)
+        report(f"unknown command {args[0]!r}; " + (f"did you mean {near[0]}?" if near else
+                                                   f"the commands are {', '.join(VERBS)}"))
+        return 2
     if not args or args[0] not in VERBS:
         from .actors.daemon import main as daemon
 

@@ -9,7 +9,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,10 @@ from .actors.loop import utc_now
 from .actors.peer import MODEL
 from .actors.registry import IdentityError, agents_dir, is_live, read_entry, validate_project
 from .actors.responses import send_envelope
-from .actors.state_view import Snapshot, knows_qid, read_snapshot, state_files
+from .actors.state_view import Failed, Snapshot, knows_qid, read_snapshot, state_files
 from .actors.store import CLOSED_MEMORY
 from .messages.commands import QuestionSpec
-from .messages.contract import OPERATOR, answer_name, first_line, iso, map_answer
+from .messages.contract import OPERATOR, answer_name, delivery_failure, first_line, iso, map_answer
 from .messages.wire import (
     AnswerFile,
     CancelEnvelope,
@@ -101,7 +101,8 @@ def _closing_times(log_path: Path, qids: set[str]) -> dict[str, str]:
 
 def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
     """The `status --json` object, read-only: open questions oldest first, then the most
-    recently closed ones; the table is rendered from it."""
+    recently closed ones, then the deliveries that failed within the hour (X11), newest
+    first; the table is rendered from it."""
     snapshot = _snapshot(config, closed_limit)
     now = time.time()
     times = _closing_times(config.log_path, {qid for qid, _ in snapshot.closed})
@@ -121,7 +122,14 @@ def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
         } for spec in snapshot.open],
         "closed": [{"qid": qid, "state": state, "closed_at": times.get(qid)}
                    for qid, state in snapshot.closed],
+        "failed": [_failure(row) for row in snapshot.failed],
     }
+
+
+def _failure(row: Failed) -> dict[str, Any]:
+    code, said = delivery_failure(row.error) if row.error is not None else (None, None)
+    return {"qid": row.qid, "at": iso(datetime.fromtimestamp(row.at, UTC)), "asker": row.asker,
+            "exit_status": code, "error": said}
 
 
 def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:

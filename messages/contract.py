@@ -550,6 +550,19 @@ def delivery_error(exit_code: int | None, stderr: str, stdout: str = "") -> str:
     return f"hermes send failed{code}" + (f": {detail}" if detail else "")
 
 
+_DELIVERY_ERROR = re.compile(r"hermes send failed(?: \((-?\d+)\))?(?:: (.*))?", re.DOTALL)
+
+
+def delivery_failure(error: str) -> tuple[int | None, str]:
+    """C18's error taken apart again, for `status`: hermes' exit status (None when it
+    never exited) and the first line of what it said, or of why it never exited."""
+    found = _DELIVERY_ERROR.fullmatch(error)
+    if found is None:
+        return None, first_line(error)
+    code, detail = found.groups()
+    return None if code is None else int(code), first_line(detail or "")
+
+
 # -- answer files (C7-C10, C15) -----------------------------------------------
 
 

@@ -604,6 +604,7 @@ class LogRecord(Frozen):
     event: Event
     detail: JsonValue = None
 
-    def to_line(self) -> str:
-        """The record as one ndjson line, newline included."""
-        return fit_line(self.model_dump(exclude_none=True))
+    def to_line(self, project: str) -> str:
+        """The record as one ndjson line, newline included, naming the bridge's project
+        last (X16: C20's fields keep their order)."""
+        return fit_line({**self.model_dump(exclude_none=True), "project": project})

@@ -517,7 +517,7 @@ class FailingConnection:
 
 # what each of the daemon's actors is started with, as start_tree gives it
 WIRED: dict[type, tuple[str, ...]] = {
-    LoggerActor: ("log_path",),
+    LoggerActor: ("log_path", "project"),
     DeliveryActor: ("config", "store", "router", "logger", "now"),
     WatcherActor: ("questions_dir", "poll_ms", "router", "delivery", "logger", "now"),
     PeerActor: ("store", "router", "logger", "heartbeat_s", "now"),
@@ -548,7 +548,7 @@ class WiredRig(ActorRig[A]):
         self.wired.update(addresses or {})
         self.wired.update(
             config=config, store=store or cast(Store, object()), now=now, clock=clock,
-            run_tag="t", log_path=config.log_path, questions_dir=config.questions_dir,
+            run_tag="t", log_path=config.log_path, project=config.project, questions_dir=config.questions_dir,
             poll_ms=config.poll_ms, heartbeat_s=config.heartbeat_ms / 1000,
             target=config.target, remind_before_ms=config.remind_before_ms)
         self.ref = self.start(actor_class, options)

@@ -74,6 +74,23 @@ def test_a_bad_command_line_is_one_line_and_exit_1(
     assert capsys.readouterr() == ("", f"coms-hermes-bridge: {error}\n")
 
 
+@pytest.mark.parametrize(
+    ("word", "hint"),
+    [
+        ("statu", "did you mean status?"),
+        ("cancle", "did you mean cancel?"),
+        ("Doctor", "did you mean doctor?"),
+        ("zzz", "the commands are status, answer, cancel, doctor, liaison"),
+        ("", "the commands are status, answer, cancel, doctor, liaison"),
+    ],
+)
+def test_a_mistyped_verb_gets_the_nearest_one_and_exit_2(
+    word: str, hint: str, capsys: pytest.CaptureFixture[str],
+) -> None:  # a bare first word is never the daemon's: no daemon flag is one
+    assert main([word, "--project", "x"]) == 2
+    assert capsys.readouterr() == ("", f"coms-hermes-bridge: unknown command {word!r}; {hint}\n")
+
+
 QIDS = ["01J8ZJ3V5R" + c * 16 for c in "ABCDE"]
 STATUS = {
     "project": "demo",
@@ -88,6 +105,10 @@ STATUS = {
     ],
     "closed": [{"qid": QIDS[3], "state": "answered", "closed_at": "2020-01-02T11:58:30.000Z"},
                {"qid": QIDS[4], "state": "timeout", "closed_at": None}],
+    "failed": [{"qid": QIDS[0], "at": "2020-01-02T11:55:00.000Z", "asker": "builder",
+                "exit_status": 3, "error": "chat not found " + "z" * 80},
+               {"qid": QIDS[1], "at": "2020-01-02T11:01:00.000Z", "asker": None,
+                "exit_status": None, "error": "timed out after 60000ms"}],
 }
 NOW = datetime(2020, 1, 2, 12, 0, 0, tzinfo=UTC)
 
@@ -106,13 +127,18 @@ def test_the_status_table() -> None:
         "recently closed: 2",
         "  01J8ZJ3V5RDDDDDDDDDDDDDDDD  answered   1m30s ago",
         "  01J8ZJ3V5REEEEEEEEEEEEEEEE  timeout    -",
+        "failed deliveries (last hour): 2",  # X11's memory, newest first
+        "  QID                         ASKER             EXIT        WHEN  ERROR",
+        "  01J8ZJ3V5RAAAAAAAAAAAAAAAA  builder              3   5m00s ago  chat not found "
+        + "z" * 56 + "…",
+        "  01J8ZJ3V5RBBBBBBBBBBBBBBBB  -                    -  59m00s ago  timed out after 60000ms",
     ]
-    idle = {**STATUS, "bridge": None, "open": [], "closed": []}
+    idle = {**STATUS, "bridge": None, "open": [], "closed": [], "failed": []}
     assert render(idle, NOW) == "bridge for project demo: not running\nopen questions: 0"
 
 
 def test_the_status_table_counts_from_now_by_default() -> None:
-    closed = render({**STATUS, "open": []}).split("\n")[-2]  # closed years ago
+    closed = render({**STATUS, "open": [], "failed": []}).split("\n")[-2]  # closed years ago
     assert re.fullmatch(r"  01J8ZJ3V5RD{16}  answered   \d+d\d\dh ago", closed), closed
 
 
@@ -138,4 +164,4 @@ def test_a_reader_that_goes_away_is_no_failure(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PI_COMS_DIR", str(tmp_path / "coms"))
     with contextlib.redirect_stdout(Gone()):
-        assert main(["status", "--project", "default"]) == 0
+        assert main(["status"]) == 0

@@ -16,6 +16,7 @@ from coms_hermes_bridge.messages.contract import (
     cancel_note,
     cancel_outcome,
     delivery_error,
+    delivery_failure,
     format_question,
     grace_ms,
     is_group_target,
@@ -336,6 +337,23 @@ def test_delivery_error_text(code: int | None, stderr: str, stdout: str, expecte
     assert delivery_error(code, stderr, stdout) == expected
 
 
+@pytest.mark.parametrize(
+    ("code", "stderr", "parts"),
+    [
+        (3, "\n  chat not found  \nTraceback (most recent call last):\n", (3, "chat not found")),
+        (-9, "", (-9, "")),
+        (1, "(2): x", (1, "(2): x")),
+        (None, "timed out after 60000ms", (None, "timed out after 60000ms")),
+        (None, "", (None, "")),
+    ],
+)
+def test_a_delivery_error_taken_apart_for_status(
+    code: int | None, stderr: str, parts: tuple[int | None, str],
+) -> None:  # C18's text back to hermes' exit status and its first line, as status shows them
+    assert delivery_failure(delivery_error(code, stderr)) == parts
+    assert delivery_failure("  something else\nentirely") == (None, "something else")
+
+
 # C9, C10, C15 --------------------------------------------------------------
 
 
@@ -571,27 +589,29 @@ def test_iso_is_javascripts_to_iso_string() -> None:
 
 
 def test_log_record_rendering() -> None:
-    # C20
-    assert log_record(AT, QID, "question_received", {"from": "builder"}).to_line() == (
+    # C20, X16: C20's fields in C20's order, then the project
+    assert log_record(AT, QID, "question_received", {"from": "builder"}).to_line("p") == (
         '{"at":"2026-11-30T12:00:01.234Z","qid":"' + QID
-        + '","event":"question_received","detail":{"from":"builder"}}\n'
+        + '","event":"question_received","detail":{"from":"builder"},"project":"p"}\n'
     )
-    assert log_record(AT, QID, "delivered").to_line() == (
-        '{"at":"2026-11-30T12:00:01.234Z","qid":"' + QID + '","event":"delivered"}\n'
+    assert log_record(AT, QID, "delivered").to_line("default") == (
+        '{"at":"2026-11-30T12:00:01.234Z","qid":"' + QID
+        + '","event":"delivered","project":"default"}\n'
     )
     # only an absent detail is left out: a null inside it stays, as JSON.stringify keeps it
-    assert log_record(AT, QID, "answer_rejected", {"error": None, "n": [None]}).to_line() == (
+    assert log_record(AT, QID, "answer_rejected", {"error": None, "n": [None]}).to_line("p") == (
         '{"at":"2026-11-30T12:00:01.234Z","qid":"' + QID
-        + '","event":"answer_rejected","detail":{"error":null,"n":[null]}}\n'
+        + '","event":"answer_rejected","detail":{"error":null,"n":[null]},"project":"p"}\n'
     )
 
 
 def test_rejection_log_record_without_a_qid() -> None:
     # C20: answer_rejected carries reason and file; no valid qid logs 000…0
     line = log_record(AT, None, "answer_rejected", {"reason": "invalid_qid", "file": "x.answer.json"})
-    assert json.loads(line.to_line()) == {
+    assert json.loads(line.to_line("p")) == {
         "at": "2026-11-30T12:00:01.234Z",
         "qid": "00000000000000000000000000",
         "event": "answer_rejected",
         "detail": {"reason": "invalid_qid", "file": "x.answer.json"},
+        "project": "p",
     }

@@ -65,6 +65,9 @@ def test_plain_round_trip(bridge: Bridge) -> None:
     assert records[0]["detail"] == {"from": "builder"}
     assert records[1]["detail"] == {"to": "telegram"}
     assert records[2]["detail"] == {"answered_by": "telegram:alice"}
+    # X16: every record names the project, after C20's fields in C20's order
+    assert [list(r) for r in records] == [["at", "qid", "event", "detail", "project"]] * 3
+    assert {r["project"] for r in bridge.log_records()} == {"default"}
     assert bridge.ping()["agent_card"]["queue_depth"] == 0
 
 

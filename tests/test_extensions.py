@@ -425,13 +425,13 @@ AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 def test_refusal_log_records() -> None:
     # X1, X2: the claimed sender, bounded like every log line
     claimed = prompt_envelope(sender_name="agent-b")
-    assert json.loads(duplicate_refused_record(AT, QID, claimed, "closed").to_line()) == {
+    assert json.loads(duplicate_refused_record(AT, QID, claimed, "closed").to_line("p")) == {
         "at": "2026-11-30T12:00:00.000Z", "qid": QID, "event": "duplicate_refused",
-        "detail": {"from": "agent-b", "reason": "closed"},
+        "detail": {"from": "agent-b", "reason": "closed"}, "project": "p",
     }
-    assert json.loads(cancel_refused_record(AT, cancel("evil")).to_line()) == {
+    assert json.loads(cancel_refused_record(AT, cancel("evil")).to_line("p")) == {
         "at": "2026-11-30T12:00:00.000Z", "qid": QID, "event": "cancel_refused",
-        "detail": {"from": "evil"},
+        "detail": {"from": "evil"}, "project": "p",
     }
     long = cancel_refused_record(AT, cancel("e" * 5000)).detail
     assert long == {"from": "e" * 127 + "…"}
@@ -441,4 +441,4 @@ def test_refusal_log_records() -> None:
 def test_extension_events_are_log_events(event: str) -> None:
     # X1: C20's list extended, never changed
     record = log_record(datetime(2026, 11, 30, tzinfo=UTC), QID, event, {"from": "evil"})  # type: ignore[arg-type]
-    assert json.loads(record.to_line())["event"] == event
+    assert json.loads(record.to_line("p"))["event"] == event

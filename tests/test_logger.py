@@ -21,6 +21,7 @@ from tests.fakes import WiredRig, actors_held, bridge_config, wait_for
 
 QID = "01HZY3K4M5N6P7Q8R9S0T1V2W3"
 AT = datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+PROJECT = "alpha"
 
 
 class LoggerRig(WiredRig[LoggerActor]):
@@ -28,7 +29,7 @@ class LoggerRig(WiredRig[LoggerActor]):
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
-        super().__init__(LoggerActor, config=bridge_config(log_path=log_path))
+        super().__init__(LoggerActor, config=bridge_config(log_path=log_path, project=PROJECT))
 
     def log(self, *records: LogRecord) -> None:
         """Tell each record, in order."""
@@ -51,7 +52,7 @@ class LoggerRig(WiredRig[LoggerActor]):
 
 
 def lines(records: list[LogRecord]) -> bytes:
-    return "".join(r.to_line() for r in records).encode("utf-8")
+    return "".join(r.to_line(PROJECT) for r in records).encode("utf-8")
 
 
 def test_appends_each_record_as_one_line_in_order(tmp_path: Path) -> None:  # C20
@@ -66,7 +67,8 @@ def test_appends_each_record_as_one_line_in_order(tmp_path: Path) -> None:  # C2
     rig.wait_for_lines(records, "four lines")
     assert rig.log_path.read_bytes().splitlines()[2] == (
         b'{"at":"2025-01-02T03:04:05.678Z","qid":"00000000000000000000000000",'
-        b'"event":"answer_rejected","detail":{"reason":"invalid_path","file":"x.txt"}}'
+        b'"event":"answer_rejected","detail":{"reason":"invalid_path","file":"x.txt"},'
+        b'"project":"alpha"}'  # X16: every record names the bridge's project, last
     )
 
 
@@ -77,8 +79,8 @@ def test_keeps_appending_after_the_file_is_rotated_away(tmp_path: Path) -> None:
     rig.log_path.rename(tmp_path / "log.ndjson.1")
     second = log_record(AT, QID, "delivered")
     rig.logged(second)
-    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
-    assert (tmp_path / "log.ndjson.1").read_text(encoding="utf-8") == first.to_line()
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line(PROJECT)
+    assert (tmp_path / "log.ndjson.1").read_text(encoding="utf-8") == first.to_line(PROJECT)
 
 
 def test_a_deleted_log_file_is_made_again(tmp_path: Path) -> None:  # C20
@@ -87,7 +89,7 @@ def test_a_deleted_log_file_is_made_again(tmp_path: Path) -> None:  # C20
     rig.log_path.unlink()
     second = log_record(AT, QID, "delivered")
     rig.logged(second)
-    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line(PROJECT)
 
 
 def test_unwritable_path_reports_on_stderr_and_survives(
@@ -105,7 +107,7 @@ def test_unwritable_path_reports_on_stderr_and_survives(
     rig.log_path.rmdir()
     good = log_record(AT, QID, "delivered")
     rig.logged(good)
-    assert rig.log_path.read_text(encoding="utf-8") == good.to_line()
+    assert rig.log_path.read_text(encoding="utf-8") == good.to_line(PROJECT)
 
 
 def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
@@ -172,7 +174,7 @@ def test_a_batch_cut_short_by_a_full_disk_leaves_every_later_line_whole(
     first, cut, lost, after = (log_record(AT, QID, event) for event in
                                ("question_received", "delivered", "answered", "timeout"))
     rig.logged(first)
-    room = 10 if where == "mid-line" else len(cut.to_line())
+    room = 10 if where == "mid-line" else len(cut.to_line(PROJECT))
     filling = _FillingOs(rig.log_path, room)
     monkeypatch.setattr(logger_module, "os", filling)
     with actors_held():  # one batch of two lines
@@ -180,7 +182,7 @@ def test_a_batch_cut_short_by_a_full_disk_leaves_every_later_line_whole(
     wait_for(lambda: filling.refused > 0, what="the disk full")
     filling.room = None  # room again
     rig.logged(after)
-    torn = cut.to_line().encode()[:10] + b"\n" if where == "mid-line" else lines([cut])
+    torn = cut.to_line(PROJECT).encode()[:10] + b"\n" if where == "mid-line" else lines([cut])
     assert rig.log_path.read_bytes() == lines([first]) + torn + lines([after])
     assert capfd.readouterr().err.splitlines() == [
         f"coms-hermes-bridge: cannot write {rig.log_path}: [Errno 28] No space left on device",
@@ -280,8 +282,8 @@ def test_a_burst_is_written_in_a_few_batches_in_order(
 def _line_of(size: int, i: int) -> LogRecord:
     """A record whose line is exactly `size` characters long."""
     bare = log_record(AT, QID, "delivered", {"to": f"{i:02d}:"})
-    record = log_record(AT, QID, "delivered", {"to": f"{i:02d}:" + "x" * (size - len(bare.to_line()))})
-    assert len(record.to_line()) == size
+    record = log_record(AT, QID, "delivered", {"to": f"{i:02d}:" + "x" * (size - len(bare.to_line(PROJECT)))})
+    assert len(record.to_line(PROJECT)) == size
     return record
 
 
@@ -341,7 +343,7 @@ def test_a_close_that_fails_does_not_stop_the_log(
     rig.log_path.rename(tmp_path / "log.ndjson.1")
     second = log_record(AT, QID, "delivered")
     rig.logged(second)
-    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line(PROJECT)
     assert rig.ref.is_alive()
     rig.supervisor.assert_nothing()  # the sync above ran after all it was told
 
@@ -400,7 +402,7 @@ def test_a_log_directory_removed_meanwhile_is_made_again_and_said(
     capfd.readouterr()
     second = log_record(AT, QID, "delivered")
     rig.logged(second)
-    assert rig.log_path.read_text(encoding="utf-8") == second.to_line()
+    assert rig.log_path.read_text(encoding="utf-8") == second.to_line(PROJECT)
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: warning: {directory} was gone; made it again (0700)\n"

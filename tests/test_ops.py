@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,7 +22,7 @@ from coms_hermes_bridge.actors.peer import MODEL
 from coms_hermes_bridge.actors.registry import agents_dir, write_entry
 from coms_hermes_bridge.actors.store import SCHEMA_VERSION, Store
 from coms_hermes_bridge.cli import main
-from coms_hermes_bridge.messages.commands import QuestionSpec
+from coms_hermes_bridge.messages.commands import QuestionSpec, SendResponse
 from coms_hermes_bridge.messages.contract import iso, parse_prompt
 from coms_hermes_bridge.messages.wire import RegistryEntry
 from coms_hermes_bridge.ops import (
@@ -99,6 +100,59 @@ def test_status_lists_open_and_closed_questions(bridge: Bridge) -> None:
     assert bridge.ping()["agent_card"]["queue_depth"] == 1  # the daemon did not notice us
 
 
+def test_status_of_a_project_with_no_bridge_and_no_state_names_those_there_are(
+    bridge: Bridge,
+) -> None:
+    bridge.start()
+    state_file(bridge.state_path("demo"), 0)
+    done = bridge.run("status", "--project", "nosuch")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", "coms-hermes-bridge: no bridge and no state for project nosuch "
+        "(projects here: default, demo)\n")
+    # a state file but no bridge: "not running", as ever
+    done = bridge.run("status", "--project", "demo")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("bridge for project demo: not running\nopen questions: 1\n")
+
+
+def test_status_shows_the_deliveries_that_failed_with_the_daemon_up_or_down(
+    bridge: Bridge,
+) -> None:  # X11's memory: newest first, the asker, hermes' exit status, its stderr's first line
+    bridge.hermes.configure(exit=3, stderr="chat not found\nTraceback (most recent call last)\n")
+    bridge.start()
+    first = bridge.ask("Anyone?")
+    bridge.wait_log("delivery_error", first)
+    bridge.hermes.configure(exit=7, stderr="\n  flood control exceeded\n  retry in 5s\n")
+    second = bridge.ask("Still there?", sender_name="ops-bot")
+    bridge.wait_log("delivery_error", second)
+    up = json.loads(bridge.verb("status", "--json", "--project", "default").stdout)
+    assert [{key: row[key] for key in ("qid", "asker", "exit_status", "error")}
+            for row in up["failed"]] == [
+        {"qid": second, "asker": "ops-bot", "exit_status": 7, "error": "flood control exceeded"},
+        {"qid": first, "asker": "builder", "exit_status": 3, "error": "chat not found"},
+    ]
+    now = datetime.now(UTC)
+    assert all(now - timedelta(seconds=60) < datetime.fromisoformat(row["at"]) <= now
+               for row in up["failed"])
+    assert [list(row) for row in up["failed"]] == [
+        ["qid", "at", "asker", "exit_status", "error"]] * 2
+    assert up["open"] == [] and up["closed"] == []  # a failed delivery closes with no state
+    assert bridge.signal() == 0
+    down = bridge.run("status", "--project", "default")
+    assert (down.returncode, down.stderr) == (0, "")
+    lines = down.stdout.splitlines()
+    assert lines[:4] == ["bridge for project default: not running", "open questions: 0",
+                         "failed deliveries (last hour): 2",
+                         "  QID                         ASKER             EXIT        WHEN  ERROR"]
+    assert re.fullmatch(rf"  {second}  ops-bot {{10}}  {{3}}7  {{5}}\d+s ago  flood control "
+                        "exceeded", lines[4]), lines[4]
+    assert re.fullmatch(rf"  {first}  builder {{10}}  {{3}}3  {{5}}\d+s ago  chat not found",
+                        lines[5]), lines[5]
+    assert len(lines) == 6
+    assert json.loads(bridge.verb("status", "--json", "--project", "default").stdout) == {
+        **up, "bridge": None}
+
+
 def test_status_without_a_daemon_or_state(bridge: Bridge) -> None:
     done = bridge.verb("status")
     assert done.returncode == 0
@@ -108,9 +162,16 @@ def test_status_without_a_daemon_or_state(bridge: Bridge) -> None:
 
 def test_a_verb_is_the_commands_first_word(bridge: Bridge) -> None:
     # the other tests run the verbs in this process; here the command itself runs them
-    done = bridge.run("status", "--project", "default")
+    done = bridge.run("status")
     assert (done.returncode, done.stdout, done.stderr) == (
         0, "bridge for project default: not running\nopen questions: 0\n", "")
+    done = bridge.run("status", "--project", "default")  # named: no bridge, no state
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", "coms-hermes-bridge: no bridge and no state for project default "
+        "(projects here: none)\n")
+    done = bridge.run("statu", "--project", "default")  # a mistype is no daemon flag
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", "coms-hermes-bridge: unknown command 'statu'; did you mean status?\n")
     done = bridge.run("answer", "nope", "yes")
     assert (done.returncode, done.stdout, done.stderr) == (
         1, "", "coms-hermes-bridge: 'nope' is not a qid (26 characters, Crockford base32)\n")
@@ -368,14 +429,25 @@ def test_status_json_is_byte_exact(
     config = parse_config(["--project", "demo"], {"HOME": str(tmp_path),
                                                   "PI_COMS_DIR": str(tmp_path / "coms")})
     now = 1_800_000_000.0
-    open_qid, closed_qid = new_qid(), new_qid()
+    open_qid, closed_qid, stale, failed, timed_out = (new_qid() for _ in range(5))
     store = Store.open(config.state_path)
-    for qid, text in ((closed_qid, "Old?"), (open_qid, OPTIONS_PROMPT)):
-        prompt = prompt_envelope(qid, text=text)
+    prompts = {}
+    for qid, text, asker in ((closed_qid, "Old?", "builder"), (open_qid, OPTIONS_PROMPT, "builder"),
+                             (stale, "Gone?", "b"), (timed_out, "Slow?", "asker-Slow"),
+                             (failed, "Lost?", "asker-Lost")):
+        prompts[qid] = prompt = prompt_envelope(qid, text=text, sender_name=asker)
         deadline = now - 12.3456 + 1800
         store.put_open(QuestionSpec(qid, prompt, parse_prompt(prompt), 1_800_000, deadline,
                                     state="delivered"), owner="q")
     store.close(closed_qid, "answered", owner="q")
+    # X11's memory: failed within the hour, newest first; one older is not shown
+    for qid, error, at in (
+        (stale, "hermes send failed (1): old", now - 3600.5),
+        (timed_out, "hermes send failed: timed out after 60000ms", now - 3599.5),
+        (failed, "hermes send failed (3): \n chat not found\nTraceback: …", now - 61.5),
+    ):
+        owed = SendResponse(prompts[qid], None, error, "q")
+        store.close(qid, None, owner="q", response=owed, undelivered_at=at)
     store.shutdown()
     closed_at = "2026-12-04T12:00:00.000Z"
     config.log_path.write_text(
@@ -419,6 +491,22 @@ def test_status_json_is_byte_exact(
       "qid": "{closed_qid}",
       "state": "answered",
       "closed_at": "{closed_at}"
+    }}
+  ],
+  "failed": [
+    {{
+      "qid": "{failed}",
+      "at": "2027-01-15T07:58:58.500Z",
+      "asker": "asker-Lost",
+      "exit_status": 3,
+      "error": "chat not found"
+    }},
+    {{
+      "qid": "{timed_out}",
+      "at": "2027-01-15T07:00:00.500Z",
+      "asker": "asker-Slow",
+      "exit_status": null,
+      "error": "timed out after 60000ms"
     }}
   ]
 }}
@@ -623,6 +711,24 @@ def test_status_reads_ages_states_and_closing_times(
     assert report["closed"] == [
         {"qid": closed[1], "state": "answered", "closed_at": "T4"},
         {"qid": closed[0], "state": "answered", "closed_at": "T1"}]
+
+
+def test_status_shows_a_failure_kept_without_its_error_and_skips_a_damaged_one(
+    config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # X11, X12: a row that does not read is left out, the others shown
+    now = 1_800_000_000.0
+    monkeypatch.setattr(time, "time", lambda: now)
+    bare, damaged, odd = [*state_file(config.state_path, closed=0), new_qid(), new_qid()]
+    store = Store.open(config.state_path)
+    store.close(bare, None, owner="q", undelivered_at=now - 1)
+    store.shutdown()
+    with contextlib.closing(sqlite3.connect(config.state_path)) as conn, conn:
+        conn.execute("INSERT INTO undelivered VALUES (?, ?, X'34', NULL)", (damaged, now - 2))
+        conn.execute("INSERT INTO undelivered VALUES (?, ?, CAST(X'ff' AS TEXT), NULL)",
+                     (odd, now - 3))  # not UTF-8
+    assert status(config, closed_limit=0)["failed"] == [
+        {"qid": bare, "at": "2027-01-15T07:59:59.000Z", "asker": None, "exit_status": None,
+         "error": None}]
 
 
 def test_status_reads_closing_times_from_the_logs_tail_only(config: BridgeConfig) -> None:

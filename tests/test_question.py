@@ -485,17 +485,17 @@ def test_a_restored_question_logs_its_timeout_in_the_bytes_a_fresh_one_does(stor
     # C17, C20: the row holds timeout_ms as a REAL; read back (a restart), the detail is
     # still the JavaScript number 250 a fresh question logs, not 250.0
     line = (f'{{"at":"2026-11-30T12:00:00.000Z","qid":"{QID}","event":"timeout",'
-            '"detail":{"timeout_ms":250}}\n')
+            '"detail":{"timeout_ms":250},"project":"p"}\n')
     fresh = dataclasses.replace(
         question_spec(deadline=time.time() + 0.25, state="delivered"), timeout_ms=250)
     first = Rig(fresh, store)
-    assert first.logger.expect(LogEvent, timeout=5).record.to_line() == line
+    assert first.logger.expect(LogEvent, timeout=5).record.to_line("p") == line
     wait_for(lambda: not first.ref.is_alive(), what="the fresh one times out")
     store.put_open(dataclasses.replace(fresh, deadline=time.time() + 0.25), owner="question:x:2")
     restored = store.open_spec(QID, "question:x:2")
     assert restored is not None
     QuestionActor.start(restored, "question:x:2", **first.collaborators(QuestionActor))
-    assert first.logger.expect(LogEvent, timeout=5).record.to_line() == line
+    assert first.logger.expect(LogEvent, timeout=5).record.to_line("p") == line
 
 
 def test_two_thousand_open_questions_run_on_a_few_threads(store: Store) -> None:

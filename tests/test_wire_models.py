@@ -284,7 +284,7 @@ def test_dumps_refuses_what_json_cannot_hold(indent: int | None, number: float) 
 def test_log_record_omits_absent_detail() -> None:
     # C20
     rec = LogRecord(at="2026-11-30T12:00:00.000Z", qid=QID, event="timeout", detail={"timeout_ms": 5})
-    assert rec.to_line().endswith('"event":"timeout","detail":{"timeout_ms":5}}\n')
+    assert rec.to_line("p").endswith('"event":"timeout","detail":{"timeout_ms":5},"project":"p"}\n')
 
 
 def test_prompt_descriptive_fields_are_taken_as_they_come() -> None:
@@ -406,9 +406,10 @@ def test_an_oversize_response_envelope_stays_one_valid_line() -> None:  # W13
 def test_an_oversize_log_record_stays_one_valid_line() -> None:  # C20
     record = LogRecord(at="2026-11-30T12:00:00.000Z", qid=QID, event="delivery_error",
                        detail={"phase": "question", "error": "e" * 100_000})
-    line = record.to_line()
+    line = record.to_line("p")
     assert len(line.encode("utf-8")) <= LINE_LIMIT
     assert json.loads(line)["detail"]["error"].endswith("…")
+    assert json.loads(line)["project"] == "p"  # X16
 
 
 def test_a_cancel_line_keeps_its_wire_field_names() -> None:  # W16
