@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         near = difflib.get_close_matches(args[0], VERBS, n=1)
         report(f"unknown command {args[0]!r}; " + (f"did you mean {near[0]}?" if near else
                                                    f"the commands are {', '.join(VERBS)}"))
-        return 2
+        return 1
     if not args or args[0] not in VERBS:
         from .actors.daemon import main as daemon
 

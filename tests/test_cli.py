@@ -84,10 +84,10 @@ def test_a_bad_command_line_is_one_line_and_exit_1(
         ("", "the commands are status, answer, cancel, doctor, liaison"),
     ],
 )
-def test_a_mistyped_verb_gets_the_nearest_one_and_exit_2(
+def test_a_mistyped_verb_gets_the_nearest_one_and_exit_1(
     word: str, hint: str, capsys: pytest.CaptureFixture[str],
 ) -> None:  # a bare first word is never the daemon's: no daemon flag is one
-    assert main([word, "--project", "x"]) == 2
+    assert main([word, "--project", "x"]) == 1  # a bad command line, as a bad flag
     assert capsys.readouterr() == ("", f"coms-hermes-bridge: unknown command {word!r}; {hint}\n")
 
 

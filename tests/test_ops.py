@@ -171,7 +171,7 @@ def test_a_verb_is_the_commands_first_word(bridge: Bridge) -> None:
         "(projects here: none)\n")
     done = bridge.run("statu", "--project", "default")  # a mistype is no daemon flag
     assert (done.returncode, done.stdout, done.stderr) == (
-        2, "", "coms-hermes-bridge: unknown command 'statu'; did you mean status?\n")
+        1, "", "coms-hermes-bridge: unknown command 'statu'; did you mean status?\n")
     done = bridge.run("answer", "nope", "yes")
     assert (done.returncode, done.stdout, done.stderr) == (
         1, "", "coms-hermes-bridge: 'nope' is not a qid (26 characters, Crockford base32)\n")
