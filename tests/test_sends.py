@@ -157,8 +157,9 @@ def test_no_second_send_after_a_crash_or_stop_mid_send(bridge: Bridge, stop: int
     bridge.hermes.wait_started(1)
     began = time.monotonic()
     bridge.proc.send_signal(stop)
-    bridge.proc.wait(timeout=5)
+    status = bridge.proc.wait(timeout=5)
     assert time.monotonic() - began < 1.0  # no waiting on hermes to stop
+    assert status == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
     assert bridge.hermes.calls() == []  # it was still running
     bridge.start()
     bridge.wait_log("delivered", qid)
