@@ -26,7 +26,8 @@ from .actors.config import (
 from .actors.loop import report
 from .actors.registry import IdentityError, validate_project
 from .doctor import run_checks
-from .messages.contract import span, truncate_utf16
+from .messages.contract import span
+from .messages.contract import truncate_utf16 as _clip
 from .messages.wire import SelectionAnswer, dumps, is_valid_qid
 from .ops import OpsError, answer, cancel, project_of, projects, status
 
@@ -108,9 +109,9 @@ def render(st: dict[str, Any], now: datetime | None = None) -> str:
     if st["open"]:
         lines.append(f"  {'QID':<26}  {'ASKER':<16}  {'STATE':<9}  {'AGE':>7}  {'LEFT':>7}  "
                      "QUESTION")
-        lines += [f"  {row['qid']:<26}  {truncate_utf16(row['asker'] or '-', 16):<16}  {row['state']:<9}  "
+        lines += [f"  {row['qid']:<26}  {_clip(row['asker'] or '-', 16):<16}  {row['state']:<9}  "
                   f"{span(row['age_s']):>7}  {span(row['time_left_s']):>7}  "
-                  f"{truncate_utf16(row['question'], 72)}" for row in st["open"]]
+                  f"{_clip(row['question'], 72)}" for row in st["open"]]
     if st["closed"]:
         lines.append(f"recently closed: {len(st['closed'])}")
         lines += [f"  {row['qid']:<26}  {row['state']:<9}  {_ago(row['closed_at'], moment)}"
@@ -118,9 +119,9 @@ def render(st: dict[str, Any], now: datetime | None = None) -> str:
     if st["failed"]:
         lines.append(f"failed deliveries (last hour): {len(st['failed'])}")
         lines.append(f"  {'QID':<26}  {'ASKER':<16}  {'EXIT':>4}  {'WHEN':>10}  ERROR")
-        lines += [f"  {row['qid']:<26}  {truncate_utf16(row['asker'] or '-', 16):<16}  "
+        lines += [f"  {row['qid']:<26}  {_clip(row['asker'] or '-', 16):<16}  "
                   f"{'-' if row['exit_status'] is None else row['exit_status']:>4}  "
-                  f"{_ago(row['at'], moment):>10}  {truncate_utf16(row['error'] or '-', 72)}"
+                  f"{_ago(row['at'], moment):>10}  {_clip(row['error'] or '-', 72)}"
                   for row in st["failed"]]
     return "\n".join(lines)
 

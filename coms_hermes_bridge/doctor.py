@@ -19,7 +19,7 @@ from .actors.state_view import read_snapshot
 from .messages.wire import PingEnvelope
 from .ops import OpsError, running_bridge
 
-CHECK_TIMEOUT_S = 10.0  # for each program run; the socket ping has 2 s
+CHECK_TIMEOUT_S = 10.0
 PING_TIMEOUT_S = 2.0
 SKILL = "hub-liaison"
 UNIT = "coms-hermes-bridge@.service"
@@ -120,7 +120,7 @@ def check_target(config: BridgeConfig, env: Mapping[str, str]) -> Check:
     if done.returncode != 0:
         return Check("--to", False, f"{target}: {said(done, 0)}; set {platform} up in hermes "
                      "(`hermes gateway setup`) and start its gateway once")
-    try:  # hermes' own JSON, read as loosely as it is written
+    try:  # hermes' JSON, read loosely
         chats = [c for cs in json.loads(done.stdout)["platforms"].values() for c in cs]
         known = _resolve(chat, chats) if chat else None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -267,7 +267,7 @@ def check_send(config: BridgeConfig, env: Mapping[str, str]) -> Check:
 def run_checks(
     config: BridgeConfig, env: Mapping[str, str], *, send_test: bool = False
 ) -> Iterator[Check]:
-    """Every check in chain order, each as it is made (a slow one shows where it is)."""
+    """In chain order, each as it is made (a slow one shows where it is)."""
     yield from check_hermes(config, env)
     yield check_target(config, env)
     yield from check_liaison(config, env)

@@ -25,7 +25,7 @@ RUN_TIMEOUT_S = 60.0  # hermes starts in about 2 s, far slower on a loaded machi
 RESTART = ("a running Hermes gateway loads plugins only when it starts: restart it "
            "(`hermes gateway restart`, or its service) for the liaison to take effect")
 HOOKS = (liaison.HOOK, liaison.TURN_HOOK)  # an idle chat's answers, and a busy chat's
-# Run by Hermes' own Python: does this Hermes know the hooks, and is the plugin enabled?
+# run by Hermes' own Python
 _PROBE = """
 import json
 from hermes_cli import plugins
@@ -125,8 +125,7 @@ def _settings(config: BridgeConfig) -> dict[str, str | None]:
 
 
 def _copy(target: Path, settings: dict[str, str | None]) -> None:
-    """The plugin folder whole or not at all: built beside the target, then swapped in,
-    so a gateway starting meanwhile loads the old copy or the new, never half of one."""
+    """Built beside the target, then swapped in: a gateway never loads half a copy."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fresh = target.with_name(f".{NAME}.{os.getpid()}.new")
     old = target.with_name(f".{NAME}.{os.getpid()}.old")
