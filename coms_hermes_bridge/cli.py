@@ -1,6 +1,5 @@
-"""The `coms-hermes-bridge` command: the daemon (as a service file written for the
-TypeScript one runs it), or the operator's verb its first word names; no daemon flag is a
-bare word, so the two cannot be confused."""
+"""The `coms-hermes-bridge` command: the daemon, or the operator's verb its first word names
+(no daemon flag is a bare word)."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from .actors.loop import report
 from .actors.registry import IdentityError, validate_project
 from .doctor import run_checks
 from .messages.contract import span
+from .messages.contract import truncate_utf16 as _clip
 from .messages.wire import SelectionAnswer, dumps, is_valid_qid
 from .ops import OpsError, answer, cancel, project_of, projects, status
 
@@ -40,22 +40,16 @@ VERBS = {  # each verb's --help
     "selects that option.",
     "cancel": "Send the running bridge the operator's cancel for an open question: the asker "
     "gets the error response `cancelled by the operator`, the human a ✖ note saying so.",
-    "doctor": "Check hermes, python-telegram-bot, the --to target (that hermes knows its "
-    "chat, sending nothing), the gateway's hub-liaison plugin (or skill), the questions "
-    "directory and state file, the running bridge (a ping) and its systemd user service: one "
-    "line each, ✔ or ✖ with the fix (⚠ for a cost worth knowing, – when a link is not there "
-    "to check). Exit 0 only when none is ✖.",
+    "doctor": "Check each link from agent to human, one line each, ✔ or ✖ with the fix: "
+    "hermes, the --to target (sending nothing), the liaison, the questions directory and "
+    "state file, the running bridge and its service. Exit 0 only when none is ✖.",
     "liaison": "Install, remove or check the liaison, the Hermes gateway plugin that writes "
-    "the answer file when the human replies: `install` copies it into the Hermes "
-    "profile's plugins folder, records where answers go (--questions-dir) and enables it "
-    "with the hermes on PATH; `uninstall` disables and removes it; `status` says whether it "
-    "is there, current and enabled (exit 0 only then). A running gateway must be restarted "
-    "after a change.",
+    "the answer file when the human replies (`status`: exit 0 only when it is current and "
+    "enabled). Restart a running gateway after a change.",
 }
 
 
 def _parser() -> Parser:
-    # (parsed only when the first word is a verb: the verb's own parser is a Parser too)
     p = Parser(prog="coms-hermes-bridge")
     verbs = p.add_subparsers(dest="verb")
     parsers = [verbs.add_parser(verb, description=text, allow_abbrev=False,
@@ -98,14 +92,10 @@ def _config(args: argparse.Namespace, project: str | None = None) -> BridgeConfi
 
 
 def _ago(at: str | None, now: datetime) -> str:
-    try:  # none, or not as we write times (iso(): with its zone): unknown, not guessed
+    try:  # none, or without a zone: unknown, not guessed
         return f"{span((now - datetime.fromisoformat(at or '')).total_seconds())} ago"
     except (TypeError, ValueError):
         return "-"
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def render(st: dict[str, Any], now: datetime | None = None) -> str:
@@ -157,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
             st = status(config, closed_limit=limit)
             print(dumps(st, indent=2) if args.json else render(st))
             return 0
-        # one block per project; one that cannot be read is said, and the others shown
+        # one block per project; one that cannot be read is said, the others shown
         every: list[dict[str, Any]] = []
         failed: list[tuple[str, str]] = []
         for project in projects(config):

@@ -1,6 +1,5 @@
-"""`coms-hermes-bridge doctor`: the chain from agent to human, checked link by link from
-the outside, because a broken link otherwise shows much later and elsewhere (a first real
-question that times out after 30 minutes)."""
+"""`coms-hermes-bridge doctor`: the chain from agent to human, link by link, because a
+broken link otherwise shows as a first question that times out 30 minutes later."""
 
 from __future__ import annotations
 
@@ -18,22 +17,20 @@ from .actors.config import BridgeConfig, UsageError, home_dir, target_warning
 from .actors.responses import exchange, failure
 from .actors.state_view import read_snapshot
 from .messages.wire import PingEnvelope
-from .ops import running_bridge
+from .ops import OpsError, running_bridge
 
-CHECK_TIMEOUT_S = 10.0  # for each program run; the socket ping has 2 s
+CHECK_TIMEOUT_S = 10.0
 PING_TIMEOUT_S = 2.0
 SKILL = "hub-liaison"
 UNIT = "coms-hermes-bridge@.service"
-# what hermes 0.19 sends to as given, without its channel directory
 TELEGRAM_CHAT = re.compile(r"-?\d+(?::\d+)?|@[A-Za-z0-9_]{4,32}")
-LAZY_ENV = "HERMES_DISABLE_LAZY_INSTALLS"
 TEST_TEXT = "coms-hermes-bridge doctor: a test message; nothing to answer."
 
 
 @dataclass(frozen=True)
 class Check:
-    """One link: held (True), broken (False) or not there to check (None), and why; a
-    `warning` holds but has a cost worth saying (it fails nothing)."""
+    """One link: held (True), broken (False) or not there to check (None); a `warning`
+    holds but has a cost worth saying."""
 
     name: str
     ok: bool | None
@@ -48,8 +45,7 @@ class Check:
 def run_program(
     argv: list[str], env: Mapping[str, str], timeout_s: float | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a program for a check or a setup step: no shell, no stdin, bounded in time
-    (CHECK_TIMEOUT_S unless given; past it, OSError)."""
+    """No shell, no stdin, bounded in time (past it, OSError)."""
     limit = CHECK_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         return subprocess.run(
@@ -67,15 +63,22 @@ def said(done: subprocess.CompletedProcess[str], line: int = -1) -> str:
 
 
 def hermes_home(env: Mapping[str, str], profile: str | None) -> Path:
-    """Where hermes keeps this profile's files: `<root>/profiles/<name>` for a named
-    profile, else `$HERMES_HOME` or `~/.hermes`. The root is `$HERMES_HOME` (or its
-    root, when it is itself a profile's directory), else `~/.hermes`, as hermes reads it."""
+    """Where hermes keeps this profile's files, as hermes reads it: `<root>/profiles/<name>`,
+    the root being `$HERMES_HOME` (or its root, if that is a profile's) or `~/.hermes`."""
     set_home = env.get("HERMES_HOME", "").strip()
     home = Path(set_home) if set_home else home_dir(env) / ".hermes"
     if profile and profile != "default":
         root = home.parent.parent if home.parent.name == "profiles" else home
         return root / "profiles" / profile
     return home
+
+
+def hermes_argv(config: BridgeConfig, env: Mapping[str, str], *words: str) -> list[str]:
+    """hermes as the daemon runs it, in its profile; its bare name when not on PATH, for
+    the error to name."""
+    found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes
+    profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
+    return [found, *profile, *words]
 
 
 def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
@@ -100,66 +103,24 @@ def check_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check
         yield (Check("hermes profile", True, f"{profile} at {where}") if where.is_dir() else
                Check("hermes profile", False, f"no profile {profile!r} at {where}; "
                      f"create it with `hermes profile create {profile}` or drop --hermes-profile"))
-    yield _telegram_library(Path(found), env)
-
-
-def interpreter(program: Path, env: Mapping[str, str]) -> str | None:
-    try:
-        with open(program, "rb") as f:
-            first = f.readline(512)
-    except OSError:
-        return None
-    if not first.startswith(b"#!"):
-        return None
-    words = first[2:].decode("utf-8", "replace").split()
-    if words and os.path.basename(words[0]) == "env":  # `#!/usr/bin/env [-S] python3`
-        words = [w for w in words[1:] if not w.startswith("-")]
-        return shutil.which(words[0], path=env.get("PATH")) if words else None
-    if not words or os.path.basename(words[0]) in ("sh", "bash"):
-        return None  # pip's shell launcher for long paths: the Python is not named here
-    return words[0]
-
-
-def _telegram_library(program: Path, env: Mapping[str, str]) -> Check:
-    lazy = env.get(LAZY_ENV, "").strip() not in ("1", "true", "yes")
-    python = interpreter(program, env)
-    name = "python-telegram-bot"
-    if python is None:
-        return Check(name, None, f"cannot tell which Python runs {program}")
-    try:
-        done = run_program([python, "-c", "import telegram; print(telegram.__version__)"], env)
-    except OSError as exc:
-        return Check(name, None, f"cannot run {python}: {exc}")
-    if done.returncode == 0:
-        return Check(name, True, f"{done.stdout.strip()} for {python}")
-    if lazy:
-        return Check(name, True, f"not installed for {python}; hermes installs it at its first "
-                     f"send (lazy installs allowed; that needs network, and {LAZY_ENV}=1 "
-                     "forbids it)")
-    return Check(name, False, f"not installed for {python}, and {LAZY_ENV}=1 forbids hermes "
-                 f"to install it: `{python} -m pip install 'python-telegram-bot[webhooks]'`")
 
 
 def check_target(config: BridgeConfig, env: Mapping[str, str]) -> Check:
-    """--to as the daemon checks it, then looked up as `hermes send` would, in hermes'
-    channel directory (`send --list`): a chat it cannot resolve fails only at the first
-    question, 30 minutes later."""
+    """--to as the daemon checks it, then as `hermes send` resolves it (`send --list`)."""
     target = config.target
     try:
         warning = target_warning(target)
     except UsageError as exc:
         return Check("--to", False, str(exc))
     platform, _, chat = (part.strip() for part in target.strip().partition(":"))
-    found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes
-    profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
     try:
-        done = run_program([found, *profile, "send", "--list", platform, "--json"], env)
+        done = run_program(hermes_argv(config, env, "send", "--list", platform, "--json"), env)
     except OSError as exc:
         return Check("--to", None, f"{target}: cannot ask hermes for its chats: {exc}")
     if done.returncode != 0:
         return Check("--to", False, f"{target}: {said(done, 0)}; set {platform} up in hermes "
                      "(`hermes gateway setup`) and start its gateway once")
-    try:  # hermes' own JSON, read as loosely as it is written
+    try:  # hermes' JSON, read loosely
         chats = [c for cs in json.loads(done.stdout)["platforms"].values() for c in cs]
         known = _resolve(chat, chats) if chat else None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -181,8 +142,8 @@ def check_target(config: BridgeConfig, env: Mapping[str, str]) -> Check:
 
 
 def _resolve(chat: str, chats: list[dict[str, object]]) -> dict[str, object] | None:
-    """The chat hermes picks for `<platform>:<chat>`: its id, its name (any case, `#`
-    or not, with or without ` (<type>)`), else the one name that starts so."""
+    """The chat hermes picks: its id, its name (any case, `#` or not, ` (<type>)` or not),
+    else the one name that starts so."""
     def norm(value: object) -> str:
         return str(value).lstrip("#").strip().lower()
     query = norm(chat)
@@ -192,69 +153,33 @@ def _resolve(chat: str, chats: list[dict[str, object]]) -> dict[str, object] | N
     return exact[0] if exact else prefix[0] if len(prefix) == 1 else None
 
 
-def check_skill(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
-    """The gateway's side of the answer file (W21): our liaison plugin (X14), or a
-    hub-liaison skill of the operator's own. A plugin counts only when Hermes will load
-    it and it is this package's copy: a disabled one never answers, an older one may
-    write what this daemon no longer reads. Both at once are said too: each answers the
-    same reply, so in a busy chat the skill's second file reaches a closed question."""
-    home = hermes_home(env, config.hermes_profile)
-    plugin = home / "plugins" / SKILL
-    profile = f" --hermes-profile {config.hermes_profile}" if config.hermes_profile else ""
-    install = f"`coms-hermes-bridge liaison install{profile}`"
-    skill = _skill(home)
-    has_plugin = (plugin / "plugin.yaml").is_file() and (plugin / "__init__.py").is_file()
-    if has_plugin:
-        yield _plugin(config, env, home, plugin, install)
-    if skill is not None:
-        yield Check(SKILL, True, f"skill at {skill}")
-        if has_plugin:
-            yield Check(SKILL, True, f"both the plugin and the skill are installed: in a busy "
-                        "chat the skill may write a second answer file after the plugin's, "
-                        "and the human then gets a needless ℹ note (the question is already "
-                        f"closed); remove the skill ({skill.parent})", warning=True)
-        else:
-            yield Check(f"{SKILL} plugin", None, "not installed; it answers without an agent "
-                        f"turn (no LLM call, no tokens) where the skill needs one: {install}")
-    elif not has_plugin:
-        yield Check(SKILL, False, f"the Hermes gateway has no {SKILL} plugin or skill, so no "
-                    f"answer will ever come back; install the plugin with {install}")
+def check_liaison(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Check]:
+    """The gateway's side of the answer file (W21): the liaison plugin as `liaison status`
+    judges it (X14), or an operator's hub-liaison skill. Both at once answer one reply
+    twice: the skill's file then reaches a closed question."""
+    from .liaison_setup import checks  # here: liaison_setup imports this module
 
-
-def _skill(home: Path) -> Path | None:
-    skills = home / "skills"
-    for candidate in (skills / SKILL / "SKILL.md", *skills.glob(f"*/{SKILL}/SKILL.md")):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _plugin(config: BridgeConfig, env: Mapping[str, str], home: Path, plugin: Path,
-            install: str) -> Check:
-    """The installed plugin: this package's copy (file for file), and enabled in the
-    profile's config.yaml, as Hermes' own code reads it (its format is Hermes' business)."""
-    # here, not at the top: liaison_setup imports this module
-    from .liaison_setup import _current, find_hermes, probe
-    from .ops import OpsError
-
-    where = home / "config.yaml"
-    current = _current(plugin)
     try:
-        enabled: bool | None = probe(find_hermes(config, env), env)["enabled"]
-        unknown = ""
+        plugin = checks(config, env)
     except OpsError as exc:
-        enabled, unknown = None, str(exc)
-    version = ("this coms-hermes-bridge's version" if current else
-               "not this coms-hermes-bridge's version (its files differ)")
-    if enabled is None:
-        said = f"cannot tell whether it is enabled in {where}: {unknown}"
+        plugin = [Check(SKILL, None, f"cannot check the plugin: {exc}")]
+    skills = hermes_home(env, config.hermes_profile) / "skills"
+    skill = next((path for path in (skills / SKILL / "SKILL.md",
+                                    *skills.glob(f"*/{SKILL}/SKILL.md")) if path.is_file()), None)
+    installed = len(plugin) > 1  # not installed (or not checkable) is one line
+    if skill is None or installed:
+        yield from plugin
+    if skill is None:
+        return
+    yield Check(SKILL, True, f"skill at {skill}")
+    if installed:
+        yield Check(SKILL, True, "both the plugin and the skill are installed: in a busy chat "
+                    "the skill may write a second answer file after the plugin's, and the human "
+                    "then gets a needless ℹ note (the question is already closed); remove the "
+                    f"skill ({skill.parent})", warning=True)
     else:
-        said = (f"enabled in {where}" if enabled else
-                f"not enabled in {where} (plugins.enabled), so the gateway does not load it")
-    fix = "" if current and enabled is not False else f"; run {install}"
-    ok = None if current and enabled is None else current and bool(enabled)
-    restart = " (a running gateway loads it when it starts)" if ok else ""
-    return Check(SKILL, ok, f"plugin at {plugin}, {version}, {said}{fix}{restart}")
+        yield Check(f"{SKILL} plugin", None, f"{plugin[0].detail}; the plugin answers without "
+                    "an agent turn (no LLM call, no tokens), the skill needs one")
 
 
 def check_files(config: BridgeConfig) -> Iterator[Check]:
@@ -328,10 +253,9 @@ def check_service(config: BridgeConfig, env: Mapping[str, str]) -> Check:
 
 
 def check_send(config: BridgeConfig, env: Mapping[str, str]) -> Check:
-    found = shutil.which(config.hermes, path=env.get("PATH")) or config.hermes  # for errors
-    profile = ["--profile", config.hermes_profile] if config.hermes_profile else []
     try:
-        done = run_program([found, *profile, "send", "--to", config.target, TEST_TEXT], env)
+        done = run_program(hermes_argv(config, env, "send", "--to", config.target, TEST_TEXT),
+                           env)
     except OSError as exc:
         return Check("test message", False, f"hermes send: {exc}")
     if done.returncode != 0:
@@ -343,10 +267,10 @@ def check_send(config: BridgeConfig, env: Mapping[str, str]) -> Check:
 def run_checks(
     config: BridgeConfig, env: Mapping[str, str], *, send_test: bool = False
 ) -> Iterator[Check]:
-    """Every check in chain order, each as it is made (a slow one shows where it is)."""
+    """In chain order, each as it is made (a slow one shows where it is)."""
     yield from check_hermes(config, env)
     yield check_target(config, env)
-    yield from check_skill(config, env)
+    yield from check_liaison(config, env)
     yield from check_files(config)
     yield check_bridge(config)
     yield check_service(config, env)

@@ -1,11 +1,6 @@
-"""`coms-hermes-bridge liaison install | uninstall | status`: puts the liaison plugin (X14)
-where the Hermes gateway loads it, and says whether it is there.
-
-Hermes loads user plugins from `<hermes home>/plugins/<name>/`, and only those its
-config enables, so installing is a copy, a small config file the plugin reads at each
-answer (where the answers go), and `hermes plugins enable`. The running gateway loads
-plugins at its start only: every verb that changes something ends by saying so.
-"""
+"""`coms-hermes-bridge liaison install | uninstall | status`: the liaison plugin (X14) where
+the Hermes gateway loads it (`<hermes home>/plugins/<name>/`, enabled in its config), with
+the file that tells it where answers go. A gateway loads plugins only when it starts."""
 
 from __future__ import annotations
 
@@ -21,16 +16,16 @@ from pathlib import Path
 
 from . import liaison
 from .actors.config import BridgeConfig
-from .doctor import Check, hermes_home, interpreter, run_program, said
+from .doctor import Check, hermes_argv, hermes_home, run_program, said
 from .ops import OpsError
 
 NAME = liaison.NAME
 PLUGIN_FILES = ("plugin.yaml", "__init__.py", "answers.py", "markers.py")
-RUN_TIMEOUT_S = 60.0  # hermes starts in about 2 s; a loaded machine may need far more
+RUN_TIMEOUT_S = 60.0  # hermes starts in about 2 s, far slower on a loaded machine
 RESTART = ("a running Hermes gateway loads plugins only when it starts: restart it "
            "(`hermes gateway restart`, or its service) for the liaison to take effect")
 HOOKS = (liaison.HOOK, liaison.TURN_HOOK)  # an idle chat's answers, and a busy chat's
-# Run by Hermes' own Python: does this Hermes know the hooks, and is the plugin enabled?
+# run by Hermes' own Python
 _PROBE = """
 import json
 from hermes_cli import plugins
@@ -48,15 +43,28 @@ class Hermes:
     program: str
     python: str
     home: Path
-    profile: str | None
-
-    def argv(self, *words: str) -> list[str]:
-        profile = ["--profile", self.profile] if self.profile else []
-        return [self.program, *profile, *words]
 
     @property
     def plugin_dir(self) -> Path:
         return self.home / "plugins" / NAME
+
+
+def interpreter(program: Path, env: Mapping[str, str]) -> str | None:
+    """The Python that a script's `#!` line names, directly or through `env`."""
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    if words and os.path.basename(words[0]) == "env":  # `#!/usr/bin/env [-S] python3`
+        words = [w for w in words[1:] if not w.startswith("-")]
+        return shutil.which(words[0], path=env.get("PATH")) if words else None
+    if not words or os.path.basename(words[0]) in ("sh", "bash"):
+        return None  # pip's shell launcher for long paths: the Python is not named here
+    return words[0]
 
 
 def find_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Hermes:
@@ -70,7 +78,7 @@ def find_hermes(config: BridgeConfig, env: Mapping[str, str]) -> Hermes:
     home = hermes_home(env, config.hermes_profile)
     if config.hermes_profile and not home.is_dir():
         raise OpsError(f"no Hermes profile {config.hermes_profile!r} at {home}")
-    return Hermes(program, python, home, config.hermes_profile)
+    return Hermes(program, python, home)
 
 
 def _run(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -81,8 +89,8 @@ def _run(argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess
 
 
 def probe(hermes: Hermes, env: Mapping[str, str]) -> dict[str, bool]:
-    """What this Hermes says of the hook and of our plugin, read with Hermes' own code
-    (its config's format is Hermes' business, not ours)."""
+    """The hooks known, our plugin enabled: asked of Hermes' own code (its config's format
+    is Hermes' business)."""
     code = _PROBE.format(name=NAME, hooks=HOOKS)
     done = _run([hermes.python, "-c", code], {**env, "HERMES_HOME": str(hermes.home)})
     try:
@@ -104,8 +112,7 @@ def _current(target: Path) -> bool:
 
 
 def _command() -> str | None:
-    """The absolute path of this coms-hermes-bridge, for the plugin to run (its slash
-    command); None when it was not started as that command."""
+    """This coms-hermes-bridge's absolute path, for the plugin's slash command."""
     ran = Path(sys.argv[0])
     if ran.name == "coms-hermes-bridge" and ran.is_file():
         return str(ran.resolve())
@@ -118,8 +125,7 @@ def _settings(config: BridgeConfig) -> dict[str, str | None]:
 
 
 def _copy(target: Path, settings: dict[str, str | None]) -> None:
-    """The plugin folder whole or not at all: built beside the target, then swapped in,
-    so a gateway starting meanwhile loads the old copy or the new, never half of one."""
+    """Built beside the target, then swapped in: a gateway never loads half a copy."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fresh = target.with_name(f".{NAME}.{os.getpid()}.new")
     old = target.with_name(f".{NAME}.{os.getpid()}.old")
@@ -155,7 +161,8 @@ def install(config: BridgeConfig, env: Mapping[str, str]) -> list[str]:
         _copy(target, settings)
         lines.append(f"{NAME} {was} at {target} (answers go to {settings['questions_dir']})")
     if not probe(hermes, env)["enabled"]:
-        done = _run(hermes.argv("plugins", "enable", NAME, "--no-allow-tool-override"), env)
+        done = _run(hermes_argv(config, env, "plugins", "enable", NAME,
+                                "--no-allow-tool-override"), env)
         if done.returncode != 0 or not probe(hermes, env)["enabled"]:
             raise OpsError(f"`hermes plugins enable {NAME}` failed: {said(done)}")
         lines.append(f"{NAME} enabled in Hermes")
@@ -171,31 +178,39 @@ def uninstall(config: BridgeConfig, env: Mapping[str, str]) -> list[str]:
     if not target.exists():
         return [f"{NAME} is not installed at {target}"]
     if probe(hermes, env)["enabled"]:
-        done = _run(hermes.argv("plugins", "disable", NAME), env)
+        done = _run(hermes_argv(config, env, "plugins", "disable", NAME), env)
         if done.returncode != 0:
             raise OpsError(f"`hermes plugins disable {NAME}` failed: {said(done)}")
     shutil.rmtree(target)
     return [f"{NAME} removed from {target}", RESTART]
 
 
-def status(config: BridgeConfig, env: Mapping[str, str]) -> tuple[list[str], bool]:
-    """One line each: installed (and current), enabled, where answers go. True when the
-    liaison will answer once the gateway has (re)started."""
+def checks(config: BridgeConfig, env: Mapping[str, str]) -> list[Check]:
+    """Installed and current, enabled, the hooks known; the first alone when not installed."""
     hermes = find_hermes(config, env)
     target = hermes.plugin_dir
-    found = probe(hermes, env)
+    profile = f" --hermes-profile {config.hermes_profile}" if config.hermes_profile else ""
+    install = f"run `coms-hermes-bridge liaison install{profile}`"
     if not target.is_dir():
-        return [Check(NAME, False, f"not installed at {target}; run `coms-hermes-bridge "
-                      "liaison install`").line()], False
+        return [Check(NAME, False, f"not installed at {target}; {install}")]
+    found = probe(hermes, env)
     current = _current(target)
-    install = "run `coms-hermes-bridge liaison install`"
     has = "has them" if found["hook"] else "lacks one of them; upgrade hermes-agent"
-    lines = [check.line() for check in (
+    return [
         Check(NAME, current, f"installed at {target}" if current else
               f"an older copy at {target}; {install}"),
         Check(NAME, found["enabled"], "enabled in Hermes" if found["enabled"] else
               f"not enabled; {install}"),
         Check(", ".join(HOOKS), found["hook"], f"this Hermes {has}"),
-    )]
-    lines.append(f"  answers go to {liaison.questions_dir(target)}")
-    return lines, current and found["enabled"] and found["hook"]
+    ]
+
+
+def status(config: BridgeConfig, env: Mapping[str, str]) -> tuple[list[str], bool]:
+    """`checks` and where answers go; True when the liaison answers once the gateway has
+    (re)started."""
+    found = checks(config, env)
+    lines = [check.line() for check in found]
+    if len(found) > 1:
+        plugin = hermes_home(env, config.hermes_profile) / "plugins" / NAME
+        lines.append(f"  answers go to {liaison.questions_dir(plugin)}")
+    return lines, all(check.ok for check in found)

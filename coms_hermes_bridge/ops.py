@@ -1,6 +1,5 @@
 """The operator's verbs, through the doors anyone else uses (the state file read-only, an
-answer file as the gateway writes one, a cancel on the bridge's socket), never the daemon's
-internals: so they are safe while it runs, and all but `cancel` work while it is down."""
+answer file, a cancel on the socket): safe while the daemon runs, most work while it is down."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from .messages.wire import (
 CANCEL_TIMEOUT_S = 5.0  # for the bridge's ack, and again for the question to close
 LOG_TAIL_BYTES = 256 * 1024  # how much of log.ndjson `status` reads for closing times
 TERMINAL_EVENTS = ("answered", "cancelled", "timeout")
-MAX_ANSWER_CHARS = 16_000  # a Telegram message is at most 4096; a hand-typed one is no longer
+MAX_ANSWER_CHARS = 16_000  # a Telegram message is at most 4096
 
 
 class OpsError(Exception):
@@ -48,15 +47,14 @@ BRIDGE_KEYS = ("name", "pid", "endpoint", "started_at", "heartbeat_at")  # statu
 
 
 def running_bridge(config: BridgeConfig, now: datetime | None = None) -> RegistryEntry | None:
-    """The live bridge registered for the project: the one named `config.name` if it is
-    there, else any live `hermes-bridge` peer (a restart may have taken `user-remote2`)."""
+    """The project's live bridge: the one named `config.name`, else any (a restart may have
+    taken `user-remote2`)."""
     found = _live_bridges(agents_dir(config.coms_dir, config.project), now or utc_now())
     return next((entry for entry in found if entry.name == config.name),
                 found[0] if found else None)
 
 
 def _live_bridges(directory: Path, now: datetime) -> list[RegistryEntry]:
-    """The live `hermes-bridge` peers among one agents directory's entries, by file name."""
     try:
         entries = [read_entry(path) for path in sorted(directory.glob("*.json"))]
     except OSError:  # glob raises when a directory on the way cannot be searched
@@ -100,9 +98,8 @@ def _closing_times(log_path: Path, qids: set[str]) -> dict[str, str]:
 
 
 def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
-    """The `status --json` object, read-only: open questions oldest first, then the most
-    recently closed ones, then the deliveries that failed within the hour (X11), newest
-    first; the table is rendered from it."""
+    """The `status --json` object: open questions oldest first, closed ones and the
+    deliveries failed within the hour (X11) newest first."""
     snapshot = _snapshot(config, closed_limit)
     now = time.time()
     times = _closing_times(config.log_path, {qid for qid, _ in snapshot.closed})
@@ -133,8 +130,7 @@ def _failure(row: Failed) -> dict[str, Any]:
 
 
 def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:
-    """Every project with a bridge on this host: a state file beside the questions
-    directory, or a live bridge in the coms registry; sorted."""
+    """Every project with a state file here or a live bridge in the registry, sorted."""
     found = set(_named_projects(config))
     moment = now or utc_now()
     try:
@@ -148,8 +144,7 @@ def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:
 
 
 def project_of(config: BridgeConfig, qid: str) -> str:
-    """The project whose bridge has `qid` open (a qid is unique), for a verb given no
-    `--project`; OpsError naming why when none has."""
+    """The project whose bridge has `qid` open (a qid is unique), or OpsError saying why."""
     closed: list[tuple[str, str]] = []
     unread: list[str] = []
     for project, path in _named_projects(config).items():
@@ -173,7 +168,7 @@ def project_of(config: BridgeConfig, qid: str) -> str:
 
 
 def _named_projects(config: BridgeConfig) -> dict[str, Path]:
-    """The state files beside the questions directory whose names are projects (W2)."""
+    """The state files whose names are projects (W2)."""
     found: dict[str, Path] = {}
     for project, path in state_files(config.state_path.parent).items():
         try:
@@ -206,9 +201,8 @@ class Written:
 
 
 def answer(config: BridgeConfig, qid: str, text: str, answered_by: str) -> Written:
-    """Write `<qid>.answer.json` as the gateway would (C7, C8), for an open question only:
-    under a temporary name, which a watcher waits for (C10) rather than rejects, then renamed.
-    One already waiting is left alone: the first answer wins, as in Telegram."""
+    """`<qid>.answer.json` as the gateway writes it (C7, C8), atomically (C10), for an open
+    question; one already waiting is left alone: the first answer wins."""
     spec = find_open(config, qid)
     if not text.strip():
         raise OpsError("the answer is empty")
@@ -233,9 +227,8 @@ def answer(config: BridgeConfig, qid: str, text: str, answered_by: str) -> Writt
 
 
 def cancel(config: BridgeConfig, qid: str) -> RegistryEntry:
-    """Close an open question as the operator (X15): in the asker's name, because only the
-    asker may cancel (X2), marked `"by": "operator"` so the asker is told; once the bridge
-    acked it and it left the open table."""
+    """X15: in the asker's name, as only it may cancel (X2), marked `"by": "operator"` so
+    the asker is told; returns once the question has closed."""
     spec = find_open(config, qid)
     asker = spec.prompt.sender_name
     if not asker:

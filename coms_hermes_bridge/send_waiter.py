@@ -1,19 +1,10 @@
-"""The waiter around one `hermes send`: it outlives the bridge, and leaves the outcome behind.
+"""The waiter around one `hermes send`, which outlives the bridge: a bridge stopped while
+hermes runs must neither lose the send nor make it twice. It runs hermes (its group killed
+past the timeout) and writes the outcome to a file the bridge, this run or the next, reads.
+It holds the flock of the send's lock file meanwhile, so a restarted bridge waits.
 
-A bridge killed or stopped while hermes runs must neither lose the send nor make it
-twice: hermes goes on in its own session and may well reach the chat. So the bridge does
-not run hermes itself; it runs this small program, which runs hermes (bounded by the send
-timeout, its whole group killed past it), and writes hermes' exit status and the end of
-its output to the outcome file. The bridge, this run or the next, reads it there.
-
-While it runs, it holds the flock the bridge took on the send's lock file (an fd it
-inherits and keeps open, never passing it to hermes): a restarted bridge that finds the
-lock held knows the send is under way, and waits.
-
-Run with `python -I -S send_waiter.py OUTCOME TIMEOUT_S KEY LOCK_FD -- ARGV...`: stdlib only,
-nothing imported from the bridge, so it starts in a few milliseconds and never depends on
-the installed package still being there when it ends.
-"""
+`python -I -S send_waiter.py OUTCOME TIMEOUT_S KEY LOCK_FD -- ARGV...`: stdlib only, so it
+never depends on the installed package still being there when it ends."""
 
 from __future__ import annotations
 
@@ -45,16 +36,14 @@ def _drain(fd: int, tail: bytearray) -> bool:
 
 
 def run(argv: list[str], timeout_s: float, lock_fd: int) -> dict[str, object]:
-    """Run hermes to its end or its timeout: its status (None: killed at the timeout), or
-    why it could not start, and each stream's tail. The exit decides, read from a pidfd:
-    a grandchild holding the pipes is not waited on."""
+    """hermes' status (None: killed at the timeout) or why it could not start, and each
+    stream's tail. A pidfd tells the exit: a grandchild holding the pipes is not waited on."""
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
     except (OSError, ValueError) as exc:
         return {"returncode": None, "error": str(exc), "stdout": "", "stderr": ""}
-    # hermes' pid (its own group) where the bridge finds it, should it have to kill a
-    # stalled waiter: hermes must not be left to send on its own
+    # for a bridge that kills a stalled waiter: hermes must not go on sending alone
     with contextlib.suppress(OSError):
         os.pwrite(lock_fd, f"{proc.pid}\n".encode(), 0)
     tails = {pipe.fileno(): bytearray() for pipe in (proc.stdout, proc.stderr) if pipe}

@@ -1,9 +1,5 @@
-"""What the actors tell each other.
-
-Each command is a frozen dataclass: cheap to build on every hop, typed, and
-matched by class in an actor's `on_receive`. Who sends what, hop by hop:
-docs/architecture.md, "The path of one question".
-"""
+"""What the actors tell each other, as frozen dataclasses matched by class (the path of one
+question: docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -36,11 +32,9 @@ class UnknownMessage(TypeError):
 
 @dataclass(frozen=True, slots=True)
 class NewQuestion:
-    """A well-formed prompt arrived (its qid may still be invalid, C3). `verdict` is set
-    once it is handled: None once it is stored (the ack means "durable"), else the
-    nack's error, word for word. The Router takes it (`set_running_or_notify_cancel`)
-    before anything else: a listener that stopped waiting has cancelled it and nacked
-    the asker, so the question must then be neither stored nor asked."""
+    """Listener -> Router: a well-formed prompt. `verdict`: None once stored (the ack means
+    durable), else the nack's error; a listener that stopped waiting cancelled it, and
+    the Router, taking it first, then neither stores nor asks the question."""
 
     envelope: PromptEnvelope
     verdict: concurrent.futures.Future[str | None]
@@ -48,9 +42,7 @@ class NewQuestion:
 
 @dataclass(frozen=True, slots=True)
 class CancelQuestion:
-    """A well-formed cancel arrived (already acked, C12): Peer -> Router, and Router ->
-    the question once the Router has found it may cancel (X2). `by_operator`: the
-    envelope carried the operator's mark (X15)."""
+    """Listener -> Router -> the question, once it may cancel (C12, X2); `by_operator`: X15."""
 
     envelope: CancelEnvelope
     by_operator: bool = False
@@ -58,8 +50,7 @@ class CancelQuestion:
 
 @dataclass(frozen=True, slots=True)
 class QueueDepthQuery:
-    """How many questions are open (C21, W6): `reply` is called with the count, on the
-    Router's turn (it must not block)."""
+    """Supervisor -> Router: the open count (C21, W6); `reply` runs on the Router's turn."""
 
     reply: Callable[[int], None]
 
@@ -69,7 +60,7 @@ class QueueDepthQuery:
 
 @dataclass(frozen=True, slots=True)
 class AnswerArrived:
-    """A valid answer file for this question (C9 passed)."""
+    """Router -> the question: a valid answer file (C9)."""
 
     answer: AnswerFile
     name: str
@@ -78,20 +69,18 @@ class AnswerArrived:
 
 @dataclass(frozen=True, slots=True)
 class TimedOut:
-    """The question's timer fired (C17)."""
+    """The question's own timer (C17)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RemindDue:
-    """The question's reminder is due (X9)."""
+    """The question's own reminder timer (X9)."""
 
 
 @dataclass(frozen=True, slots=True)
 class QuestionClosed:
-    """The question ended, its close stored (how it ended is the store's to say).
-    `answer_file` is the version that answered it, if one did: the Router judges every
-    other version it routed to the question as late, and needs no read of the store to
-    tell this one apart."""
+    """Question -> Router: closed and stored; `answer_file` is the version that answered,
+    so the Router tells late ones apart without reading the store."""
 
     qid: str
     child: str
@@ -108,14 +97,13 @@ TextPurpose = Literal[
 
 @dataclass(frozen=True, slots=True)
 class SendText:
-    """Run `hermes send` with this text. A question's result goes to the Router (as
-    HermesRan); a note's failure is logged by the Delivery actor itself as
-    `delivery_error` with the note's purpose as its phase."""
+    """-> Delivery: run `hermes send`; a question's result goes back as HermesRan, a note's
+    failure Delivery logs itself."""
 
     qid: str
     text: str
     purpose: TextPurpose
-    note_id: str | None = None  # a note owed in the store, cleared once hermes has run it
+    note_id: str | None = None  # its row in the store, cleared once hermes ran
 
 
 # -- coms responses -----------------------------------------------------------
@@ -123,11 +111,7 @@ class SendText:
 
 @dataclass(frozen=True, slots=True)
 class SendResponse:
-    """Send the asker of `prompt` a response envelope (W15), in the background.
-
-    `owner` names the question actor that owes it, which is how the durable
-    outbox knows which row to clear once the asker has it.
-    """
+    """Question -> Peer: the response envelope (W15); `owner` names the outbox row to clear."""
 
     prompt: PromptEnvelope
     response: JsonValue
@@ -140,7 +124,7 @@ class SendResponse:
 
 @dataclass(frozen=True, slots=True)
 class FileSignature:
-    """Which version of a file was read, so that only that version is removed."""
+    """The version of a file read, so only that version is removed."""
 
     inode: int
     size: int
@@ -149,11 +133,8 @@ class FileSignature:
 
 @dataclass(frozen=True, slots=True)
 class AnswerFileSeen:
-    """An answer file whose name carries a valid qid, and what it held when read.
-
-    `content` is None when the file was over ANSWER_FILE_LIMIT and so was not
-    read at all (`signature.size` says how big it was).
-    """
+    """Watcher -> Router: a file named with a valid qid; `content` None: over
+    ANSWER_FILE_LIMIT, unread."""
 
     name: str
     content: bytes | None
@@ -162,7 +143,7 @@ class AnswerFileSeen:
 
 @dataclass(frozen=True, slots=True)
 class DisposeAnswerFile:
-    """This version of the file was judged (used, C2, or answered with a note): remove it."""
+    """-> Watcher: this version was judged (C2): remove it."""
 
     name: str
     signature: FileSignature
@@ -170,8 +151,7 @@ class DisposeAnswerFile:
 
 @dataclass(frozen=True, slots=True)
 class RejectAnswerFile:
-    """This version of the file is refused (C9): the Watcher removes and logs it, after
-    its grace if it may be half written (C10)."""
+    """-> Watcher: refused (C9): removed and logged, after its grace if half written (C10)."""
 
     name: str
     signature: FileSignature
@@ -180,8 +160,7 @@ class RejectAnswerFile:
 
 @dataclass(frozen=True, slots=True)
 class HermesRan:
-    """Hermes ran `job`: None when it sent, else C18's error. The edge tells Delivery,
-    which tells the Router a question's, which tells that question if it is still open."""
+    """Hermes ran `job`: None, or C18's error; Delivery -> Router -> the open question."""
 
     job: SendText
     error: str | None
@@ -189,22 +168,20 @@ class HermesRan:
 
 @dataclass(frozen=True, slots=True)
 class EarlierSendsEnded:
-    """The sends an earlier run (or a crashed Delivery) left under way have ended, or
-    waiting for them was given up: their outcomes can be taken, and sending goes on."""
+    """-> Delivery: the sends an earlier run left under way are over (or given up on)."""
 
 
 @dataclass(frozen=True, slots=True)
 class FilesChanged:
-    """inotify saw these names change in the questions directory."""
+    """-> Watcher: inotify saw these names change."""
 
     names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Rescan:
-    """Look at every file of the questions directory, and watch it anew if its watch is
-    gone: the safety-net beat, and what inotify says when events were lost or the watch
-    ended."""
+    """-> Watcher: look at every file, and watch anew if the watch is gone (the safety net,
+    and inotify's word when events were lost)."""
 
 
 # -- log ----------------------------------------------------------------------
@@ -220,15 +197,14 @@ class LogEvent:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """Rewrite the registry entry with a fresh heartbeat and this open count (W6)."""
+    """-> Peer: rewrite the registry entry with this open count (W6)."""
 
     queue_depth: int
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseDone:
-    """The response for `qid` owed by `owner` is no longer owed: the asker acked it
-    (`error` None), or it is gone for good (`error` says why) (W15)."""
+    """-> Peer: no longer owed: acked (`error` None), or gone for good (W15)."""
 
     qid: str
     owner: str | None
@@ -240,8 +216,7 @@ class ResponseDone:
 
 @dataclass(frozen=True, slots=True)
 class ChildFailed:
-    """A child died of an exception; what it had not read is lost (it is rebuilt from the
-    store when the child starts again)."""
+    """-> its supervisor: a child died; it is rebuilt from the store."""
 
     child: str
     error: str
@@ -249,7 +224,7 @@ class ChildFailed:
 
 @dataclass(frozen=True, slots=True)
 class QuestionSpec:
-    """Everything needed to (re)start a QuestionActor."""
+    """Everything a QuestionActor (re)starts from."""
 
     qid: str
     prompt: PromptEnvelope

@@ -1,9 +1,4 @@
-"""The bridge contract's rules as pure functions (C3-C20).
-
-Nothing here touches sockets, files, clocks or threads: every input is a value
-and every output is a value, so each rule is tested on its own with tables of
-cases and the actors around it stay thin. Requirement ids are in the docstrings.
-"""
+"""The bridge contract's rules as pure functions (C3-C20): values in, values out, no I/O."""
 
 from __future__ import annotations
 
@@ -41,16 +36,14 @@ from .wire import (
 )
 
 TELEGRAM_TEXT_LIMIT = 4096
-# An answer is one short JSON object; a file larger than this is never read (it
-# is refused from its fstat size alone), so no file can make the daemon grow.
+# A larger answer file is refused from its size alone, never read.
 ANSWER_FILE_LIMIT = 64 * 1024
 DEFAULT_TIMEOUT_MS = 1_800_000
 ANSWER_SUFFIX = ".answer.json"
 INVALID_QID_ERROR = "prompt msg_id must be a 26-character Crockford ULID qid"
 NOT_ADMITTED = "bridge could not take the question (internal error)"
 
-# JavaScript's String.prototype.trim() set, so that "trimmed" means what it
-# meant to the daemon we replace (Python's str.strip() differs at the edges).
+# JavaScript's trim() set: "trimmed" as the daemon we replace meant it.
 _JS_WHITESPACE = (
     "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
     "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
@@ -72,14 +65,12 @@ def iso(moment: datetime) -> str:
 
 
 def js_number(value: float) -> float:
-    """A number as JavaScript holds it, so it serialises the same: 250, not 250.0
-    (Python keeps int and float apart; a stored REAL comes back a float)."""
+    """A number as JavaScript holds it, so it serialises the same: 250, not 250.0."""
     return int(value) if float(value).is_integer() else float(value)
 
 
 def js_string(value: float) -> str:
-    """X17: a number in a text as JavaScript's String(number) writes it (1e-7, 1e+21,
-    1000, where Python writes 1e-07, 1e21, 1000.0); repr() gives the same digits."""
+    """X17: a number as JavaScript's String(number) writes it (1e-7, 1e+21, 1000)."""
     number = float(value)
     if math.isnan(number):
         return "NaN"
@@ -103,8 +94,7 @@ def js_string(value: float) -> str:
     return f"{mantissa}e{'+' if n > 0 else '-'}{abs(n - 1)}"
 
 
-# JavaScript's StringNumericLiteral, what Number(string) reads once trimmed: ASCII
-# digits and no separators, and no sign before a hex, binary or octal literal.
+# JavaScript's StringNumericLiteral: what Number(string) reads once trimmed.
 _JS_NUMERIC = re.compile(
     r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
     r"|0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+"
@@ -113,16 +103,15 @@ _RADIX = {"x": 16, "X": 16, "b": 2, "B": 2, "o": 8, "O": 8}
 
 
 def js_to_number(text: str) -> float:
-    """X17: `Number(text)`, NaN for what JavaScript cannot read; the grammar decides,
-    since float() reads `1_000`, `inf` and full-width digits and no `0x10`."""
+    """X17: `Number(text)`; the grammar decides, as float() reads `1_000` and `inf`."""
     body = js_trim(text)
     if not body:
-        return 0.0  # as Number("  ") is: refused by every caller as not > 0
+        return 0.0  # as Number("  ") is
     if not _JS_NUMERIC.fullmatch(body):
         return math.nan
     radix = _RADIX.get(body[1:2]) if body[0] == "0" else None
     if radix is None:
-        return float(body)  # past a double it is Infinity, as in JavaScript
+        return float(body)
     try:
         return float(int(body[2:], radix))
     except OverflowError:
@@ -133,8 +122,7 @@ def js_to_number(text: str) -> float:
 
 
 def parse_positive_ms(raw: str | None) -> float | None:
-    """C16, X17: milliseconds read as JavaScript's Number() reads them (`0x10`, ` 1e3 `),
-    or None unless they are finite and > 0."""
+    """C16, X17: milliseconds as Number() reads them, or None unless finite and > 0."""
     if raw is None:
         return None
     value = js_to_number(raw)
@@ -155,11 +143,8 @@ MAX_REPLY_TIMEOUT_MS = 86_400_000
 
 
 def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
-    """X5: the asker's own positive `reply_timeout_ms` (at most 24 h), else C16's.
-
-    Only a JSON number counts (not a string, not a boolean): the pool's client
-    sends a number or null.
-    """
+    """X5: the asker's own positive `reply_timeout_ms` (a JSON number, at most 24 h),
+    else C16's."""
     raw = prompt.reply_timeout_ms
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         return default_ms
@@ -169,8 +154,7 @@ def effective_timeout_ms(prompt: PromptEnvelope, default_ms: float) -> float:
 
 
 def resumed_deadline(deadline: float, timeout_ms: float, now: float) -> float:
-    """C16/X5 across a restart: the stored deadline, but never more than the question's
-    own timeout from now (a wall clock set back must not stretch it)."""
+    """C16/X5 across a restart: a wall clock set back must not stretch the deadline."""
     return min(deadline, now + timeout_ms / 1000)
 
 
@@ -178,26 +162,20 @@ def resumed_deadline(deadline: float, timeout_ms: float, now: float) -> float:
 
 
 Admission = Literal["admit", "retry", "open", "closed"]
-"""X2: a new qid to open; its own asker retrying (a lost ack: ack, nothing more); or
-refused, as `duplicate_error`, because the qid is open or was closed too recently."""
+"""X2: open it; its asker retrying (ack, nothing more); or refused (open, closed lately)."""
 
 
 def duplicate_error(qid: str) -> str:
-    """X2: the nack a prompt gets for reusing a qid that is not its own to use."""
+    """X2: the nack for reusing a qid that is not the prompt's own."""
     return f"qid {qid} is already in use"
 
 
 def admission(
     prompt: PromptEnvelope, open_prompt: PromptEnvelope | None, recently_closed: bool
 ) -> Admission:
-    """X2: may this prompt open its question?
-
-    `open_prompt` is the prompt of the question open under its msg_id, if any;
-    `recently_closed` says the qid is in the closed-qid memory (its human may
-    still be answering it, and a new question must not inherit that answer).
-    """
+    """X2: may this prompt open its question? A qid closed lately is refused: its human
+    may still be answering, and a new question must not inherit that answer."""
     if open_prompt is not None:
-        # the same endpoint asking the same thing is the same asker retrying
         if (prompt.sender_endpoint, prompt.prompt) == (
             open_prompt.sender_endpoint, open_prompt.prompt):
             return "retry"
@@ -206,12 +184,8 @@ def admission(
 
 
 def may_cancel(cancel: CancelEnvelope, open_prompt: PromptEnvelope) -> bool:
-    """X2: only the asker cancels: the cancel's `from` is the prompt's `sender_name`.
-
-    Peers of one user can claim any name, so this stops mistakes and casual
-    abuse, not a determined attacker running as the same user. A prompt that
-    named no sender can be cancelled by nobody.
-    """
+    """X2: only the asker (its `sender_name`) cancels; a prompt naming none, nobody. It
+    stops mistakes, not a peer of the same user claiming the name."""
     return open_prompt.sender_name != "" and cancel.from_ == open_prompt.sender_name
 
 
@@ -221,13 +195,13 @@ SENDER_LOG_LIMIT = 128
 def duplicate_refused_record(
     at: datetime, qid: str, prompt: PromptEnvelope, reason: Literal["open", "closed"]
 ) -> LogRecord:
-    """X1, X2: the log line for a refused reuse of `qid`; the claimed name is bounded."""
+    """X1, X2: a refused reuse of `qid`; the claimed name bounded."""
     sender = truncate_utf16(prompt.sender_name, SENDER_LOG_LIMIT)
     return log_record(at, qid, "duplicate_refused", {"from": sender, "reason": reason})
 
 
 def cancel_refused_record(at: datetime, cancel: CancelEnvelope) -> LogRecord:
-    """X1, X2: the log line for a cancel from someone other than the asker."""
+    """X1, X2: a cancel from someone other than the asker."""
     sender = truncate_utf16(cancel.from_, SENDER_LOG_LIMIT)
     return log_record(at, cancel.ref_msg_id, "cancel_refused", {"from": sender})
 
@@ -248,7 +222,7 @@ def _option(entry: Any) -> QuestionOption | None:
 
 
 def parse_prompt(prompt: PromptEnvelope) -> ParsedPrompt:
-    """C6: a JSON object with a string `question` is structured; anything else is plain."""
+    """C6: a JSON object with a string `question` is structured, anything else plain."""
     try:
         body = loads(prompt.prompt)
     except ValueError:
@@ -274,7 +248,7 @@ def parse_prompt(prompt: PromptEnvelope) -> ParsedPrompt:
 
 
 def scrub(text: str) -> str:
-    """Replace lone surrogates with U+FFFD: they cannot reach Telegram or argv."""
+    """Lone surrogates to U+FFFD: they cannot reach Telegram or argv."""
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
@@ -284,10 +258,8 @@ def utf16_len(text: str) -> int:
 
 
 def truncate_utf16(text: str, limit: int) -> str:
-    """Cut `text` to at most `limit` UTF-16 units, ending in an ellipsis when cut.
-
-    The cut falls between code points, so a surrogate pair is never split.
-    """
+    """`text` in at most `limit` UTF-16 units, ending in an ellipsis when cut; a surrogate
+    pair is never split."""
     if utf16_len(text) <= limit:
         return text
     if limit <= 0:
@@ -305,9 +277,7 @@ def truncate_utf16(text: str, limit: int) -> str:
 
 # -- markers only the bridge writes (X3) --------------------------------------
 
-# Letters of other scripts that a reader (or a lenient matcher) takes for
-# H, U, B or Q. The replacement we write, Ɋ (Latin Q with hook tail), is not
-# among them and has no compatibility decomposition, so it never reads as Q.
+# Letters of other scripts read as H, U, B or Q (our Ɋ is none of them, nor decomposes).
 _LOOKALIKES = {
     "Η": "h", "Н": "h", "н": "h", "Һ": "h", "һ": "h", "Ꮋ": "h",
     "Ս": "u", "ս": "u", "υ": "u", "ᑌ": "u",
@@ -316,7 +286,7 @@ _LOOKALIKES = {
 }
 _INVISIBLE = frozenset({"Cf", "Mn", "Me"})
 _COLONS = ":∶꞉˸ː׃፡᠄⁚"
-# On the folded text: HUB, then Q, then a colon or a qid-like run close after it.
+# on folded text: HUB, Q, then a colon or a qid close after it
 _MARKER = re.compile(
     r"h[\W_]{0,2}u[\W_]{0,2}b[\W_]{0,3}(q)"
     rf"(?=[\W_]{{0,3}}(?:[{_COLONS}]|[0-9a-z]{{26}}(?![0-9a-z])))"
@@ -324,8 +294,7 @@ _MARKER = re.compile(
 
 
 def _fold(ch: str) -> str:
-    """How a lenient matcher would read one character: invisible marks gone,
-    compatibility forms (full-width, mathematical) to plain, case folded."""
+    """One character as a lenient matcher reads it: no invisible marks, NFKC, folded."""
     if unicodedata.category(ch) in _INVISIBLE:
         return ""
     lookalike = _LOOKALIKES.get(ch)
@@ -335,15 +304,10 @@ def _fold(ch: str) -> str:
 
 
 def defuse_markers(text: str, keep: Sequence[tuple[int, int]] = ()) -> str:
-    """X3: break every `HUB-Q:`-like marker in `text` except in the [start, end) ranges
-    of `keep`, which the bridge wrote itself.
-
-    Matching is generous on purpose (see `_fold`): whatever a lenient reader might
-    take for the marker is broken. Its Q becomes Ɋ/ɋ: still readable, visibly not the
-    marker, and one UTF-16 unit, so the text never grows (C5).
-    """
+    """X3: break every `HUB-Q:`-like marker outside the bridge's own `keep` ranges,
+    matching generously; its Q becomes Ɋ/ɋ, one UTF-16 unit, so the text never grows (C5)."""
     folded: list[str] = []
-    source: list[int] = []  # index in `text` of each folded character
+    source: list[int] = []  # each folded character's index in `text`
     for index, ch in enumerate(text):
         for piece in _fold(ch):
             folded.append(piece)
@@ -359,12 +323,9 @@ def defuse_markers(text: str, keep: Sequence[tuple[int, int]] = ()) -> str:
 
 # -- directives only hermes reads (X8) ----------------------------------------
 
-# The real `hermes send` uploads the local file a `MEDIA:<path>` tag names (any
-# case, spaces or a quote after the colon) and obeys `[[as_document]]` and
-# `[[audio_as_voice]]`. Every `MEDIA:` loses its ASCII colon to U+A789 (one
-# UTF-16 unit, reads as a colon) and every `[[`/`]]` becomes one bracket, so no
-# such tag or directive is left, the words still read, and the text never grows.
-_MEDIA_TAG = re.compile(r"(media):", re.IGNORECASE)  # the engine hermes matches with
+# `hermes send` uploads the file a `MEDIA:<path>` tag names and obeys `[[...]]`: each
+# loses its ASCII colon or double bracket to a one-unit look-alike, so the text never grows.
+_MEDIA_TAG = re.compile(r"(media):", re.IGNORECASE)
 
 
 def defuse_directives(text: str) -> str:
@@ -392,8 +353,7 @@ def project_label(project: str) -> str:
 
 
 GROUP_MENTION = "@<bot name> "
-"""What a typed answer starts with in a group (X14): Telegram hands a bot in a group only
-the messages that mention it or reply to it; the gateway strips the mention."""
+"""X14: in a group, Telegram hands a bot only messages that mention it or reply to it."""
 
 
 def is_group_target(target: str) -> bool:
@@ -411,13 +371,9 @@ def format_question(
     project: str | None = None,
     group: bool = False,
 ) -> str:
-    """C4, C5, X3, X4: the Telegram text for a question, at most `limit` UTF-16 units.
-
-    Cut in this order: the context, then the question, then the header, project line
-    and options together; never the qid at the start or the reply instruction at the
-    end, which the gateway and the human need. Agent-supplied words are defused (X3,
-    X8): only those two keep a marker. In a `group`, the typed form names the bot (X14).
-    """
+    """C4, C5, X3, X4: the question's text in at most `limit` UTF-16 units, cut context
+    first, then the question, then the rest; never the qid tag or the reply instruction,
+    the only parts that keep a marker (X3, X8). In a `group` it names the bot (X14)."""
     tag = f"❓ {hub_tag(qid)} "
     question = scrub(parsed.question)
     project_line = f"\n\n📁 Project: {project_label(project)}" if project is not None else ""
@@ -463,9 +419,8 @@ OPERATOR = "operator"
 
 
 def cancel_outcome(qid: str, by_operator: bool) -> tuple[str, str | None, dict[str, str]]:
-    """C13, X15: a cancel's note to the human, error to the asker (None: no response) and
-    log detail. The asker cancelled because it has its answer; the operator's cancel
-    leaves the asker waiting for one, so it is told."""
+    """C13, X15: the note, the asker's error (None: no response) and the log detail; the
+    operator's cancel leaves the asker waiting, so it is told."""
     if not by_operator:
         return cancel_note(qid), None, {"reason": "cancel envelope"}
     return (f"✖ {hub_tag(qid)} The question was cancelled by the operator.",
@@ -478,8 +433,8 @@ def late_note(qid: str) -> str:
 
 
 def undelivered_note(qid: str) -> str:
-    """X11: told to the human who answered a question whose delivery failed (hermes can
-    fail after Telegram took the message), so their answer does not vanish in silence."""
+    """X11: hermes can fail after Telegram took the message: the answer is not dropped
+    in silence."""
     return (
         f"ℹ {hub_tag(qid)} This question could not be confirmed delivered; its asker was "
         "told it failed, so this answer was not passed on."
@@ -492,7 +447,7 @@ def unreadable_note(qid: str, reason: RejectReason) -> str:
 
 
 def span(seconds: float) -> str:
-    """A duration as a person reads it at a glance: 45s, 3m07s, 2h05m, 1d04h."""
+    """45s, 3m07s, 2h05m, 1d04h."""
     s = int(max(0.0, seconds))
     if s < 60:
         return f"{s}s"
@@ -507,44 +462,36 @@ def first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-REMIND_QUESTION_LIMIT = 200  # UTF-16 units of the question's first line in a reminder
+REMIND_QUESTION_LIMIT = 200  # UTF-16 units
 
 
 def remind_after_s(timeout_ms: float, remind_before_ms: float | None) -> float | None:
-    """X9: how long after the question was asked its reminder is due, or None for none:
-    off, or a reminder that would come before the question itself."""
+    """X9: seconds after the asking the reminder is due; None when off or not after it."""
     if remind_before_ms is None or remind_before_ms >= timeout_ms:
         return None
     return (timeout_ms - remind_before_ms) / 1000
 
 
 def remind_note(qid: str, left_s: float, question: str) -> str:
-    """X9: the one reminder: still waiting, the time left, the question's first line.
-
-    It carries the question's marker, so a reply to it answers the question;
-    the first line is agent text, defused (X3, X8) and cut.
-    """
+    """X9: it carries the marker, so a reply to it answers; agent text defused (X3, X8)."""
     line = truncate_utf16(defuse(scrub(first_line(question))), REMIND_QUESTION_LIMIT)
     left = span(round(left_s))  # 2.98 s is read as 3s, not 2s
     return f"⏰ {hub_tag(qid)} Still waiting for your answer, {left} left: {line}"
 
 
 def timeout_note(qid: str, timeout_ms: float) -> str:
-    """C17: told to the human when nobody answered in time."""
+    """C17: told to the human."""
     return f"⌛ {hub_tag(qid)} The question timed out after {js_string(timeout_ms)}ms."
 
 
 def timeout_error(timeout_ms: float) -> str:
-    """C17: the error the asker gets on timeout."""
+    """C17: told to the asker."""
     return f"no remote answer within {js_string(timeout_ms)}ms"
 
 
 def delivery_error(exit_code: int | None, stderr: str, stdout: str = "") -> str:
-    """C18: why `hermes send` failed, in the upstream daemon's words.
-
-    hermes' stderr is preferred; its stdout stands in when stderr is empty.
-    An exit code of None means the process never ran to an exit (killed).
-    """
+    """C18, in the upstream daemon's words; stdout when stderr is empty, no code when
+    killed."""
     detail = (stderr.strip() or stdout.strip())
     code = "" if exit_code is None else f" ({exit_code})"
     return f"hermes send failed{code}" + (f": {detail}" if detail else "")
@@ -554,8 +501,7 @@ _DELIVERY_ERROR = re.compile(r"hermes send failed(?: \((-?\d+)\))?(?:: (.*))?", 
 
 
 def delivery_failure(error: str) -> tuple[int | None, str]:
-    """C18's error taken apart again, for `status`: hermes' exit status (None when it
-    never exited) and the first line of what it said, or of why it never exited."""
+    """C18's error taken apart for `status`: the exit status and the first line."""
     found = _DELIVERY_ERROR.fullmatch(error)
     if found is None:
         return None, first_line(error)
@@ -568,8 +514,6 @@ def delivery_failure(error: str) -> tuple[int | None, str]:
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """The file is a valid answer to an open question."""
-
     qid: str
     answer: AnswerFile
 
@@ -580,11 +524,11 @@ class Rejected:
 
     reason: RejectReason
     qid: str | None = None
-    error: str | None = None  # what in the file broke the rule, where that is worth saying
+    error: str | None = None
 
 
 def answer_name(qid: str) -> str:
-    """The one name an answer to `qid` can have (C7): a name is enough to find its file."""
+    """C7: the one name an answer to `qid` can have."""
     return f"{qid}{ANSWER_SUFFIX}"
 
 
@@ -600,12 +544,8 @@ def qid_of_name(name: str) -> str | Rejected:
 def validate_answer(
     name: str, content: bytes | None, pending: Container[str]
 ) -> Accepted | Rejected:
-    """C9: accept the file, or name the first rule it breaks, in C9's order.
-
-    `content` is None for a file over ANSWER_FILE_LIMIT, which was not read:
-    the name still decides foreign_qid first, and an open qid's oversized file
-    is invalid_schema (no answer is that long).
-    """
+    """C9: accepted, or the first rule broken; `content` None (over ANSWER_FILE_LIMIT,
+    unread) is invalid_schema for an open qid."""
     qid = qid_of_name(name)
     if isinstance(qid, Rejected):
         return qid
@@ -630,31 +570,25 @@ def validate_answer(
 
 
 def over_capacity(open_count: int, max_open: int) -> str | None:
-    """The nack for a new question past `--max-open`, or None to admit it.
-
-    Asked only for a qid that `admission` let through (X2): an open qid is never
-    opened twice, so a resend does not count against the limit.
-    """
+    """The nack past `--max-open`, asked only once `admission` let the qid through (X2)."""
     if open_count >= max_open:
         return f"bridge has {open_count} open questions; try again later"
     return None
 
 
 def over_asker_limit(asker: str, asker_open: int, limit: int | None) -> str | None:
-    """X10: the nack for an asker that already has `limit` questions open, or None;
-    asked, as `over_capacity` is, only for a qid that `admission` let through."""
+    """X10: the nack for an asker with `limit` questions open, asked as `over_capacity`."""
     if limit is not None and asker_open >= limit:
         return f"{asker} has {asker_open} open questions; try again later"
     return None
 
 
 def grace_ms(poll_ms: float) -> float:
-    """C10: how long a file that is not JSON yet may stay, from its first sighting."""
+    """C10: how long a file not yet JSON may wait, from its first sighting."""
     return max(2 * poll_ms, 1000)
 
 
-# X7: the reasons that can only be given for an open question's file (C9's
-# order puts foreign_qid first), so the human who wrote it is told.
+# X7: reasons only an open question's file gets, so its human is told.
 UNREADABLE_REASONS: frozenset[RejectReason] = frozenset(
     {"invalid_json", "invalid_schema", "qid_mismatch"}
 )
@@ -673,7 +607,7 @@ def map_answer(answer: str, options: tuple[QuestionOption, ...]) -> MappedAnswer
                 return SelectionAnswer(selections=(options[index].title,))
         wanted = text.lower()
         for option in options:
-            # the title as sent (X3, X8 may have defused it) picks the option too
+            # the title as sent (defused, X3, X8) picks it too
             shown = defuse(scrub(option.title))
             if wanted in (option.title.lower(), shown.lower()):
                 return SelectionAnswer(selections=(option.title,))
@@ -686,8 +620,7 @@ _OPEN: tuple[State | None, ...] = ("pending", "delivered")
 
 
 def transition(state: State | None, event: Event) -> State | None:
-    """C19: the next state, or ValueError for an event C19 does not allow in `state`
-    (a bug: the actors check first). None is "no question"."""
+    """C19: the next state (None: no question), or ValueError for a bug."""
     if state is None and event == "question_received":
         return "pending"
     if state == "pending" and event == "delivered":
@@ -707,5 +640,5 @@ NO_QID = "0" * 26
 
 
 def log_record(at: datetime, qid: str | None, event: Event, detail: Any = None) -> LogRecord:
-    """C20: one log record; a rejected file without a valid qid logs qid 000…0."""
+    """C20: a file without a valid qid logs qid 000…0."""
     return LogRecord(at=iso(at), qid=qid if qid is not None else NO_QID, event=event, detail=detail)

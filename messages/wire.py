@@ -1,11 +1,6 @@
-"""Every value that crosses a socket or a file: the coms envelopes, the registry entry,
-the answer file, the log record, and the bridge's own nouns (states, events, answers).
-
-Field names and order are the pool's, so that serialising a model gives the bytes
-another peer expects. Inbound models ignore unknown fields (W18) and are strict
-about the few fields the pool itself checks (W14, W16), so that a malformed
-envelope is refused rather than coerced.
-"""
+"""Every value that crosses a socket or a file. Field names and order are the pool's, so a
+model serialises to the bytes a peer expects; inbound models ignore unknown fields (W18)
+and are strict only where the pool is (W14, W16)."""
 
 from __future__ import annotations
 
@@ -41,35 +36,25 @@ _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def dumps(value: Any, *, indent: int | None = None) -> str:
-    """JSON text as JavaScript's JSON.stringify writes it.
-
-    Compact separators, non-ASCII left as is, and lone surrogates escaped
-    (a Python str can hold them; UTF-8 cannot), so that every line we write
-    is valid UTF-8 and byte-identical to what a node peer would send.
-    """
+    """JSON text as JavaScript's JSON.stringify writes it; lone surrogates escaped, so
+    every line is valid UTF-8."""
     if indent is None:
         text = _COMPACT.encode(value)
     else:
         text = json.dumps(
             value, ensure_ascii=False, indent=indent, separators=(",", ": "), allow_nan=False
         )
-    if text.isascii():  # nothing to escape: no scan
+    if text.isascii():
         return text
     return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-# One encoder for every compact line (a line per log record, response and stored row):
-# json.dumps with options builds a new one per call.
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def has_lone_surrogate(value: Any) -> bool:
-    """Whether any string in `value` (dict keys too, at any depth) holds a lone surrogate.
-
-    JSON can spell one (`"\\ud800"`) and Python holds it, but no UTF-8 text
-    can: SQLite, the log, argv and Telegram would each fail on it later, far
-    from the line that brought it.
-    """
+    """Whether any string in `value`, keys too, holds a lone surrogate (X12): JSON can
+    spell one, but SQLite, the log, argv and Telegram would each fail on it later."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -88,8 +73,7 @@ INVALID_UNICODE = "invalid_unicode"
 
 
 def _own_fields(model: type[BaseModel], data: Any) -> Iterator[tuple[str, Any]]:
-    """Each of the model's own fields in raw input, by its wire name, with its value: what a
-    check made before the fields' own validators looks at (extra fields are ignored, W18)."""
+    """The model's own fields in raw input, by wire name (extra fields are ignored, W18)."""
     if isinstance(data, dict):
         for name, field in model.model_fields.items():
             wire_name = field.alias or name
@@ -97,16 +81,11 @@ def _own_fields(model: type[BaseModel], data: Any) -> Iterator[tuple[str, Any]]:
 
 
 class ValidText(BaseModel):
-    """Refuses a model any of whose fields holds text that is not valid Unicode (X12).
-
-    Inbound models (envelopes, answer files) mix this in, so such text stops at
-    the wire with an error naming the field, before anything is stored.
-    """
+    """X12: text that is not valid Unicode stops at the wire, the error naming the field."""
 
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        # before the fields' own validators, which may fail on such text unhelpfully
         for wire_name, value in _own_fields(cls, data):
             if has_lone_surrogate(value):
                 raise PydanticCustomError(
@@ -119,8 +98,7 @@ NOT_FINITE = "not_finite"
 
 
 def non_finite(value: Any) -> bool:
-    """Whether `value` holds a number that is not finite, at any depth (dict keys are
-    strings). Only `loads_envelope` reads one, from a number past a double."""
+    """Whether `value` holds a number that is not finite, at any depth."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -135,12 +113,8 @@ def non_finite(value: Any) -> bool:
 
 
 class FiniteNumbers(BaseModel):
-    """Refuses a model any of whose fields holds a number that is not finite (X17).
-
-    JSON.parse reads `1e400` as Infinity, so an envelope holding one is JSON and its
-    asker is told which field is wrong; but no line we write and no row we store can
-    hold Infinity, so it goes no further than the wire.
-    """
+    """X17: JSON.parse reads `1e400` as Infinity, which no line or row can hold: refused
+    at the wire, naming the field."""
 
     @model_validator(mode="before")
     @classmethod
@@ -157,39 +131,9 @@ class FiniteNumbers(BaseModel):
 
 
 def invalid_text(exc: ValidationError) -> str | None:
-    """The reason naming the field in a validation error, if its cause is a value no
-    line can carry: text that is not valid Unicode (X12), a number not finite (X17)."""
+    """The reason naming the field, when the value is one no line can carry (X12, X17)."""
     named = (INVALID_UNICODE, NOT_FINITE)
     return next((str(e["msg"]) for e in exc.errors() if e["type"] in named), None)
-
-
-MAX_JSON_DEPTH = 200
-"""Deeper JSON is refused outright: Python's parser recurses, so without a bound the same
-text would parse on one thread and fail on another."""
-
-
-def _too_deep(text: str) -> bool:
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return False
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
 
 
 def _reject_constant(name: str) -> Any:
@@ -197,8 +141,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _finite(text: str) -> float:
-    """A number past a double's range would be read as infinity, which no line we
-    write may hold: refused where it is read, not when it is stored or sent."""
+    """A number past a double is refused where it is read: no line may hold infinity."""
     value = float(text)
     if math.isinf(value):
         raise ValueError(f"number out of range: {text[:32]}")
@@ -206,31 +149,25 @@ def _finite(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
-# float() reads a number past a double as infinity, as JSON.parse does
 _ENVELOPE_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _decode(text: str, decoder: json.JSONDecoder) -> Any:
-    if _too_deep(text):
-        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return decoder.decode(text)
-    except RecursionError as exc:  # within the bound too, on a stack nearly used up
+    except RecursionError as exc:  # one peer's deep JSON is its own failure, no one else's
         raise ValueError("JSON nested too deep") from exc
 
 
 def loads(text: str) -> Any:
-    """`json.loads` as JavaScript's JSON.parse reads, the same on every thread:
-    ValueError for text that is not JSON, for NaN and Infinity (Python reads them,
-    the daemon we replace does not), for a number too large for a double (1e400,
-    which it reads as Infinity) and for JSON nested deeper than MAX_JSON_DEPTH."""
+    """`json.loads` as JavaScript's JSON.parse reads: ValueError for text that is not
+    JSON, for NaN and Infinity, for a number past a double (1e400) and for deep nesting."""
     return _decode(text, _DECODER)
 
 
 def loads_envelope(text: str) -> Any:
-    """`loads` for a line on the socket, where `1e400` is JSON as JSON.parse reads it
-    (Infinity), so that the envelope's own model refuses it naming its field (X17)
-    rather than the whole line being `invalid json`. Nothing else may keep such a value."""
+    """`loads` reading `1e400` as Infinity, for the envelope's model to refuse naming its
+    field (X17) rather than the whole line being `invalid json`."""
     return _decode(text, _ENVELOPE_DECODER)
 
 
@@ -279,13 +216,8 @@ def _cap(lengths: list[int], over: int) -> int:
 
 
 def fit_line(value: Any, limit: int = LINE_LIMIT) -> str:
-    """`dumps(value)` plus a newline, at most `limit` UTF-8 bytes.
-
-    A value too long for one line has its longest texts cut to a common
-    length, each ending in `…`, so the line stays valid JSON that still says
-    what happened (the start of a text is the part a reader needs). Values
-    that fit are written exactly as `dumps` writes them.
-    """
+    """`dumps(value)` and a newline in at most `limit` UTF-8 bytes (W13): the longest texts
+    are cut to a common length, ending in `…`, so the line stays valid JSON."""
     text = dumps(value)
     size = len(text.encode("utf-8")) + 1
     for _ in range(_MAX_CUTS):
@@ -308,20 +240,15 @@ def fit_line(value: Any, limit: int = LINE_LIMIT) -> str:
 
 
 class WireModel(BaseModel):
-    """Base for everything that crosses a socket or a file boundary."""
-
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     def json_body(self) -> Any:
-        """The model as plain JSON values, with the field names the wire uses."""
         return self.model_dump(mode="json")
 
     def to_json(self) -> str:
-        """The model as one compact JSON text, without the newline."""
         return dumps(self.json_body())
 
     def to_line(self) -> bytes:
-        """The model as one ndjson line, ready for a socket; never over LINE_LIMIT."""
         return fit_line(self.json_body()).encode("utf-8")
 
 
@@ -336,12 +263,8 @@ LenientText = Annotated[str, BeforeValidator(_lenient_text)]
 
 
 class PromptEnvelope(ValidText, FiniteNumbers, WireModel):
-    """A question from another peer (W14). Its msg_id becomes the qid (C3).
-
-    Only the four fields the pool itself checks are strict; the rest are
-    taken as they come (W18), so a peer that sends `"sender_cwd": null` is
-    asked, not refused.
-    """
+    """A question from a peer (W14); its msg_id is the qid (C3). Only the fields the pool
+    checks are strict: `"sender_cwd": null` is asked, not refused (W18)."""
 
     type: Literal["prompt"] = "prompt"
     msg_id: StrictStr
@@ -385,8 +308,7 @@ class CancelEnvelope(ValidText, FiniteNumbers, WireModel):
 
 
 class PingEnvelope(WireModel):
-    """The liveness probe `doctor` sends (W17). Incoming pings are not read through
-    it: the listener answers any line whose type is ping, with the msg_id a string."""
+    """The liveness probe `doctor` sends (W17)."""
 
     type: Literal["ping"] = "ping"
     msg_id: StrictStr = ""
@@ -437,7 +359,6 @@ class RegistryEntry(WireModel):
     heartbeat_at: StrictStr | None = None
 
     def to_file_text(self) -> str:
-        """The entry as the pool writes it: two-space indented JSON."""
         return dumps(self.model_dump(mode="json"), indent=2)
 
 
@@ -486,46 +407,38 @@ _JS_ZONES = {
 }
 _MAX_TIMESTAMP = 100
 _COMMENT = re.compile(r"\([^()]*\)")
-# "GMT+0100" as JavaScript's Date.toString() writes it: the sign is the offset's
-# (dateutil would read it the POSIX way round), so the label goes.
+# "GMT+0100" from Date.toString(): dateutil would read the sign the POSIX way round.
 _LABELLED_OFFSET = re.compile(r"\b(?:GMT|UTC|UT)(?=[+-]\d)", re.IGNORECASE)
 _YEAR_OR_MONTH = re.compile(r"\d{4}(?:-\d{2})?")
 _PLAIN_ISO = re.compile(
     r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,6})?)?(?:Z|[+-]\d{2}:?\d{2})?"
 )
-# Two different defaults: a field the text does not carry shows up as a difference.
 _PROBES = (datetime(2000, 1, 1), datetime(2001, 2, 2))
 
 
 def _zone(name: str | None, offset: int | None) -> int | None:
-    """dateutil's zone hook: the names JavaScript knows, else the written offset.
-
-    An unknown name (CET, as `date` prints on a European host) leaves the time
-    without a zone instead of failing: `at` is checked, never computed with,
-    and refusing it would throw away a real answer.
-    """
+    """dateutil's zone hook: the names JavaScript knows, else the written offset. An
+    unknown name (CET) leaves no zone: `at` is checked, never computed with."""
     if name is not None and name.upper() in _JS_ZONES:
         return _JS_ZONES[name.upper()] * 3600
     return offset
 
 
 def parse_timestamp(value: str) -> datetime:
-    """Parse `at` as JavaScript's Date.parse does in practice (C8, X4; docs/protocol.md
-    lists the forms), or ValueError. As there, only a whole real date counts (bar an ISO
-    year or year-month alone): dateutil would fill in `Monday` or a bare time from a
-    default date, hence the two probes."""
-    if len(value) > _MAX_TIMESTAMP:  # bounded work, whatever the writer sent
+    """`at` as JavaScript's Date.parse reads it (C8, X4), or ValueError. Only a whole date
+    counts: dateutil would fill a bare time from a default date, hence the two probes."""
+    if len(value) > _MAX_TIMESTAMP:
         raise ValueError("timestamp too long")
     text = _LABELLED_OFFSET.sub("", _COMMENT.sub(" ", value)).strip()
     if not text:
         raise ValueError("not a timestamp")
     if _YEAR_OR_MONTH.fullmatch(text):
         return datetime.fromisoformat(text + "-01" * (3 - len(text.split("-"))))
-    if _PLAIN_ISO.fullmatch(text):  # what the liaison writes: 1 us, not dateutil's 90
+    if _PLAIN_ISO.fullmatch(text):  # what the liaison writes
         try:
             return datetime.fromisoformat(text)
         except ValueError:
-            pass  # no such day or hour: dateutil has the last word
+            pass  # no such day or hour: dateutil says why
     try:
         first, second = (
             dateutil_parser.parse(text, default=probe, tzinfos=_zone) for probe in _PROBES
@@ -597,7 +510,7 @@ MappedAnswer = SelectionAnswer | FreeformAnswer
 
 
 class LogRecord(Frozen):
-    """One line of log.ndjson (C20). `detail` is left out when None."""
+    """One line of log.ndjson (C20)."""
 
     at: str
     qid: str
@@ -605,6 +518,5 @@ class LogRecord(Frozen):
     detail: JsonValue = None
 
     def to_line(self, project: str) -> str:
-        """The record as one ndjson line, newline included, naming the bridge's project
-        last (X16: C20's fields keep their order)."""
+        """X16: the project last, after C20's fields; `detail` left out when None."""
         return fit_line({**self.model_dump(exclude_none=True), "project": project})

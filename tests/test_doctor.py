@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pwd
+import shutil
 import subprocess
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,18 +19,17 @@ from coms_hermes_bridge.doctor import (
     TEST_TEXT,
     UNIT,
     Check,
-    _telegram_library,
     check_bridge,
     check_files,
     check_hermes,
+    check_liaison,
     check_send,
     check_service,
-    check_skill,
     check_target,
     hermes_home,
     run_checks,
 )
-from coms_hermes_bridge.liaison_setup import _copy
+from coms_hermes_bridge.liaison_setup import _copy, interpreter
 from tests.bridge_process import Bridge
 from tests.fakes import Asker, register_bridge, state_file
 from tests.hermes_fake import FakeHermes
@@ -68,7 +68,7 @@ def test_all_links_hold(bridge: Bridge) -> None:  # the skill in place, bridge u
     done = doctor(bridge, "--project", "demo", "--to", "telegram:-1001234567890:7")
     assert done.returncode == 0, done.stdout + done.stderr
     assert marks(done) == {
-        "hermes": "✔", "python-telegram-bot": "✔", "--to": "✔", "hub-liaison": "✔",
+        "hermes": "✔", "--to": "✔", "hub-liaison": "✔",
         "hub-liaison plugin": "–", "questions directory": "✔", "state": "✔",
         "bridge demo": "✔", "service": "–"}
     lines = done.stdout.splitlines()
@@ -76,7 +76,6 @@ def test_all_links_hold(bridge: Bridge) -> None:  # the skill in place, bridge u
     assert f"✔ questions directory: {bridge.questions} (ours, 0700)" in lines
     assert any(line.startswith(f"✔ bridge demo: user-remote (pid {bridge.entry['pid']}) answers")
                for line in lines)
-    assert "hermes installs it at its first send (lazy installs allowed" in done.stdout
     assert ("✔ --to: telegram:-1001234567890:7: hermes knows this chat: Ops / topic 7 "
             "(-1001234567890:7)") in lines
     assert bridge.hermes.argvs() == [  # nothing was sent
@@ -87,8 +86,8 @@ def test_no_skill_names_it_and_where_it_belongs(bridge: Bridge) -> None:
     bridge.start()
     done = doctor(bridge)
     assert done.returncode == 1
-    assert ("✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no "
-            "answer will ever come back; install the plugin with `coms-hermes-bridge liaison "
+    plugin = bridge.home / ".hermes" / "plugins" / "hub-liaison"
+    assert (f"✖ hub-liaison: not installed at {plugin}; run `coms-hermes-bridge liaison "
             "install`") in done.stdout.splitlines()
 
 
@@ -130,14 +129,12 @@ def test_bad_links_are_each_named(bridge: Bridge) -> None:
     bridge.start()
     skill(bridge)
     bridge.questions.chmod(0o755)
-    done = doctor(bridge, "--to", "telegram:chat:x", HERMES_DISABLE_LAZY_INSTALLS="1")
+    done = doctor(bridge, "--to", "telegram:chat:x")
     assert done.returncode == 1
     got = marks(done)
-    assert (got["--to"], got["questions directory"], got["python-telegram-bot"]) == (
-        "✖", "✖", "✖")
+    assert (got["--to"], got["questions directory"]) == ("✖", "✖")
     assert (f"✖ questions directory: {bridge.questions} is mode 0755; `chmod 700 "
             f"{bridge.questions}` (the bridge tightens it at start)") in done.stdout.splitlines()
-    assert "HERMES_DISABLE_LAZY_INSTALLS=1 forbids hermes to install it" in done.stdout
 
 
 def test_the_target_is_judged_in_its_line_as_the_daemon_judges_it(bridge: Bridge) -> None:
@@ -147,7 +144,7 @@ def test_the_target_is_judged_in_its_line_as_the_daemon_judges_it(bridge: Bridge
     assert (done.returncode, done.stderr) == (1, "")  # a ✖ among the others, no usage error
     assert ("✖ --to: --to 'telegram:' has nothing after the colon: give the chat, or telegram "
             "alone for hermes' home channel") in done.stdout.splitlines()
-    assert len(done.stdout.splitlines()) == 9
+    assert len(done.stdout.splitlines()) == 8
     bridge.hermes.configure(chats={"telegram": [], "whatsapp": []})
     done = doctor(bridge, "--to", "whatsapp:+15551234567")
     assert done.returncode == 0, done.stdout  # a warning fails nothing
@@ -248,18 +245,7 @@ def world(coms_dir: Path) -> World:  # short: a bridge's socket goes in it
     return World(home, bin_dir, env, parse_config(["--project", "demo"], env))
 
 
-# A stand-in for the Python that runs hermes: `-c` with the check's exact code prints
-# the library's version (or fails, with NO_TELEGRAM set); run as an interpreter of a
-# hermes script, it prints hermes's version.
-FAKE_PYTHON = """#!/bin/sh
-if [ "$1" = "-c" ]; then
-  [ "$2" = "import telegram; print(telegram.__version__)" ] || exit 9
-  [ -z "$NO_TELEGRAM" ] || { echo "No module named 'telegram'" >&2; exit 1; }
-  echo "  21.5  "
-  exit 0
-fi
-echo "hermes 0.9"
-"""
+FAKE_HERMES = '#!/bin/sh\necho "hermes 0.9"\n'  # prints its version, whatever it is asked
 
 
 def test_a_checks_line_is_its_mark_name_and_detail() -> None:
@@ -271,8 +257,7 @@ def test_a_checks_line_is_its_mark_name_and_detail() -> None:
 def test_the_hermes_check_reads_its_first_version_line(world: World) -> None:
     hermes = world.hermes("#!/bin/sh\necho \"hermes $WHICH\"\necho second line\n")
     assert lines(check_hermes(world.config, {**world.env, "WHICH": "1.2"})) == [
-        f"✔ hermes: {hermes} (hermes 1.2)",  # the check's environment reaches the program
-        f"– python-telegram-bot: cannot tell which Python runs {hermes}"]
+        f"✔ hermes: {hermes} (hermes 1.2)"]  # the check's environment reaches the program
     world.hermes(f"#!/bin/sh\necho {'v' * 150}\n")
     assert next(check_hermes(world.config, world.env)).detail == f"{hermes} ({'v' * 100})"
     world.hermes("#!/bin/sh\nprintf '\\377ver'\n")  # not UTF-8: read, not a crash
@@ -328,7 +313,7 @@ def test_no_hermes_stops_the_hermes_checks(world: World) -> None:
 
 
 def test_the_hermes_profile_must_exist(world: World) -> None:
-    world.hermes(FAKE_PYTHON)
+    world.hermes(FAKE_HERMES)
     profiles = world.home / ".hermes" / "profiles"
     (profiles / "ops").mkdir(parents=True)
     assert lines(check_hermes(world.with_("--hermes-profile", "ops"), world.env))[1] == (
@@ -337,60 +322,32 @@ def test_the_hermes_profile_must_exist(world: World) -> None:
         f"✖ hermes profile: no profile 'nope' at {profiles / 'nope'}; create it with "
         "`hermes profile create nope` or drop --hermes-profile")
     assert [check.name for check in check_hermes(world.config, world.env)] == [
-        "hermes", "python-telegram-bot"]  # no profile named: nothing to check
-
-
-def test_the_telegram_library_is_looked_for_in_the_python_that_runs_hermes(world: World) -> None:
-    python = program(world.bin / "py", FAKE_PYTHON)
-    hermes = world.hermes(f"#!{python}\n")
-    assert lines(check_hermes(world.config, world.env)) == [
-        f"✔ hermes: {hermes} (hermes 0.9)",
-        f"✔ python-telegram-bot: 21.5 for {python}"]
-    lazy = (f"✔ python-telegram-bot: not installed for {python}; hermes installs it at its "
-            "first send (lazy installs allowed; that needs network, and "
-            "HERMES_DISABLE_LAZY_INSTALLS=1 forbids it)")
-    forbidden = (f"✖ python-telegram-bot: not installed for {python}, and "
-                 "HERMES_DISABLE_LAZY_INSTALLS=1 forbids hermes to install it: "
-                 f"`{python} -m pip install 'python-telegram-bot[webhooks]'`")
-    for value, expected in (("", lazy), ("0", lazy), ("no", lazy), ("1", forbidden),
-                            (" 1 ", forbidden), ("true", forbidden), ("yes", forbidden)):
-        env = {**world.env, "NO_TELEGRAM": "1", "HERMES_DISABLE_LAZY_INSTALLS": value}
-        assert lines(check_hermes(world.config, env))[-1] == expected, value
-    no_setting = {**world.env, "NO_TELEGRAM": "1"}
-    assert lines(check_hermes(world.config, no_setting))[-1] == lazy
+        "hermes"]  # no profile named: nothing to check
 
 
 @pytest.mark.parametrize("first_line", [
     "#!{python}", "#! {python} -u", "#!/usr/bin/env {name}", "#!/usr/bin/env -S {name} -u"])
 def test_the_python_is_read_from_hermess_first_line(world: World, first_line: str) -> None:
-    python = program(world.bin / "py", FAKE_PYTHON)  # found on the daemon's PATH for `env`
-    world.hermes(first_line.format(python=python, name="py") + "\n")
-    assert lines(check_hermes(world.config, world.env))[-1] == (
-        f"✔ python-telegram-bot: 21.5 for {python}")
+    python = program(world.bin / "py", FAKE_HERMES)  # found on the daemon's PATH for `env`
+    hermes = world.hermes(first_line.format(python=python, name="py") + "\n")
+    assert interpreter(hermes, world.env) == str(python)
 
 
 @pytest.mark.parametrize("first_line", [
     "#!/bin/sh", "#!/usr/bin/bash -e", "#!/usr/bin/env", "#!/usr/bin/env no-such-python",
     "echo no first line"])
-def test_a_python_that_cannot_be_told_is_not_a_broken_link(world: World, first_line: str) -> None:
+def test_a_python_that_cannot_be_told_is_none(world: World, first_line: str) -> None:
     hermes = program(world.bin / "hermes", first_line + "\n")
-    assert _telegram_library(hermes, world.env).line() == (
-        f"– python-telegram-bot: cannot tell which Python runs {hermes}")
-    assert _telegram_library(world.bin, world.env).line() == (  # not a file it can read
-        f"– python-telegram-bot: cannot tell which Python runs {world.bin}")
+    assert interpreter(hermes, world.env) is None
+    assert interpreter(world.bin, world.env) is None  # not a file it can read
 
 
-def test_a_python_that_cannot_be_run_is_said(world: World) -> None:
+def test_the_first_line_is_read_bounded_and_as_utf8_or_not(world: World) -> None:
     missing = "/nonexistent/" + "p" * 600  # the first line is read up to 512 bytes
     hermes = program(world.bin / "hermes", f"#!{missing}\n")
-    cut = missing[:510]
-    assert _telegram_library(hermes, world.env).line() == (
-        f"– python-telegram-bot: cannot run {cut}: [Errno 2] No such file or directory: "
-        f"'{cut}'")
+    assert interpreter(hermes, world.env) == missing[:510]
     hermes.write_bytes(b"#!/opt/py\xff/python3\n")  # not UTF-8: read, not a crash
-    assert _telegram_library(hermes, world.env).line() == (
-        "– python-telegram-bot: cannot run /opt/py\ufffd/python3: [Errno 2] No such file or "
-        "directory: '/opt/py\ufffd/python3'")
+    assert interpreter(hermes, world.env) == "/opt/py\ufffd/python3"
 
 
 CHATS = [{"id": "42", "name": "Alice", "type": "dm", "thread_id": None},
@@ -471,37 +428,10 @@ def test_a_hermes_that_cannot_list_leaves_the_target_unchecked(world: World) -> 
     assert check_target(world.config, world.env).line() == (  # no hermes at all
         "– --to: telegram: cannot ask hermes for its chats: [Errno 2] No such file or "
         "directory: 'hermes'")
-    world.hermes(FAKE_PYTHON)  # prints its version, whatever it is asked
+    world.hermes(FAKE_HERMES)
     assert check_target(world.config, world.env).line() == (
         "– --to: telegram: cannot read hermes' chats: JSONDecodeError('Expecting value: line "
         "1 column 1 (char 0)')")
-
-
-def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
-    skills = world.home / ".hermes" / "skills"
-    missing = ("✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no "
-               "answer will ever come back; install the plugin with `coms-hermes-bridge "
-               "liaison install`")
-    assert lines(check_skill(world.config, world.env))[0] == missing
-    (skills / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # not a file
-    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # two levels down
-    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").rmdir()
-    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").write_text("x")
-    (skills / "coms" / "other").mkdir(parents=True)
-    (skills / "coms" / "other" / "SKILL.md").write_text("x")  # another skill
-    assert lines(check_skill(world.config, world.env))[0] == missing
-    in_category = skills / "coms" / "hub-liaison" / "SKILL.md"
-    in_category.parent.mkdir()
-    in_category.write_text("x")
-    assert lines(check_skill(world.config, world.env))[0] == f"✔ hub-liaison: skill at {in_category}"
-    (skills / "hub-liaison" / "SKILL.md").rmdir()
-    (skills / "hub-liaison" / "SKILL.md").write_text("x")  # the top one comes first
-    assert lines(check_skill(world.config, world.env))[0] == (
-        f"✔ hub-liaison: skill at {skills / 'hub-liaison' / 'SKILL.md'}")
-    assert lines(check_skill(world.with_("--hermes-profile", "ops"), world.env))[0] == (
-        "✖ hub-liaison: the Hermes gateway has no hub-liaison plugin or skill, so no answer "
-        "will ever come back; install the plugin with `coms-hermes-bridge liaison install "
-        "--hermes-profile ops`")
 
 
 # A stand-in for the Python that runs hermes, asked by `liaison_setup.probe`: the
@@ -516,108 +446,129 @@ done < "$HERMES_HOME/config.yaml"
 echo '{"hook": true, "enabled": '"$enabled"'}'
 """
 ENABLED = "plugins:\n  enabled:\n    - hub-liaison\n"
+HOOKS = "✔ pre_gateway_dispatch, pre_llm_call: this Hermes has them"
+
+
+def probed_hermes(world: World) -> Path:
+    """A hermes whose Python answers the probe; the plugin folder it would have."""
+    world.hermes(f"#!{program(world.bin / 'python', PROBE_PYTHON)}\n")
+    return world.home / ".hermes" / "plugins" / "hub-liaison"
 
 
 def installed(world: World, *, enabled: bool = True) -> Path:
-    """This package's plugin where `liaison install` puts it, a hermes whose Python
-    answers the probe, and config.yaml listing the plugin when `enabled`."""
-    python = program(world.bin / "python", PROBE_PYTHON)
-    world.hermes(f"#!{python}\n")
-    plugin = world.home / ".hermes" / "plugins" / "hub-liaison"
+    """This package's plugin where `liaison install` puts it, and config.yaml listing it
+    when `enabled`."""
+    plugin = probed_hermes(world)
     _copy(plugin, {"questions_dir": str(world.config.questions_dir), "command": None})
     if enabled:
         (world.home / ".hermes" / "config.yaml").write_text(ENABLED, encoding="utf-8")
     return plugin
 
 
+def test_the_skill_is_found_at_the_top_or_in_one_category(world: World) -> None:
+    skills = world.home / ".hermes" / "skills"
+    plugin = probed_hermes(world)
+    missing = f"✖ hub-liaison: not installed at {plugin}; run `coms-hermes-bridge liaison install`"
+    assert lines(check_liaison(world.config, world.env)) == [missing]
+    (skills / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # not a file
+    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").mkdir(parents=True)  # two levels down
+    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").rmdir()
+    (skills / "a" / "b" / "hub-liaison" / "SKILL.md").write_text("x")
+    (skills / "coms" / "other").mkdir(parents=True)
+    (skills / "coms" / "other" / "SKILL.md").write_text("x")  # another skill
+    assert lines(check_liaison(world.config, world.env)) == [missing]
+    in_category = skills / "coms" / "hub-liaison" / "SKILL.md"
+    in_category.parent.mkdir()
+    in_category.write_text("x")
+    assert lines(check_liaison(world.config, world.env))[0] == (
+        f"✔ hub-liaison: skill at {in_category}")
+    (skills / "hub-liaison" / "SKILL.md").rmdir()
+    (skills / "hub-liaison" / "SKILL.md").write_text("x")  # the top one comes first
+    assert lines(check_liaison(world.config, world.env))[0] == (
+        f"✔ hub-liaison: skill at {skills / 'hub-liaison' / 'SKILL.md'}")
+    ops = world.home / ".hermes" / "profiles" / "ops"
+    ops.mkdir(parents=True)
+    assert lines(check_liaison(world.with_("--hermes-profile", "ops"), world.env)) == [
+        f"✖ hub-liaison: not installed at {ops / 'plugins' / 'hub-liaison'}; run "
+        "`coms-hermes-bridge liaison install --hermes-profile ops`"]
+
+
 def test_the_plugin_is_installed_enabled_and_this_version(world: World) -> None:
-    # X14, W21: a plugin of this package, enabled in config.yaml: one line, and held
+    # X14, W21: a plugin of this package, enabled, in a Hermes with the hooks: as
+    # `liaison status` says it
     plugin = installed(world)
-    config = world.home / ".hermes" / "config.yaml"
-    assert lines(check_skill(world.config, world.env)) == [
-        f"✔ hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, enabled in "
-        f"{config} (a running gateway loads it when it starts)"]
+    assert lines(check_liaison(world.config, world.env)) == [
+        f"✔ hub-liaison: installed at {plugin}", "✔ hub-liaison: enabled in Hermes", HOOKS]
 
 
 def test_a_plugin_not_enabled_is_broken(world: World) -> None:
     # X14: Hermes loads only the plugins config.yaml enables
     plugin = installed(world, enabled=False)
-    config = world.home / ".hermes" / "config.yaml"
-    [check] = check_skill(world.config, world.env)
-    assert check.line() == (
-        f"✖ hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, not enabled "
-        f"in {config} (plugins.enabled), so the gateway does not load it; run "
-        "`coms-hermes-bridge liaison install`")
+    checks = list(check_liaison(world.config, world.env))
+    assert lines(checks) == [
+        f"✔ hub-liaison: installed at {plugin}",
+        "✖ hub-liaison: not enabled; run `coms-hermes-bridge liaison install`", HOOKS]
+    assert [c.ok for c in checks] == [True, False, True]
 
 
 def test_a_plugin_of_another_version_is_broken(world: World) -> None:
     # X14: the installed copy is compared with this package's, file for file
     plugin = installed(world)
-    config = world.home / ".hermes" / "config.yaml"
     (plugin / "answers.py").write_text("# an older liaison\n", encoding="utf-8")
-    assert lines(check_skill(world.with_("--hermes-profile", "default"), world.env)) == [
-        f"✖ hub-liaison: plugin at {plugin}, not this coms-hermes-bridge's version (its files "
-        f"differ), enabled in {config}; run `coms-hermes-bridge liaison install "
-        "--hermes-profile default`"]
+    older = (f"✖ hub-liaison: an older copy at {plugin}; run `coms-hermes-bridge liaison "
+             "install --hermes-profile default`")
+    assert lines(check_liaison(world.with_("--hermes-profile", "default"), world.env)) == [
+        older, "✔ hub-liaison: enabled in Hermes", HOOKS]
     (plugin / "markers.py").unlink()
     (plugin / "answers.py").unlink()  # gone files differ too
-    assert lines(check_skill(world.config, world.env))[0].startswith(
-        f"✖ hub-liaison: plugin at {plugin}, not this coms-hermes-bridge's version")
+    assert lines(check_liaison(world.config, world.env))[0].startswith(
+        f"✖ hub-liaison: an older copy at {plugin}")
+    shutil.rmtree(plugin)
+    plugin.mkdir()
+    (plugin / "plugin.yaml").write_text("name: hub-liaison\n")  # without its code: no plugin
+    assert [c.ok for c in check_liaison(world.config, world.env)] == [False, True, True]
 
 
-def test_a_plugin_whose_enabling_cannot_be_told(world: World) -> None:
-    # X14: no hermes to ask is not a broken plugin, but it is said; an old copy still is
-    plugin = installed(world)
+def test_a_plugin_that_cannot_be_checked_is_said(world: World) -> None:
+    # X14: no hermes to ask is not a broken plugin (the hermes line is), but it is said
+    installed(world)
     (world.bin / "hermes").unlink()
-    config = world.home / ".hermes" / "config.yaml"
-    assert lines(check_skill(world.config, world.env)) == [
-        f"– hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, cannot tell "
-        f"whether it is enabled in {config}: 'hermes' is not on PATH; the liaison is a "
+    checks = list(check_liaison(world.config, world.env))
+    assert lines(checks) == [
+        "– hub-liaison: cannot check the plugin: 'hermes' is not on PATH; the liaison is a "
         "plugin of the Hermes gateway: install hermes-agent first"]
-    (plugin / "answers.py").write_text("# an older liaison\n", encoding="utf-8")
-    assert [c.ok for c in check_skill(world.config, world.env)] == [False]
-
-
-def test_a_plugin_folder_without_its_code_is_no_plugin(world: World) -> None:
-    # X14: plugin.yaml alone does not load
-    plugin = world.home / ".hermes" / "plugins" / "hub-liaison"
-    plugin.mkdir(parents=True)
-    (plugin / "plugin.yaml").write_text("name: hub-liaison\n")
-    [check] = check_skill(world.config, world.env)
-    assert (check.name, check.ok) == ("hub-liaison", False)
 
 
 def test_the_skill_alone_holds_and_the_plugin_is_recommended(world: World) -> None:
     # W21, X14: a skill answers too, through an agent turn; the plugin needs none
+    plugin = probed_hermes(world)
     skill = world.home / ".hermes" / "skills" / "hub-liaison" / "SKILL.md"
     skill.parent.mkdir(parents=True)
     skill.write_text("x")
-    checks = list(check_skill(world.with_("--hermes-profile", "default"), world.env))
+    checks = list(check_liaison(world.with_("--hermes-profile", "default"), world.env))
     assert lines(checks) == [
         f"✔ hub-liaison: skill at {skill}",
-        "– hub-liaison plugin: not installed; it answers without an agent turn (no LLM call, "
-        "no tokens) where the skill needs one: `coms-hermes-bridge liaison install "
-        "--hermes-profile default`"]
+        f"– hub-liaison plugin: not installed at {plugin}; run `coms-hermes-bridge liaison "
+        "install --hermes-profile default`; the plugin answers without an agent turn (no LLM "
+        "call, no tokens), the skill needs one"]
     assert [c.ok for c in checks] == [True, None]
 
 
 def test_the_plugin_and_the_skill_together_are_warned_of(world: World) -> None:
     # X14, C11: both answer one reply; the skill's second file reaches a closed question
     plugin = installed(world)
-    config = world.home / ".hermes" / "config.yaml"
     skill = world.home / ".hermes" / "skills" / "coms" / "hub-liaison" / "SKILL.md"
     skill.parent.mkdir(parents=True)
     skill.write_text("x")
-    checks = list(check_skill(world.config, world.env))
+    checks = list(check_liaison(world.config, world.env))
     assert lines(checks) == [
-        f"✔ hub-liaison: plugin at {plugin}, this coms-hermes-bridge's version, enabled in "
-        f"{config} (a running gateway loads it when it starts)",
+        f"✔ hub-liaison: installed at {plugin}", "✔ hub-liaison: enabled in Hermes", HOOKS,
         f"✔ hub-liaison: skill at {skill}",
         "⚠ hub-liaison: both the plugin and the skill are installed: in a busy chat the skill "
         "may write a second answer file after the plugin's, and the human then gets a "
         "needless ℹ note (the question is already closed); remove the skill "
         f"({skill.parent})"]
-    assert [(c.ok, c.warning) for c in checks] == [(True, False), (True, False), (True, True)]
+    assert [(c.ok, c.warning) for c in checks][-2:] == [(True, False), (True, True)]
 
 
 def test_the_questions_directory_must_be_ours_and_closed(
@@ -784,9 +735,9 @@ def test_the_test_message_goes_through_the_profile(world: World) -> None:
 
 
 def test_the_checks_run_in_the_chains_order(world: World) -> None:
-    world.hermes(FAKE_PYTHON)
+    world.hermes(FAKE_HERMES)
     config = world.with_("--project", "demo", "--hermes-profile", "ops")
-    names = ["hermes", "hermes profile", "python-telegram-bot", "--to", "hub-liaison",
+    names = ["hermes", "hermes profile", "--to", "hub-liaison",
              "questions directory", "state", "bridge demo", "service"]
     assert [check.name for check in run_checks(config, world.env)] == names
     assert [check.name for check in run_checks(config, world.env, send_test=True)] == [

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from coms_hermes_bridge.messages import wire
 from coms_hermes_bridge.messages.wire import (
     LINE_LIMIT,
-    MAX_JSON_DEPTH,
     Ack,
     AgentCard,
     AnswerFile,
@@ -429,37 +428,6 @@ def test_a_copys_json_text_is_its_own() -> None:
     assert envelope == PromptEnvelope(msg_id="x", sender_endpoint="/e", hops=0, prompt="first")
 
 
-def test_json_nesting_is_bounded_the_same_on_every_thread() -> None:
-    # A recursive parser's limit depends on the caller's stack; a fixed bound does not
-    # (found by the long property run: the same answer file judged two ways).
-    at_bound = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
-    past = '{"a":' * (MAX_JSON_DEPTH + 1) + "1" + "}" * (MAX_JSON_DEPTH + 1)
-    results: list[object] = []
-
-    def deep(n: int) -> None:  # a thread whose stack is already deep
-        if n:
-            deep(n - 1)
-            return
-        results.append(loads(at_bound))
-        try:
-            loads(past)
-        except ValueError as exc:
-            results.append(str(exc))
-
-    thread = threading.Thread(target=deep, args=(600,))
-    thread.start()
-    thread.join()
-    value: object = []
-    for _ in range(MAX_JSON_DEPTH - 1):
-        value = [value]
-    assert results == [value, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"]
-    # brackets in strings are text, escaped quotes do not end a string
-    text = json.dumps({"s": "[{" * 500 + '\\" [[[', "n": [[1]]})
-    assert loads(text) == json.loads(text)
-    with pytest.raises(ValueError):
-        loads("[1,")
-
-
 @pytest.mark.parametrize(
     "text",
     [
@@ -474,19 +442,10 @@ def test_json_up_to_the_bound_is_read_whatever_its_bracket_count(text: str) -> N
     assert loads(text) == json.loads(text)
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),
-        "[" * 100 + "]," + "[" * 102 + "]" * 102 + "]" * 99,  # deep again after a close
-        '["\\n",' + "[" * 200 + "]" * 200 + "]",  # after an escape the string still ends
-        "[X" + "[" * 200,  # too deep comes first, whatever else is wrong with the text
-    ],
-)
-def test_json_past_the_bound_is_refused_as_too_deep(text: str) -> None:
+def test_json_too_deep_for_the_parser_is_refused_not_raised() -> None:
     with pytest.raises(ValueError) as caught:
-        loads(text)
-    assert str(caught.value) == f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        loads("[" * 100_000 + "]" * 100_000)
+    assert str(caught.value) == "JSON nested too deep"
 
 
 def test_text_within_the_bound_that_is_not_json_gets_the_parsers_reason() -> None:
@@ -504,7 +463,7 @@ def test_json_on_a_thread_with_no_stack_left_is_refused_not_raised() -> None:
             deep(n - 1)
             return
         try:
-            results.append(loads("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH))
+            results.append(loads("[" * 200 + "]" * 200))
         except ValueError as exc:
             results.append(str(exc))
 
@@ -573,7 +532,7 @@ def test_a_line_on_the_socket_reads_a_number_past_a_double_as_json_parse_does() 
     # words are still no JSON, and every other reader still refuses 1e400 outright
     assert loads_envelope('{"hops": 1e400, "n": [-1E+999, 2.5, 7]}') == {
         "hops": float("inf"), "n": [float("-inf"), 2.5, 7]}
-    for text in ("NaN", '{"a":Infinity}', "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)):
+    for text in ("NaN", '{"a":Infinity}', "[" * 100_000 + "]" * 100_000):
         with pytest.raises(ValueError):
             loads_envelope(text)
     with pytest.raises(ValueError, match="number out of range"):
