@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import sqlite3
 from collections import deque
@@ -38,7 +37,6 @@ from .sends import (
     send_key,
     send_paths,
     sends_dir,
-    spawner,
     under_way,
     wait_done,
 )
@@ -47,9 +45,6 @@ from .supervision import PooledChild
 if TYPE_CHECKING:
     from .config import BridgeConfig
     from .store import Store
-
-
-SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
 
 
 def question_send(spec: QuestionSpec, config: BridgeConfig) -> SendText:
@@ -95,14 +90,11 @@ class DeliveryActor(PooledChild):
     def begin(self) -> None:
         """Sends left under way (by the last run, or this actor before a crash) end before
         any other starts, in order; what they and the finished ones did goes to the store,
-        where the jobs told again find it instead of sending twice. A waiter the crashed
-        actor was still starting is waited for first (the spawner runs one start at a
-        time): its lock must be seen held, not taken for a send with no trace.
+        where the jobs told again find it instead of sending twice.
 
         Then every send the store owes is queued, in order: the questions not yet
         delivered, then the notes not yet run. What this actor had queued before a crash
         is among them; what it ran and the store took is settled, not sent again."""
-        concurrent.futures.wait([spawner().submit(int)], timeout=SPAWN_WAIT_S)
         running = under_way(self.sends)
         if running:
             report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")

@@ -17,10 +17,8 @@ its waiter killed) is sent again: at least once.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -42,14 +40,6 @@ _OUTCOME = ".outcome"
 UNKEPT = "unkept:"  # the key of a send kept nowhere (`send_key` None): never taken up again
 _POLL_S = 0.05  # how often a send left under way by an earlier run is looked at
 _SLACK_S = 10.0  # past the send timeout, how long a waiter may take to say it is done
-
-
-@functools.cache
-def spawner() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread that starts processes (made at the first start): Popen blocks until
-    the child has exec'd, which on the loop would stall every socket meanwhile."""
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
-
 
 
 class WaiterFailed(OSError):
@@ -168,8 +158,8 @@ async def wait_done(locks: list[Path], limit_s: float) -> bool:
 
 def _start_waiter(directory: Path, key: str, argv: list[str], timeout_s: float
                   ) -> subprocess.Popen[bytes] | None:
-    """(on the spawner thread) Lock, then start the waiter holding the lock with us; our
-    fd is closed once it has it. Its own session: a signal to the bridge's group (Ctrl-C)
+    """Lock, then start the waiter holding the lock with us (on the loop: it takes
+    milliseconds, and sends run one at a time); our fd is closed once it has it. Its own session: a signal to the bridge's group (Ctrl-C)
     never reaches it. None when this very send is under way (a crashed actor's) or has
     ended with its outcome not yet taken: wait for it, then take that."""
     lock, outcome = send_paths(directory, key)
@@ -197,8 +187,7 @@ async def run_send(directory: Path, key: str, argv: list[str], timeout_s: float)
     whoever runs next (`under_way`, `finished`). OSError if the waiter cannot start;
     WaiterFailed if it ends without an outcome."""
     loop = asyncio.get_running_loop()
-    proc = await loop.run_in_executor(
-        spawner(), functools.partial(_start_waiter, directory, key, argv, timeout_s))
+    proc = _start_waiter(directory, key, argv, timeout_s)
     lock, path = send_paths(directory, key)
     if proc is None:
         await wait_done([lock], timeout_s + _SLACK_S)
