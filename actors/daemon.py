@@ -135,9 +135,6 @@ def _serve(config: BridgeConfig) -> int:
             pid=os.getpid(),
             now=utc_now(),
         )
-    except IdentityError as exc:
-        report(str(exc))
-        return 1
     except OSError as exc:
         report(
             f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}", "error"

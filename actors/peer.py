@@ -172,15 +172,10 @@ class PeerActor(PooledChild):
         qid = prompt.msg_id
         if owner is not None and not self.store.response_owed(qid, owner):
             return  # settled: sent from the outbox at this actor's start, and acked
-        try:
-            line = ResponseEnvelope(
-                msg_id=qid, sender_session=self.identity.session_id,
-                sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.now()),
-                response=response, error=error).to_line()
-        except ValueError as exc:  # it will never serialise (NaN, say): do not owe it forever
-            self._undelivered(qid, repr(exc))
-            self._settle(qid, owner)
-            return
+        line = ResponseEnvelope(
+            msg_id=qid, sender_session=self.identity.session_id,
+            sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.now()),
+            response=response, error=error).to_line()
         me = self.actor_ref
         if not self.responses.submit(
                 prompt.sender_endpoint, line, RESPONSE_TIMEOUT_S, RETRY_PAUSES_S,

@@ -220,13 +220,12 @@ def resolve_identity(
     pid: int,
     now: datetime,
 ) -> PeerIdentity:
-    """Validate, make the places (W1-W3), and claim a unique name (W9, W10).
+    """Make the places (W1-W3) and claim a unique name (W9, W10); project and name are
+    validated already (the lock's path is made of them).
 
     Every directory made here is 0700 whatever the umask; ones that exist already are the
     pool's, shared with its other peers, and left as they are, bar the root itself (W1).
     """
-    validate_project(project)
-    validate_name(requested_name)
     private_dir(coms_dir, tighten=False)
     with contextlib.suppress(OSError):
         coms_dir.chmod(0o700)
