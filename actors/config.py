@@ -188,11 +188,6 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     if poll < MIN_POLL_MS:  # a rescan every 1e-9 ms keeps a core busy for nothing
         raise UsageError(f"--poll-ms must be at least {MIN_POLL_MS} (ms between rescans)")
     send_timeout = _positive("--send-timeout", args.send_timeout) or DEFAULT_SEND_TIMEOUT_MS
-    if _positive("--claim-ms", args.claim_ms) is not None:
-        notices += (
-            "--claim-ms is no longer used: an answer file is left for another bridge on this "
-            "host exactly while that bridge's state knows its qid (X6)",
-        )
     max_open = _count("--max-open", args.max_open) or DEFAULT_MAX_OPEN
     per_asker = _count("--max-open-per-asker", args.max_open_per_asker)
     remind = _positive("--remind-before", args.remind_before)
