@@ -127,8 +127,6 @@ class Listener:
         """Stop listening and drop every client, soon, on the loop."""
         self.edge.call(self._shut)
 
-    # -- on the loop --------------------------------------------------------
-
     def _listen(self) -> None:
         if self._stopped:
             self._server.close()

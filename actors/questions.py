@@ -134,8 +134,6 @@ class QuestionRouter(PooledChild):
         self._run_tag = f"{run_tag}.{incarnation}"
         self._serial = itertools.count(1)
 
-    # -- life ---------------------------------------------------------------
-
     def begin(self) -> None:
         """The table from the store before the first message: no prompt is admitted, no
         answer judged, against a half-built table."""
@@ -166,8 +164,6 @@ class QuestionRouter(PooledChild):
         question.slot.retire()
         if ref is not None:  # pykka's stop of a dead actor fails its future, never raises
             ref.stop(block=False)
-
-    # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -202,8 +198,6 @@ class QuestionRouter(PooledChild):
 
     def _log(self, record: Any) -> None:
         self.logger.tell(LogEvent(record))
-
-    # -- admission ----------------------------------------------------------
 
     def _admit(self, envelope: PromptEnvelope) -> str | None:
         """None to ack (once stored), else the nack's error."""
@@ -260,8 +254,6 @@ class QuestionRouter(PooledChild):
     def _deliver(self, spec: QuestionSpec) -> None:  # here, so the chat gets arrival order
         if spec.state in (None, "pending"):
             self.delivery.tell(question_send(spec, self.config))
-
-    # -- running the questions ----------------------------------------------
 
     def _question(self, child: str) -> OpenQuestion | None:
         """The open question run as `child` (its name carries its qid), if it still is."""
@@ -342,8 +334,6 @@ class QuestionRouter(PooledChild):
         self.policy.forget(question.child)
         question.slot.retire()
 
-    # -- answers ------------------------------------------------------------
-
     def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
         """C9: the name decides before a byte is parsed; only an open question's file is."""
         verdict = validate_answer(name, content, self.open)
@@ -416,8 +406,6 @@ class QuestionActor(PooledChild):
         self._timer: asyncio.TimerHandle | None = None
         self._reminder: asyncio.TimerHandle | None = None
 
-    # -- life ---------------------------------------------------------------
-
     def begin(self) -> None:
         deadline = resumed_deadline(self.spec.deadline, self.spec.timeout_ms, self.clock())
         if deadline < self.spec.deadline:
@@ -443,8 +431,6 @@ class QuestionActor(PooledChild):
             if timer is not None:
                 timer.cancel()
         self._timer = self._reminder = None
-
-    # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> None:
         match message:

@@ -111,8 +111,6 @@ class WatcherActor(PooledChild):
         if inotify is not None:  # closed on the loop once it stopped reading it
             shared_edge().call(self._unlisten, inotify)
 
-    # -- on the loop: only `tell` ---------------------------------------------
-
     @staticmethod
     def _unlisten(inotify: INotify) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -133,8 +131,6 @@ class WatcherActor(PooledChild):
         if any(e.mask & _LOST for e in events):
             tell_quietly(me, Rescan())
 
-    # -- messages -----------------------------------------------------------
-
     def on_receive(self, message: Any) -> None:
         match message:
             case FilesChanged(names=names):
@@ -153,8 +149,6 @@ class WatcherActor(PooledChild):
                     self._reject(name, signature, rejected)
             case _:
                 raise UnknownMessage(self.child_name, message)
-
-    # -- the directory ------------------------------------------------------
 
     def _watch(self) -> None:
         """Make the directory (0700) and watch it; a new descriptor means the directory was
@@ -187,8 +181,6 @@ class WatcherActor(PooledChild):
         elif self._wd != before:
             report(f"{self.child_name}: {self.questions_dir} was deleted, moved or no longer "
                    "watched; watching it anew (0700)")
-
-    # -- examining files ----------------------------------------------------
 
     def _rescan(self) -> None:
         """The safety net: at start, every `poll_ms`, and when events were lost."""
@@ -279,8 +271,6 @@ class WatcherActor(PooledChild):
             if _signature(before) == _signature(after):
                 return content, _signature(after)
         return None  # still being written; its close event or a rescan brings it back
-
-    # -- verdicts -----------------------------------------------------------
 
     def _hold(self, name: str, signature: FileSignature, until: float) -> None:
         """Leave this version be until `until`; a new version is examined at once."""
