@@ -1,9 +1,5 @@
-"""The daemon's settings and the command line that makes them.
-
-The flags are the TypeScript daemon's, so a service file written for it keeps
-working; `--send-timeout`, `--max-open`, `--max-open-per-asker` and `--remind-before`
-are ours. Every bad value becomes one operator-facing
-line and exit 1, before anything is registered in the pool.
+"""The daemon's settings and the command line that makes them. The flags are the TypeScript
+daemon's (its service files keep working) plus our own; a bad value is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -28,13 +24,9 @@ MIN_POLL_MS = 10
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 DEFAULT_MAX_OPEN = 10_000
 SAFE_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
 DEFAULT_HEARTBEAT_MS = 30_000
 HEARTBEAT_ENV = "COMS_HERMES_BRIDGE_HEARTBEAT_MS"
-# The Watcher's safety net: a file handed on and not disposed of is offered again this
-# long after, in case what it was handed to lost it (a crash). Lengthened only by tests
-# that must see no answer rescued by it.
+# a file handed on and not disposed of is offered again this long after (a crash lost it)
 DEFAULT_REOFFER_MS = 30_000
 REOFFER_ENV = "COMS_HERMES_BRIDGE_REOFFER_MS"
 
@@ -188,11 +180,6 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> BridgeConfig:
     if poll < MIN_POLL_MS:  # a rescan every 1e-9 ms keeps a core busy for nothing
         raise UsageError(f"--poll-ms must be at least {MIN_POLL_MS} (ms between rescans)")
     send_timeout = _positive("--send-timeout", args.send_timeout) or DEFAULT_SEND_TIMEOUT_MS
-    if _positive("--claim-ms", args.claim_ms) is not None:
-        notices += (
-            "--claim-ms is no longer used: an answer file is left for another bridge on this "
-            "host exactly while that bridge's state knows its qid (X6)",
-        )
     max_open = _count("--max-open", args.max_open) or DEFAULT_MAX_OPEN
     per_asker = _count("--max-open-per-asker", args.max_open_per_asker)
     remind = _positive("--remind-before", args.remind_before)
@@ -259,8 +246,8 @@ def state_file_name(project: str, name: str) -> str:
 
 
 def home_dir(env: Mapping[str, str]) -> Path:
-    """`$HOME`; when it is unset, the password database's home, as Node's os.homedir()
-    reads it. A HOME set but empty is a mistake, not "unset": files must not land at `/`."""
+    """`$HOME`, else the password database's (as Node's os.homedir()); an empty HOME is a
+    mistake: files must not land at `/`."""
     home = env.get("HOME")
     if home is None:
         try:
@@ -287,8 +274,7 @@ def _heartbeat_ms(env: Mapping[str, str]) -> float:
 
 
 def _reoffer_ms(env: Mapping[str, str]) -> float:
-    """No upper bound: a test sets an hour, so that an answer judged within its deadline
-    was judged by the paths meant to be immediate, never rescued by this net."""
+    """No upper bound: a test sets an hour, so no answer is rescued by this net."""
     raw = env.get(REOFFER_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_REOFFER_MS

@@ -1,11 +1,6 @@
-"""The `coms-hermes-bridge` command: flags in, a supervised actor tree up, a clean exit out.
-
-The main thread validates the command line, installs the shutdown handlers (before
-anything is published, W7), claims the name, opens the state, starts the supervision
-tree (actors/supervisor.py), which does the rest, and waits; a fatal supervision verdict
-or SIGTERM/SIGINT wakes the main thread, which stops the tree (the Peer first, so
-the registry entry and socket go away, W8) and exits 0, or 1 when the daemon gave up.
-"""
+"""The `coms-hermes-bridge` command: the main thread takes the lock, installs the signal
+handlers before anything is published (W7), starts the tree and waits; a signal or a
+give-up stops it (the Peer first, W8) with exit 0, or 1 when it gave up."""
 
 from __future__ import annotations
 
@@ -45,7 +40,7 @@ SHUTDOWN_BUDGET_S = 1.5
 
 
 def _quiet_pykka() -> None:
-    """Crashes are reported in one line by the supervisors; tracebacks only on request."""
+    """Crashes are one line from the supervisors; tracebacks only on request."""
     if os.environ.get("COMS_HERMES_BRIDGE_DEBUG"):
         logging.basicConfig(level=logging.DEBUG)
     else:
@@ -53,20 +48,14 @@ def _quiet_pykka() -> None:
 
 
 def published(identity: PeerIdentity) -> bool:
-    """Our registry entry is up, and with it the socket (the Peer listens first, W7)."""
+    """Our entry is up, so the socket is (the Peer listens first, W7)."""
     entry = read_entry(identity.entry_path)
     return entry is not None and entry.session_id == identity.session_id
 
 
 def unpublish_if_left(identity: PeerIdentity) -> bool:
-    """W8 whatever the stops managed: our entry and socket go with the daemon.
-
-    A Peer whose stop waited behind a long backlog may not have run its release
-    before the daemon exits, and the pool must not keep sending to a dead
-    socket under an entry with a fresh heartbeat. Only our own entry (same
-    session) is removed, and the endpoint only if it is a socket. True if the
-    entry was still there.
-    """
+    """W8 whatever the stops managed (a Peer stuck behind a backlog may not have released):
+    our own entry goes, and the endpoint if it is a socket. True if the entry was there."""
     if not remove_entry_if_ours(identity.entry_path, identity.session_id):
         return False
     with contextlib.suppress(OSError):
@@ -76,9 +65,8 @@ def unpublish_if_left(identity: PeerIdentity) -> bool:
 
 
 def run(config: BridgeConfig) -> int:
-    """Run the daemon until a signal or a fatal failure; return the exit code. Only as
-    the one bridge of its project and name (X13): the lock comes before the registry
-    and the state are touched, and is held until the very end."""
+    """The exit code. X13: the lock comes before the registry and state are touched, and is
+    held to the very end."""
     try:
         validate_project(config.project)
         validate_name(config.name)
@@ -105,9 +93,8 @@ def run(config: BridgeConfig) -> int:
 def _serve(config: BridgeConfig) -> int:
     fatal = threading.Event()  # set from the supervisor's thread
     exit_code = [0]
-    # A handler runs on this thread between any two bytecodes, even inside Event.wait
-    # while it holds the event's lock, so it must take no lock (Event.set would wait
-    # for ever on it): it only records the signal, which the waits below look at.
+    # A handler may run inside Event.wait, holding the event's lock: it takes no lock
+    # (Event.set would deadlock), only records the signal.
     signalled: list[str] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -135,9 +122,6 @@ def _serve(config: BridgeConfig) -> int:
             pid=os.getpid(),
             now=utc_now(),
         )
-    except IdentityError as exc:
-        report(str(exc))
-        return 1
     except OSError as exc:
         report(
             f"cannot prepare the coms directory {config.coms_dir}: {exc.strerror or exc}", "error"
@@ -183,15 +167,13 @@ def _serve(config: BridgeConfig) -> int:
         report("shutdown took too long; exiting anyway", "warning")
     except pykka.ActorDeadError:
         pass
-    # If the root supervisor died, its children are still up: the Peer at least must
-    # take its registry entry and socket with it (W8); the rest just stops.
+    # a dead root leaves its children up: the Peer at least must go (W8)
     for peer in pykka.ActorRegistry.get_by_class(PeerActor):
         try:
             peer.stop(timeout=0.3)
         except (pykka.Timeout, pykka.ActorDeadError):
             pass
-    # Each last step on its own: whatever failed before, stopping finishes and
-    # says why in one line, never a traceback, and the exit code stays as decided.
+    # each last step on its own: a failure is one line, and the exit code stays
     for step, action in (
         ("stop the actors", lambda: pykka.ActorRegistry.stop_all(block=False)),
         ("remove the registry entry", lambda: unpublish_if_left(identity)),

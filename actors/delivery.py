@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import sqlite3
 from collections import deque
@@ -38,7 +37,6 @@ from .sends import (
     send_key,
     send_paths,
     sends_dir,
-    spawner,
     under_way,
     wait_done,
 )
@@ -49,11 +47,8 @@ if TYPE_CHECKING:
     from .store import Store
 
 
-SPAWN_WAIT_S = 5.0  # at a Delivery's start, how long a start still under way is waited for
-
-
 def question_send(spec: QuestionSpec, config: BridgeConfig) -> SendText:
-    """The one text a question is asked with, whoever asks for it sent."""
+    """The one text a question is asked with, whoever asks for it."""
     text = format_question(spec.qid, spec.parsed, project=config.project,
                            group=is_group_target(config.target))
     return SendText(spec.qid, text, "question")
@@ -73,11 +68,9 @@ def judged(outcome: Outcome, send_timeout_ms: float) -> str | None:
 
 
 class DeliveryActor(PooledChild):
-    """Sends run one at a time, in the order asked, so a note never overtakes the question
-    it follows in the chat; a wedged hermes costs at most one send timeout (its waiter
-    kills its whole process group). Each runs under a waiter that outlives this actor and
-    the daemon (actors/sends.py): a stop or crash mid-send neither kills hermes nor sends
-    again; the outcome is taken up by whoever runs next."""
+    """One send at a time, in order, so a note never overtakes its question in the chat; a
+    wedged hermes costs one send timeout. Each runs under a waiter that outlives us
+    (actors/sends.py): a stop or crash mid-send neither kills hermes nor sends again."""
 
     def __init__(self, *, config: BridgeConfig, store: Store, router: Address, logger: Address,
                  supervisor: Address, now: Callable[[], datetime] = utc_now,
@@ -88,21 +81,13 @@ class DeliveryActor(PooledChild):
         self.sends = sends_dir(config.state_path)
         self._jobs: deque[SendText] = deque()
         self._keys: set[str] = set()  # of the jobs queued or running: none is queued twice
-        # the job hermes is running for, and that run: only one at a time
         self._running: tuple[SendText, str, Spawned[Outcome]] | None = None
         self._earlier: Spawned[bool] | None = None  # sends an earlier run left under way
 
     def begin(self) -> None:
-        """Sends left under way (by the last run, or this actor before a crash) end before
-        any other starts, in order; what they and the finished ones did goes to the store,
-        where the jobs told again find it instead of sending twice. A waiter the crashed
-        actor was still starting is waited for first (the spawner runs one start at a
-        time): its lock must be seen held, not taken for a send with no trace.
-
-        Then every send the store owes is queued, in order: the questions not yet
-        delivered, then the notes not yet run. What this actor had queued before a crash
-        is among them; what it ran and the store took is settled, not sent again."""
-        concurrent.futures.wait([spawner().submit(int)], timeout=SPAWN_WAIT_S)
+        """Sends left under way (by the last run, or before a crash) end before any other
+        starts; their outcomes go to the store, where jobs told again find them. Then
+        every send the store owes is queued: questions not yet delivered, then notes."""
         running = under_way(self.sends)
         if running:
             report(f"{self.child_name}: waiting for {len(running)} send(s) under way", "info")
@@ -142,14 +127,13 @@ class DeliveryActor(PooledChild):
                 waiting.cancel()
 
     def argv(self, text: str) -> list[str]:
-        """W20: hermes [--profile P] send --to <target> <text>, never through a shell."""
+        """W20, never through a shell."""
         c = self.config
         profile = ["--profile", c.hermes_profile] if c.hermes_profile else []
         return [c.hermes, *profile, "send", "--to", c.target, text]
 
     def _take_finished(self) -> None:
-        """Into the store, then gone: an outcome no job is told again for is forgotten by
-        the store at the next start."""
+        """Into the store, then the files go."""
         done = list(finished(self.sends))
         if not done:
             return
@@ -160,8 +144,7 @@ class DeliveryActor(PooledChild):
             forget(lock, path)
 
     def _queue(self, job: SendText) -> None:
-        """A job told again (after a restart of its sender or of this actor) while the
-        same send is queued or running is not queued twice."""
+        """A job told again (a restart) while queued or running is not queued twice."""
         key = send_key(job)
         if key is not None:
             if key in self._keys:
@@ -190,7 +173,7 @@ class DeliveryActor(PooledChild):
     @staticmethod
     def _ran(me: Address, job: SendText, send_timeout_ms: float, done: Spawned[Outcome]
              ) -> None:
-        """On the loop: the outcome, told; a static method, so it cannot touch the actor."""
+        """On the loop: only tells (static, so it cannot touch the actor)."""
         if done.cancelled():  # this actor stopped: its successor takes the outcome
             return
         exc = done.exception()
@@ -203,8 +186,7 @@ class DeliveryActor(PooledChild):
         tell_quietly(me, HermesRan(job, error))
 
     def _ended(self, error: str | None) -> None:
-        """The outcome goes into the store before its files go, and before anyone acts on
-        it (who then forgets it in the same transaction as the act)."""
+        """Into the store before its files go and before anyone acts on it."""
         assert self._running is not None
         _, key, _ = self._running
         self._running = None
@@ -213,10 +195,8 @@ class DeliveryActor(PooledChild):
         forget(*send_paths(self.sends, key))
 
     def _withdrawn(self, key: str | None) -> bool:
-        """Owed no more: a question delivered or closed (its send told again after it acted
-        on the outcome), a note already run, or a reminder whose question closed while
-        it waited (X9; the human is not reminded of a question that is over). Checked
-        just before hermes runs."""
+        """Owed no more (checked just before hermes runs): a question delivered or closed, a
+        note run, a reminder whose question closed meanwhile (X9)."""
         if key is None:
             return False
         try:

@@ -1,11 +1,6 @@
-"""Private places on disk: the bridge's directories and files, whatever the umask.
-
-Question texts, answers and the state database are the user's private
-conversation, and an answer file another local user could write would be a
-forged answer. So everything the bridge owns is created 0700/0600 by the helpers
-here (never by a bare `mkdir` or `open`, which the caller's umask widens),
-and found-looser modes are tightened with one stderr line.
-"""
+"""Private places on disk, whatever the umask: the conversation is the user's, and an
+answer file another user could write is a forged answer. Everything the bridge owns is
+made 0700/0600 here; looser modes found are tightened with one stderr line."""
 
 from __future__ import annotations
 
@@ -37,15 +32,9 @@ def read_at_most(fd: int, limit: int) -> bytes | None:
     return None
 
 
-
 def private_dir(path: Path, *, tighten: bool = True) -> None:
-    """Make `path` and any missing parents as 0700; tighten `path` itself if found looser.
-
-    Parents that already exist are left alone: they may be shared (a home
-    directory, `~/.pi`). Raises OSError when the directory cannot be made, and
-    NotADirectoryError when something else is in its place (which is never
-    chmodded: it is not ours).
-    """
+    """Make `path` and missing parents 0700; tighten `path` if looser (existing parents may
+    be shared, and stay). NotADirectoryError when something else is in its place."""
     missing: list[Path] = []
     probe = path
     while not probe.exists() and probe != probe.parent:
@@ -64,9 +53,7 @@ def private_dir(path: Path, *, tighten: bool = True) -> None:
     if os.path.islink(path):
         return  # an operator's link to a directory elsewhere: never chmod through it
     try:
-        # O_DIRECTORY | O_NOFOLLOW: the very directory is judged and tightened,
-        # even if something else is swapped in between a check and a chmod (or
-        # between the mkdir and its chmod: a file put there is not ours to change).
+        # the very directory is judged and tightened, whatever is swapped in meanwhile
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except NotADirectoryError:
         raise NotADirectoryError(f"{path} is not a directory") from None
@@ -111,22 +98,14 @@ def open_private(path: Path, flags: int) -> int:
 
 
 def bridge_dir(path: Path) -> None:
-    """The directory of the log and the state database: made 0700 when missing.
-
-    It is tightened as well when it is the bridge's own (`…/hermes-bridge`),
-    but never when `--questions-dir` put the log and state beside it in a
-    directory the operator chose, which may be shared (a home directory).
-    """
+    """The log's and state's directory, made 0700; tightened only when it is the bridge's
+    own (`…/hermes-bridge`), not one `--questions-dir` chose, which may be shared."""
     private_dir(path, tighten=path.name == BRIDGE_DIR_NAME)
 
 
 def read_regular(path: Path, limit: int) -> bytes | None:
-    """A regular file's bytes; None when `path` is anything else, cannot be opened, or
-    holds more than `limit` bytes (read no further). Files others put where we read must
-    not stall the reader or flood its memory: O_NONBLOCK opens a FIFO without waiting for
-    a writer, a device is refused before a byte is read, and O_NOCTTY keeps a terminal
-    from becoming ours. (The Watcher reads answer files its own way: it needs the
-    version read, see actors/watcher.py.)"""
+    """A regular file's bytes; None when it is anything else, cannot be opened, or holds
+    more than `limit` bytes. A FIFO or device planted there never stalls the reader."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
@@ -140,10 +119,8 @@ def read_regular(path: Path, limit: int) -> bytes | None:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, *, replace: bool = True) -> None:
-    """Readers must never see half a file (W5, C8): write a temp file beside
-    `path`, fsync it, then rename it over `path` in one step. With `replace=False` a
-    file already at `path` stays, and FileExistsError says so: a check made before the
-    write could not promise that, as another writer may come between the two."""
+    """Readers never see half a file (W5, C8): a fsynced temp file, renamed over `path`.
+    `replace=False`: a file already there stays, and FileExistsError says so."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{ULID()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -165,13 +142,9 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, *, replace: boo
 
 
 def link_new(src: str | Path, dst: str | Path) -> bool:
-    """Give `src`'s file the name `dst` unless a file is there already; True if it now has it.
-
-    A rename would replace whatever arrived at `dst` since it was last looked at (an
-    answer written a moment ago), so the file is hard-linked, which never replaces.
-    Only a filesystem without hard links gets a check and then a rename: the best it
-    allows. `src` may still exist afterwards (after a link); the caller removes it.
-    """
+    """Give `src`'s file the name `dst` unless one is there; True if it now has it. A hard
+    link never replaces (a rename would); without links, a check then a rename. The
+    caller removes `src`."""
     try:
         os.link(src, dst)
     except FileExistsError:

@@ -1,6 +1,5 @@
-"""The coms socket's server side (W11-W17). Whatever waits (a client trickling its line,
-the Router's word on a prompt) waits on the loop, so a slow or hostile peer never reaches
-an actor's mailbox and costs no thread."""
+"""The coms socket's server side (W11-W17). Whatever waits, waits on the loop, so a slow or
+hostile peer never reaches an actor's mailbox and costs no thread."""
 
 from __future__ import annotations
 
@@ -77,10 +76,8 @@ def bind_endpoint(path: Path, backlog: int = 128) -> socket.socket:
 
 
 def _take_line(buffer: bytearray, eof: bool) -> tuple[bytes | None, bool]:
-    """(the first non-blank line, done) from what a client sent so far: done with no
-    line when it sent only blank lines; the tail at EOF counts as a line (W12). The
-    blank lines are cut from `buffer` in one step, so a flood of them costs its length
-    once, not a turn per line."""
+    """(the first non-blank line, done) from what a client sent so far: done with no line
+    when it sent only blank lines; the tail at EOF counts as a line (W12)."""
     lead = len(buffer) - len(buffer.lstrip())
     del buffer[: buffer.rfind(b"\n", 0, lead) + 1]
     end = buffer.find(b"\n")
@@ -101,10 +98,9 @@ def _refusal(kind: str, exc: ValidationError) -> str:
 
 
 class Listener:
-    """One request line from every client, answered (W12-W17). The limits are fixed, so
-    no client can cost more than a descriptor, its buffer and a task: the next past
-    `max_connections` gets a `busy` nack, and a line trickled past `line_deadline_s` none.
-    Everything but start and stop runs on the loop, and its state is the loop's alone."""
+    """One request line from every client, answered (W12-W17). A client costs at most a
+    descriptor, its buffer and a task: past `max_connections` a `busy` nack, past
+    `line_deadline_s` nothing. All but start and stop runs on the loop."""
 
     def __init__(self, server: socket.socket, router: Address,
                  card: Callable[[int], AgentCard], *,
@@ -130,8 +126,6 @@ class Listener:
     def stop(self) -> None:
         """Stop listening and drop every client, soon, on the loop."""
         self.edge.call(self._shut)
-
-    # -- on the loop --------------------------------------------------------
 
     def _listen(self) -> None:
         if self._stopped:
@@ -162,8 +156,7 @@ class Listener:
             task.cancel()
 
     def _accept(self) -> None:
-        """Take one waiting connection (the loop calls again while more wait); out of
-        descriptors, pause and try again."""
+        """One waiting connection (the loop calls again while more wait)."""
         try:
             conn, _ = self._server.accept()
         except (BlockingIOError, InterruptedError):
@@ -231,7 +224,7 @@ class Listener:
             chunk = await loop.sock_recv(conn, MAX_LINE)
             buffer += chunk
             if chunk and b"\n" not in chunk and len(buffer) <= MAX_LINE:
-                continue  # still mid-line: no need to look at the whole buffer again
+                continue
             before = len(buffer)
             try:
                 found, done = _take_line(buffer, eof=not chunk)
@@ -251,9 +244,8 @@ class Listener:
         return self._depth
 
     async def _admit(self, prompt: PromptEnvelope) -> str | None:
-        """The Router's verdict on a prompt. One it has not taken within ADMIT_TIMEOUT_S
-        is withdrawn and refused, so that an ack always means stored: the asker tries
-        again, as after any nack, and an identical resend is acked once stored (X2)."""
+        """The Router's verdict; one not taken within ADMIT_TIMEOUT_S is withdrawn and
+        nacked, so an ack always means stored (the asker's resend is acked, X2)."""
         verdict: concurrent.futures.Future[str | None] = concurrent.futures.Future()
         self._router.tell(NewQuestion(prompt, verdict))
         waiting = asyncio.wrap_future(verdict)
@@ -264,12 +256,12 @@ class Listener:
                 report(f"question {prompt.msg_id} was not taken within {ADMIT_TIMEOUT_S:g}s; "
                        f"nacked it ({ADMIT_BUSY})")
                 return ADMIT_BUSY
-        # taken meanwhile: the Router sets its verdict in the same turn; it is on its way
+        # taken meanwhile: its verdict is set in the same turn
         return await asyncio.wait_for(waiting, REPLY_GRACE_S)
 
     async def reply_to(self, line: bytes) -> tuple[WireModel, Callable[[], None] | None]:
         """The reply for one line, and what to do once it is written: a prompt is acked
-        once stored (an ack means it survives a crash); a cancel is acked first (C12)."""
+        once stored; a cancel is acked first (C12)."""
         try:
             body = loads_envelope(line.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError is one

@@ -1,9 +1,7 @@
 """The event loop every actor's turns and every wait run on, and the operator's stderr lines.
 
-One asyncio loop in one thread does the turns and the I/O: two busy threads handed
-CPython's interpreter lock back and forth at nearly every step. A turn must therefore be
-short and never wait for another actor. The loop's clock is CLOCK_BOOTTIME: a deadline
-stored as wall time becomes a delay, and CLOCK_MONOTONIC stops while the machine sleeps.
+A turn must be short and never wait for another actor. The loop's clock is CLOCK_BOOTTIME:
+a stored deadline becomes a delay, and CLOCK_MONOTONIC stops while the machine sleeps.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import pykka
 from ..messages.commands import Address
 
 T = TypeVar("T")
-# what `Edge.spawn` gives: both kinds are done with the same calls, on the loop or not
 Spawned = asyncio.Future[T] | concurrent.futures.Future[T]
 
 # -- operator lines -------------------------------------------------------------
@@ -48,9 +45,7 @@ def _stderr_is_journal() -> bool:
 
 
 def report(message: str, level: Level | None = None) -> None:
-    """One operator-facing line on stderr; never raises. The level word lets grep and
-    journald pick out what needs a look; written whole under a lock, so lines from two
-    threads never run together."""
+    """One operator-facing line on stderr, whole under a lock; never raises."""
     try:
         line = " ".join(message.splitlines())
         if len(line) > MAX_REPORT:
@@ -68,8 +63,8 @@ def report(message: str, level: Level | None = None) -> None:
 
 
 class Episode:
-    """A fault that may recur many times in a row: said when it begins (or its cause
-    changes), and when it ends with how often it happened: two lines, not a flood."""
+    """A recurring fault: said when it begins (or its cause changes) and when it ends, with
+    how often it happened: two lines, not a flood."""
 
     __slots__ = ("cause", "count")
 
@@ -78,13 +73,13 @@ class Episode:
         self.cause: object = None
 
     def happened(self, cause: object = None) -> bool:
-        """Count one more; True when it is news: the first of the episode, or a new cause."""
+        """Count one more; True when it is news (the first, or a new cause)."""
         self.count += 1
         first, self.cause = self.count == 1 or cause != self.cause, cause
         return first
 
     def over(self) -> int:
-        """End the episode: how many times it happened (0 when none was going on)."""
+        """End the episode: how many times it happened (0: none was going on)."""
         count, self.count = self.count, 0
         return count
 
@@ -103,9 +98,8 @@ class _BootLoop(asyncio.SelectorEventLoop):
 
 
 class Edge:
-    """The event loop and its thread (a daemon thread: the process never waits for it).
-    One serves the process (`shared_edge()`); it is tied to no actor's life, so a
-    restarted actor finds its sends, timers and processes running."""
+    """The event loop and its (daemon) thread. One serves the process (`shared_edge()`),
+    tied to no actor's life: a restarted actor finds its sends and timers running."""
 
     def __init__(self, name: str = "edge") -> None:
         self.name = name
@@ -118,21 +112,20 @@ class Edge:
         return self._thread is threading.current_thread()
 
     def call(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run `fn(*args)` on the loop, soon, in the order the calls were made."""
+        """`fn(*args)` on the loop, soon, in call order."""
         if self.on_loop():
             self.loop.call_soon(fn, *args)
         else:
             self.loop.call_soon_threadsafe(fn, *args)
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> Spawned[T]:
-        """Run a coroutine on the loop; a non-actor thread may wait on its future. From the
-        loop itself, a task at once, with no hand-over between threads."""
+        """Run a coroutine on the loop (from the loop itself, a task at once)."""
         if self.on_loop():
             return self.loop.create_task(coro)
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def _fault(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """What a callback or task raised with nobody to see it: one line, never the loop."""
+        """What a callback or task raised with nobody to see it: one line."""
         exc = context.get("exception")
         report(f"{self.name}: {context['message']}" + (f": {exc!r}" if exc is not None else ""))
 
@@ -157,9 +150,8 @@ def tell_quietly(ref: Address, message: Any) -> None:
 
 
 async def awaited(send: Callable[[Callable[[T], None]], None], timeout: float) -> T:
-    """Hand `send` a reply callback (safe from any thread, at most once used) and wait on
-    the loop for its value; TimeoutError after `timeout`. How an actor answers the edge:
-    the message carries the callback, and no thread blocks in an ask."""
+    """Hand `send` a reply callback (any thread, used once) and wait on the loop for its
+    value, or TimeoutError: how an actor answers the edge without an ask."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 

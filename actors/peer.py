@@ -1,6 +1,5 @@
-"""The bridge's coms identity (W3, W5-W8, W15): its registry entry and heartbeat. The
-listener and the response sender are its tools; they run on the loop, and what they
-learn comes to the Peer as a message."""
+"""The bridge's coms identity (W3, W5-W8, W15): its registry entry and heartbeat; the
+listener and the response sender are its tools, on the loop."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def agent_card(name: str, depth: int) -> AgentCard:
 
 
 async def _beats(peer: Address, listener: Listener, every_s: float) -> None:
-    """W6's clock, on the loop: each beat asks the Router for its open count (the last
-    one seen when it is slow) and tells the Peer to write it."""
+    """W6's clock, on the loop: each beat tells the Peer the Router's open count."""
     while True:
         await asyncio.sleep(every_s)
         tell_quietly(peer, Heartbeat(await listener.open_count()))
@@ -69,7 +67,7 @@ class PeerActor(PooledChild):
 
     def begin(self) -> None:
         """Listen first and publish last: the entry's appearance means "ready" (W7)."""
-        self._heal()  # a restart after the directories were deleted finds them again
+        self._heal()
         server = bind_endpoint(self.identity.endpoint)
         self._bound = True
         self._listener = Listener(server, self.router,
@@ -78,14 +76,13 @@ class PeerActor(PooledChild):
         self._publish(0)
         self._beats = self._listener.edge.spawn(
             _beats(self.actor_ref, self._listener, self.heartbeat_s))
-        # every response owed (decided by the last run, or told to this actor's
-        # predecessor): what is in flight already is not sent twice
+        # every response owed (the pool does not send one in flight twice)
         for owed in self.store.outbox():
             self._send_response(owed.prompt, owed.response, owed.error, owed.owner)
 
     def release(self) -> None:
-        """Undo begin in reverse: unpublish before the socket stops answering (W8). Each
-        step is done once, however often release is called."""
+        """Undo begin in reverse: unpublish before the socket stops answering (W8); each
+        step once."""
         try:
             if self._beats is not None and self._listener is not None:
                 self._listener.edge.call(self._beats.cancel)
@@ -128,10 +125,8 @@ class PeerActor(PooledChild):
         self._published = True
 
     def _heartbeat(self, depth: int) -> None:
-        """W6, remaking the directories deleted under us, so the pool finds us within a
-        beat. A socket path deleted under us fails the Peer: its restart binds afresh. A
-        write that fails (no descriptors, disk full) is said once and tried at every
-        beat: restarting would not help."""
+        """W6, remaking deleted directories; a deleted socket fails the Peer (its restart
+        binds afresh); a failing write is said once and tried at every beat."""
         try:
             self._heal()
             if not self.identity.endpoint.is_socket():
@@ -152,15 +147,14 @@ class PeerActor(PooledChild):
                 report(f"{directory} was gone; made it again (0700)", "warning")
 
     def _settle(self, qid: str, owner: str | None) -> None:
-        """The response is no longer owed: out of the durable outbox (a crash before this
-        sends the asker its response a second time at the next start)."""
+        """Out of the outbox (a crash before this sends it again at the next start)."""
         try:
             self.store.settle(qid, owner)
         except (sqlite3.Error, ValueError) as exc:  # the state file's edge; it stays owed
             report(f"could not record the response for {qid} as sent: {exc!r}")
 
     def _undelivered(self, qid: str, reason: str) -> None:
-        """The asker is gone: said on stderr and in the log; the question stays closed."""
+        """The asker is gone: said and logged; the question stays closed."""
         report(f"could not deliver response for {qid}: {reason}", "error")
         record = log_record(self.now(), qid if is_valid_qid(qid) else None, "response_failed",
                             {"error": reason})
@@ -171,16 +165,11 @@ class PeerActor(PooledChild):
         """W15, through the pool: an asker's socket must never stall our mailbox."""
         qid = prompt.msg_id
         if owner is not None and not self.store.response_owed(qid, owner):
-            return  # settled: sent from the outbox at this actor's start, and acked
-        try:
-            line = ResponseEnvelope(
-                msg_id=qid, sender_session=self.identity.session_id,
-                sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.now()),
-                response=response, error=error).to_line()
-        except ValueError as exc:  # it will never serialise (NaN, say): do not owe it forever
-            self._undelivered(qid, repr(exc))
-            self._settle(qid, owner)
-            return
+            return  # settled already
+        line = ResponseEnvelope(
+            msg_id=qid, sender_session=self.identity.session_id,
+            sender_endpoint=str(self.identity.endpoint), hops=0, timestamp=iso(self.now()),
+            response=response, error=error).to_line()
         me = self.actor_ref
         if not self.responses.submit(
                 prompt.sender_endpoint, line, RESPONSE_TIMEOUT_S, RETRY_PAUSES_S,

@@ -1,9 +1,5 @@
-"""The questions: the Router, which owns the table of open ones and is their supervisor
-(OTP's simple_one_for_one: the table it routes by is the table it runs, so the open set
-is held once), and one QuestionActor per open qid (docs/architecture.md, "Questions").
-
-The decisions are pure functions in `messages.contract`; these actors decide when.
-"""
+"""The Router, which owns the table of open questions and supervises them (simple_one_for_one:
+the open set is held once), and one QuestionActor per open qid (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -44,6 +40,7 @@ from ..messages.commands import (
     UnknownMessage,
 )
 from ..messages.contract import (
+    _OPEN,
     INVALID_QID_ERROR,
     NOT_ADMITTED,
     Accepted,
@@ -98,14 +95,9 @@ def failed_error(error: str) -> str:
 
 @dataclass(slots=True)
 class OpenQuestion:
-    """Where to reach one open question, and whose it is (X2). Its state is its row's and
-    its actor's; which answer file it handles is the Watcher's to know. What it was told
-    that a crash of its actor would lose is kept until it ends, and told again to the
-    actor that resumes it: `cancelled`, and `routed`, the newest version of its answer
-    file. A routed one it could not take (it closed just ahead of it) is judged when it
-    ends, at once, not when the Watcher offers it again. Only the newest: every version
-    has the one name, so an older one is no longer on disk, and judging it would tell the
-    human of a late answer twice."""
+    """Where to reach one open question, and whose it is (X2). `cancelled` and `routed` (the
+    newest answer file version: older ones are gone from disk) are told again to an actor
+    that resumes it; a routed one it could not take is judged when it ends."""
 
     qid: str
     child: str
@@ -125,10 +117,9 @@ class QuestionRouter(PooledChild):
                  monotonic: Callable[[], float] = time.monotonic,
                  start_question: QuestionFactory | None = None,
                  sibling: Callable[[str], str | None] | None = None) -> None:
-        """`router` is this Router's own stable address, which its questions report to.
-        `sibling(qid)` names the other project on this host whose bridge owns `qid` (X6);
-        by default it reads their state files beside ours. `run_tag` makes question names
-        unique across runs (the owner guard keys on them)."""
+        """`router`: our own stable address, for the questions. `sibling(qid)`: the other
+        project on this host owning `qid` (X6). `run_tag` makes question names unique
+        across runs (the owner guard keys on them)."""
         super().__init__(name, supervisor)
         self.config, self.store, self.router = config, store, router
         self.peer, self.delivery, self.watcher, self.logger = peer, delivery, watcher, logger
@@ -138,19 +129,14 @@ class QuestionRouter(PooledChild):
         self.sibling = sibling or (lambda qid: sibling_of(store.path, qid, clock()))
         self.policy = RestartPolicy(question_restarts, window_s, monotonic, per_child=True)
         self.open: dict[str, OpenQuestion] = {}
-        # answer file versions already noted (late, undelivered): a Watcher that restarted
-        # hands every file on again, and the human must not get a second note for one
+        # versions noted already: a restarted Watcher hands every file on again
         self._noted_files: OrderedDict[tuple[str, FileSignature], None] = OrderedDict()
         self._run_tag = f"{run_tag}.{incarnation}"
         self._serial = itertools.count(1)
 
-    # -- life ---------------------------------------------------------------
-
     def begin(self) -> None:
-        """Rebuild the table from the store before the first message is read: prompts
-        and answer files queue meanwhile, so answers written while the daemon was down
-        find their questions and no prompt is admitted against a half-built table.
-        (Responses and notes owed are the Peer's and Delivery's to send at their start.)"""
+        """The table from the store before the first message: no prompt is admitted, no
+        answer judged, against a half-built table."""
         specs, closed = self.store.load()
         first = self.incarnation == 0
         for spec in specs:
@@ -164,7 +150,7 @@ class QuestionRouter(PooledChild):
 
     def lost(self, message: Any) -> None:
         """Who waits on what this Router will not read is answered: the asker is nacked
-        (and tries again), the open count is the one it had."""
+        (and tries again), the count is the one it had."""
         match message:
             case NewQuestion(verdict=verdict):
                 if verdict.set_running_or_notify_cancel():
@@ -178,8 +164,6 @@ class QuestionRouter(PooledChild):
         question.slot.retire()
         if ref is not None:  # pykka's stop of a dead actor fails its future, never raises
             ref.stop(block=False)
-
-    # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -215,11 +199,8 @@ class QuestionRouter(PooledChild):
     def _log(self, record: Any) -> None:
         self.logger.tell(LogEvent(record))
 
-    # -- admission ----------------------------------------------------------
-
     def _admit(self, envelope: PromptEnvelope) -> str | None:
-        """None to ack (once stored), else the nack's error. A store that cannot take it
-        is our words to the asker and the cause on stderr."""
+        """None to ack (once stored), else the nack's error."""
         try:
             return self._new_question(envelope)
         except sqlite3.Error as exc:  # the state file's edge; anything else is a bug: a crash
@@ -227,7 +208,7 @@ class QuestionRouter(PooledChild):
             return NOT_ADMITTED
 
     def _new_question(self, envelope: PromptEnvelope) -> str | None:
-        """None to ack, else the nack's error: full, its asker's share, not its qid (X2)."""
+        """Full, over its asker's share (X10), or not its qid (X2): the nack's error."""
         qid = envelope.msg_id
         if not is_valid_qid(qid):  # C3: never reaches Telegram
             self.peer.tell(SendResponse(envelope, None, INVALID_QID_ERROR))
@@ -259,9 +240,7 @@ class QuestionRouter(PooledChild):
         return sum(1 for question in self.open.values() if question.prompt.sender_name == asker)
 
     def _start(self, spec: QuestionSpec, *, claim: bool) -> None:
-        """The name is unique across runs and restarts: the owner guard and the outbox key
-        on it. A question not yet delivered has its send asked for (again, after a restart:
-        Delivery sends it once, or settles it from the outcome the store kept)."""
+        """The name is unique across runs and restarts: the owner guard and outbox key on it."""
         child = f"question:{spec.qid}:{self._run_tag}.{next(self._serial)}"
         if claim:
             if not self.store.claim(spec.qid, child):
@@ -272,12 +251,9 @@ class QuestionRouter(PooledChild):
         self._spawn(question, spec)
         self._deliver(spec)
 
-    def _deliver(self, spec: QuestionSpec) -> None:
-        # asked here, in arrival order, so questions reach the chat in the order asked
+    def _deliver(self, spec: QuestionSpec) -> None:  # here, so the chat gets arrival order
         if spec.state in (None, "pending"):
             self.delivery.tell(question_send(spec, self.config))
-
-    # -- running the questions ----------------------------------------------
 
     def _question(self, child: str) -> OpenQuestion | None:
         """The open question run as `child` (its name carries its qid), if it still is."""
@@ -311,10 +287,8 @@ class QuestionRouter(PooledChild):
             self._restart(question)
 
     def _restart(self, question: OpenQuestion) -> None:
-        """Again from its row; a row gone (closed meanwhile) leaves nothing to resume. What
-        its mailbox held is lost: what mattered of it is told again from the table (its
-        send, its newest answer, its cancel); a second sighting of what it had already
-        acted on is dropped by the state its row resumes in."""
+        """Again from its row; what mattered in its lost mailbox is told again (its send,
+        newest answer, cancel); what it had acted on is dropped by its row's state."""
         spec = self.store.open_spec(question.qid, question.child)
         if spec is None:
             self._ended(question, None)
@@ -348,25 +322,17 @@ class QuestionRouter(PooledChild):
 
     def _judge_routed(self, question: OpenQuestion,
                       answer_file: tuple[str, FileSignature] | None) -> None:
-        """The question has ended, its end in the store: the version last routed to it,
-        unless it is `answer_file` (the one that answered, if one did), reached it closed,
-        or never will, and it dropped it. It is judged now, as any file of a qid no longer
-        open is, so a late answer gets its note once (C15) from the event that brought
-        it; the Watcher, which hands a version on once, would offer it again only after
-        `reoffer_s`."""
+        """The version last routed to an ended question, unless it answered it, is judged now
+        as any file of a closed qid (C15), not at the Watcher's `reoffer_s`."""
         routed = question.routed
         if routed is not None and (routed.name, routed.signature) != answer_file:
             self._not_open(routed.name, routed.signature, question.qid)
 
     def _forget(self, question: OpenQuestion) -> None:
-        """Its actor has stopped (it crashed) or has its stop queued (it closed, and told
-        itself to stop in the same turn): a stop from here would only add a pykka future
-        and fail it."""
+        """Its actor has stopped, or has its own stop queued: no stop from here."""
         del self.open[question.qid]
         self.policy.forget(question.child)
         question.slot.retire()
-
-    # -- answers ------------------------------------------------------------
 
     def _route_answer(self, name: str, content: bytes | None, signature: FileSignature) -> None:
         """C9: the name decides before a byte is parsed; only an open question's file is."""
@@ -393,8 +359,7 @@ class QuestionRouter(PooledChild):
                 note = SendText(qid, late_note(qid), "late_note", note_id=f"late:{qid}:{ULID()}")
                 self._noted(name, signature, note, "late_answer", {"state": state})
             return
-        # our own failed delivery first (the human may have the question all the same);
-        # siblings' files are read only when our own memory does not decide it
+        # our own failed delivery first; siblings' files only when our memory does not decide
         if self.store.undelivered(qid, self.clock()):
             note = SendText(qid, undelivered_note(qid), "undelivered_note",
                             note_id=f"undelivered:{qid}:{ULID()}")
@@ -402,16 +367,12 @@ class QuestionRouter(PooledChild):
                         {"reason": "foreign_qid", "file": name, "delivery_failed": True})
         elif self.sibling(qid) is None:  # no bridge on this host knows it: at once
             self.watcher.tell(RejectAnswerFile(name, signature, Rejected("foreign_qid", qid)))
-        # else a sibling's (X6): left for its owner, however long it is down; the Watcher
-        # offers it again `reoffer_s` after it handed it on
+        # else a sibling's (X6): left for its owner; offered again after `reoffer_s`
 
     def _noted(self, name: str, signature: FileSignature, note: SendText, event: Event,
                detail: dict[str, Any]) -> None:
-        """An answer not passed on that gets the human a note (C15, X11): the note is owed
-        (stored) the moment it is decided, and the file removed. The one path for the
-        late rule: an answer routed to a question that closed before taking it comes
-        here too, once the question has ended (`_judge_routed`). A version noted already
-        (handed on again by a restarted Watcher) is only removed."""
+        """C15, X11: the note is owed (stored) once decided, and the file removed; a version
+        noted already (a restarted Watcher's) is only removed."""
         fresh = (name, signature) not in self._noted_files
         if fresh:
             self.store.owe_note(note)
@@ -445,10 +406,7 @@ class QuestionActor(PooledChild):
         self._timer: asyncio.TimerHandle | None = None
         self._reminder: asyncio.TimerHandle | None = None
 
-    # -- life ---------------------------------------------------------------
-
     def begin(self) -> None:
-        # (a fresh question's deadline is its timeout away already: unchanged)
         deadline = resumed_deadline(self.spec.deadline, self.spec.timeout_ms, self.clock())
         if deadline < self.spec.deadline:
             self.store.set_deadline(self.qid, deadline, self.child_name)
@@ -459,11 +417,9 @@ class QuestionActor(PooledChild):
         elif not self._is_open():
             self._close()  # crashed after reaching its end but before reporting it
             return
-        # at absolute moments, so a restart keeps the clock running; the reminder (X9)
-        # only if not decided yet (a moment passed while the daemon was down fires at once)
+        # at absolute moments, so a restart keeps the clock running (a moment passed while
+        # down fires at once); to this actor, not its slot: release() cancels them
         now = time.time()  # the loop's timers count real seconds, whatever clock is injected
-        # (told to this actor, not its slot: release() cancels them at any stop or crash,
-        # so none can reach a successor, which sets its own)
         self._timer = self.tell_later(self.spec.deadline - now, TimedOut())
         after = self._remind_after()
         if after is not None:
@@ -475,8 +431,6 @@ class QuestionActor(PooledChild):
             if timer is not None:
                 timer.cancel()
         self._timer = self._reminder = None
-
-    # -- messages -----------------------------------------------------------
 
     def on_receive(self, message: Any) -> None:
         match message:
@@ -500,8 +454,7 @@ class QuestionActor(PooledChild):
                         self._close((name, signature))
                         self.peer.tell(owed)
                         self.watcher.tell(DisposeAnswerFile(name, signature))
-                # else closed under it: dropped; the Router, which routed it, judges it
-                # late (C15) once it hears of the close
+                # else closed under it: the Router judges it late (C15) at the close
             case CancelQuestion(by_operator=by_operator):
                 text, told, detail = cancel_outcome(self.qid, by_operator)
                 note = self._note(text, "cancel_note")
@@ -527,15 +480,14 @@ class QuestionActor(PooledChild):
                 raise UnknownMessage(self.child_name, message)
 
     def _remind_after(self) -> float | None:
-        """X9: when to remind, counted from the asking, if a reminder is due: configured,
-        useful for this question, not decided yet, and before the deadline (after a
-        restart past both moments the timeout comes, not a reminder)."""
+        """X9: when to remind, from the asking; None if not configured, decided already, or
+        past the deadline (then the timeout comes, not a reminder)."""
         if self.spec.reminded or self.clock() >= self.spec.deadline:
             return None
         return remind_after_s(self.spec.timeout_ms, self.remind_before_ms)
 
     def _remind(self) -> None:
-        """X9: decided once, stored as owed with the mark on the row, then sent."""
+        """X9: decided once, stored, then sent."""
         left_s = max(0.0, self.spec.deadline - self.clock())
         text = remind_note(self.qid, left_s, self.spec.parsed.question)
         note = SendText(self.qid, text, "remind_note", note_id=remind_note_id(self.qid))
@@ -546,7 +498,7 @@ class QuestionActor(PooledChild):
         self.delivery.tell(note)
 
     def _is_open(self) -> bool:
-        return self.state in ("pending", "delivered")
+        return self.state in _OPEN
 
     def _log(self, event: Event, detail: dict[str, Any]) -> None:
         self.logger.tell(LogEvent(log_record(self.now(), self.qid, event, detail)))
@@ -554,12 +506,7 @@ class QuestionActor(PooledChild):
     def _move(self, event: Event, detail: dict[str, Any], *, owed: SendResponse | None = None,
               answer_file: tuple[str, FileSignature] | None = None,
               note: SendText | None = None, undelivered_at: float | None = None) -> bool:
-        """Apply a C19 transition, make it durable, then log it (C20).
-
-        The row is written first, so no effect is done for a state a restart would
-        not know; the response and note owed are stored with the closing state, so a
-        crash before they go out sends them at the next start.
-        """
+        """C19's transition, stored before any effect (with what it owes), then logged."""
         state = transition(self.state, event)
         store = self.store
         if state == "pending" or state == "delivered":
@@ -567,9 +514,7 @@ class QuestionActor(PooledChild):
         else:
             owned = store.close(self.qid, state, owner=self.child_name, response=owed,
                                 answer_file=answer_file, note=note, undelivered_at=undelivered_at)
-        if not owned:
-            # the row is another actor's now (restarted under new names, or closed for
-            # good): this one ends, claiming no state, and does nothing more in its name
+        if not owned:  # the row is another actor's now, or closed: this one ends
             self.state = None
             self._close()
             return False
@@ -581,12 +526,11 @@ class QuestionActor(PooledChild):
         return SendText(self.qid, text, purpose, note_id=f"{self.child_name}:{purpose}")
 
     def _owed(self, response: Any, error: str | None) -> SendResponse:
-        """Tagged with who owes it: the outbox clears that row once the asker has it."""
+        """Tagged with who owes it, the outbox's key."""
         return SendResponse(self.spec.prompt, response, error, self.child_name)
 
     def _close(self, answer_file: tuple[str, FileSignature] | None = None) -> None:
-        """The end is told first, so the open count (ping, C21) is right before anyone
-        hears of it; the effects follow in the same turn, then the actor stops."""
+        """The end is told first, so the open count (C21) is right before anyone hears of it."""
         self.release()
         self.router.tell(QuestionClosed(self.qid, self.child_name, answer_file))
         self.stop()

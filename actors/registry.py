@@ -1,10 +1,5 @@
-"""The coms registry: who we are in the pool, and which names are taken (W1-W3, W5, W9, W10).
-
-These are plain functions over paths and clocks so that name resolution, the
-crash-takeover rule and the atomic write can be tested without an actor. Our own
-entry is written by the PeerActor and removed at the stop; the start prunes dead
-peers' entries.
-"""
+"""The coms registry: who we are in the pool, and which names are taken (W1-W3, W5, W9, W10),
+as plain functions over paths and clocks (our entry is the PeerActor's)."""
 
 from __future__ import annotations
 
@@ -98,11 +93,7 @@ def validate_name(name: str) -> None:
 
 
 def pid_alive(pid: int) -> bool | None:
-    """True/False when the pid says something, None when the entry carries no usable pid.
-
-    A pid we may not signal (EPERM) belongs to a live process of another user; one past
-    what kill(2) takes (OverflowError) is no pid at all.
-    """
+    """None when the pid is no usable pid; EPERM is another user's live process."""
     if pid <= 0:  # 0 and negatives would signal process groups, not a process
         return None
     try:
@@ -142,25 +133,20 @@ def heartbeat_fresh(heartbeat_at: str | None, now: datetime) -> bool:
 
 
 def is_live(entry: RegistryEntry, now: datetime) -> bool:
-    """W9 exactly: a fresh heartbeat, or else a pid that still exists.
-
-    An entry with no usable pid (0, negative) is judged by its heartbeat alone.
-    """
+    """W9 exactly: a fresh heartbeat, or else a pid that still exists."""
     if heartbeat_fresh(entry.heartbeat_at, now):
         return True
     return bool(pid_alive(entry.pid))
 
 
 def crashed_holder(entry: RegistryEntry) -> bool:
-    """W10: gone however fresh its last heartbeat, or a bridge restarted after SIGKILL
-    would come back as `user-remote2`, where no asker looks. Only for the names we are
-    about to claim: W9 calls other peers' entries live while their heartbeat is fresh."""
+    """W10: gone however fresh its heartbeat (else a bridge restarted after SIGKILL would
+    come back as `user-remote2`); only for the names we are about to claim."""
     return pid_alive(entry.pid) is False and not endpoint_accepts(entry.endpoint)
 
 
 def read_entry(path: Path) -> RegistryEntry | None:
-    """An entry file's content, or None when it is gone or not an entry: not a regular
-    file (a FIFO would stall the reader), or past ENTRY_LIMIT."""
+    """An entry, or None: gone, not a regular file, past ENTRY_LIMIT, or no entry."""
     data = read_regular(path, ENTRY_LIMIT)
     if data is None:
         return None
@@ -220,13 +206,12 @@ def resolve_identity(
     pid: int,
     now: datetime,
 ) -> PeerIdentity:
-    """Validate, make the places (W1-W3), and claim a unique name (W9, W10).
+    """Make the places (W1-W3) and claim a unique name (W9, W10); project and name are
+    validated already (the lock's path is made of them).
 
     Every directory made here is 0700 whatever the umask; ones that exist already are the
     pool's, shared with its other peers, and left as they are, bar the root itself (W1).
     """
-    validate_project(project)
-    validate_name(requested_name)
     private_dir(coms_dir, tighten=False)
     with contextlib.suppress(OSError):
         coms_dir.chmod(0o700)
@@ -252,20 +237,14 @@ def resolve_identity(
 
 
 def instance_lock_path(coms_dir: Path, project: str, name: str) -> Path:
-    """Keyed on what makes a peer (its pool, project and name), not on the state file:
-    two bridges with different `--questions-dir` are still one peer, and SQLite drops
-    its own locks whenever it closes a handle. (project@name: `@` is in neither.)"""
+    """Keyed on what makes a peer (pool, project, name), not on the state file: two
+    `--questions-dir` are still one peer. (`@` is in neither project nor name.)"""
     return coms_dir / "hermes-bridge" / "locks" / f"{project}@{name}.lock"
 
 
 def take_instance_lock(path: Path) -> int:
-    """Hold the bridge's lock for the life of the process and return its fd.
-
-    flock, so the kernel lets go of it with the last fd, however the process ends: a
-    killed bridge's successor takes it at once. O_CLOEXEC (open_private), so no child,
-    `hermes` among them, keeps a stopped bridge's lock. AlreadyRunning when it is held;
-    the holder's pid is read from the file, where it writes it once it holds the lock.
-    """
+    """The lock's fd, held for the process's life (flock: a killed bridge's successor takes
+    it at once; O_CLOEXEC: no child keeps it), or AlreadyRunning with the holder's pid."""
     private_dir(path.parent)
     fd = open_private(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
     try:
@@ -287,8 +266,7 @@ def take_instance_lock(path: Path) -> int:
 
 
 def _holder(fd: int) -> int | None:
-    """The pid the holder wrote; it writes it right after taking the lock, so an empty
-    file is read again for a moment (two bridges started at the same instant)."""
+    """The pid the holder wrote right after taking the lock (empty: read again a moment)."""
     for _ in range(_HOLDER_READS):
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         if text.isdigit():

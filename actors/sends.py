@@ -1,26 +1,17 @@
-"""Sends that outlive the bridge: each `hermes send` runs under a waiter process, and its
-outcome is found by the next run (no question sent twice after a crash or stop mid-send).
+"""Sends that outlive the bridge: each `hermes send` runs under a waiter process, and the
+next run finds its outcome, so a crash or stop mid-send never sends a question twice.
 
-Per send, in the state's `.sends` directory beside the state file:
-- `<h>.lock`: flocked by the bridge before the waiter starts and held, through the fd the
-  waiter inherits, until the waiter ends. Held means "under way".
-- `<h>.outcome`: written (whole, renamed into place) by the waiter when hermes has ended.
-
-`<h>` is a hash of the send's key (`send_key`): the outcome file names its key itself. The
-DeliveryActor takes each outcome into the store (`Store.record_sent`) before removing the
-files, and the store forgets it in the transaction that acts on it (the question's next
-state, the note's `note_sent`), so a restart at any point neither loses the outcome nor
-sends again. Only a send with no trace at all (its files lost with a reboot of /tmp, or
-its waiter killed) is sent again: at least once.
+Per send, beside the state file: `<h>.lock`, flocked while under way (the waiter inherits
+the fd), and `<h>.outcome`, written whole by the waiter when hermes has ended. The outcome
+goes into the store (`Store.record_sent`) before the files go; only a send with no trace
+(lost with /tmp, or its waiter killed) is sent again: at least once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -44,28 +35,18 @@ _POLL_S = 0.05  # how often a send left under way by an earlier run is looked at
 _SLACK_S = 10.0  # past the send timeout, how long a waiter may take to say it is done
 
 
-@functools.cache
-def spawner() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread that starts processes (made at the first start): Popen blocks until
-    the child has exec'd, which on the loop would stall every socket meanwhile."""
-    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edge-spawn")
-
-
-
 class WaiterFailed(OSError):
     """The waiter ended without an outcome (killed, or it could not run)."""
 
 
 def sends_dir(state_path: Path) -> Path:
-    """Beside the state file, one per state file (a project's, or one name's)."""
+    """One per state file, beside it."""
     return state_path.with_name(state_path.stem + ".sends")
 
 
 def send_key(job: SendText) -> str | None:
-    """What a send is known by across runs: the question's text by its qid (a qid asked
-    again after a failed delivery is a new send: the failure's close forgot the old key),
-    a note by its id. A note kept nowhere (X7's) has no key: its outcome is never taken
-    up, and a Delivery that crashes while it runs hands it to its successor as a new send."""
+    """What a send is known by across runs: a question by its qid, a note by its id; a note
+    kept nowhere (X7's) has none, and its outcome is never taken up."""
     if job.purpose == "question":
         return f"question:{job.qid}"
     if job.note_id is not None:
@@ -107,7 +88,7 @@ def _held(lock: Path) -> bool:
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)  # (a lock this probe took goes with its fd)
+        os.close(fd)
     return False
 
 
@@ -133,8 +114,7 @@ def _read_outcome(path: Path) -> Outcome | None:
 
 
 def finished(directory: Path) -> Iterator[tuple[Outcome | None, Path, Path]]:
-    """Every send no waiter runs any more: its outcome (None: no trace of one) and its two
-    paths, to remove once the outcome is in the store."""
+    """Every send no waiter runs any more: its outcome (None: no trace) and its two paths."""
     for lock in sorted(directory.glob(f"*{_LOCK}")):
         if not _held(lock):
             outcome = lock.with_suffix(_OUTCOME)
@@ -168,10 +148,9 @@ async def wait_done(locks: list[Path], limit_s: float) -> bool:
 
 def _start_waiter(directory: Path, key: str, argv: list[str], timeout_s: float
                   ) -> subprocess.Popen[bytes] | None:
-    """(on the spawner thread) Lock, then start the waiter holding the lock with us; our
-    fd is closed once it has it. Its own session: a signal to the bridge's group (Ctrl-C)
-    never reaches it. None when this very send is under way (a crashed actor's) or has
-    ended with its outcome not yet taken: wait for it, then take that."""
+    """Lock, then start the waiter holding the lock with us (on the loop: milliseconds,
+    one send at a time), in its own session so Ctrl-C never reaches it. None when this
+    send is under way (a crashed actor's) or ended with its outcome not yet taken."""
     lock, outcome = send_paths(directory, key)
     private_dir(directory)
     fd = open_private(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
@@ -192,13 +171,11 @@ def _start_waiter(directory: Path, key: str, argv: list[str], timeout_s: float
 
 
 async def run_send(directory: Path, key: str, argv: list[str], timeout_s: float) -> Outcome:
-    """Run `argv` under a waiter and return its outcome. Cancelled (the actor stops or
-    crashes), it only stops waiting: the waiter goes on, and its outcome is picked up by
-    whoever runs next (`under_way`, `finished`). OSError if the waiter cannot start;
-    WaiterFailed if it ends without an outcome."""
+    """Run `argv` under a waiter and return its outcome. Cancelled, it only stops waiting:
+    whoever runs next takes the outcome. OSError if the waiter cannot start; WaiterFailed
+    if it ends without an outcome."""
     loop = asyncio.get_running_loop()
-    proc = await loop.run_in_executor(
-        spawner(), functools.partial(_start_waiter, directory, key, argv, timeout_s))
+    proc = _start_waiter(directory, key, argv, timeout_s)
     lock, path = send_paths(directory, key)
     if proc is None:
         await wait_done([lock], timeout_s + _SLACK_S)
@@ -223,8 +200,7 @@ async def run_send(directory: Path, key: str, argv: list[str], timeout_s: float)
 
 
 def _hermes_pid(lock: Path) -> int | None:
-    """The pid (and process group: its own session) of the hermes the waiter started,
-    which the waiter writes into the lock file."""
+    """The pid (and group) of the waiter's hermes, written into the lock file."""
     data = read_regular(lock, 32)
     text = data.decode("ascii", "replace").strip() if data else ""
     return int(text) if text.isdigit() and int(text) > 0 else None

@@ -1,13 +1,6 @@
-"""The daemon's line to its service manager (sd_notify(3)) and the watchdog.
-
-Without NOTIFY_SOCKET every call here does nothing, so the daemon behaves the same
-under any other service manager or in a terminal.
-
-The watchdog ping is earned, not timed: each tick first asks the actor tree a
-bounded question, and a tree that does not answer in time gets no ping, so a
-wedged daemon is killed and restarted by systemd rather than kept alive by a
-thread that merely still runs.
-"""
+"""sd_notify(3) and the watchdog; without NOTIFY_SOCKET every call does nothing. A ping is
+earned: a tree that does not answer a bounded ask gets none, so systemd restarts a
+wedged daemon."""
 
 from __future__ import annotations
 
@@ -19,16 +12,13 @@ from collections.abc import Callable, Mapping
 
 from .loop import Episode, report
 
-# A watchdog tick waits at most this long for the tree (or half the tick, if shorter).
-WATCHDOG_PROBE_S = 2.0
-# Ticks at least daily, however long WATCHDOG_USEC: a thread cannot wait past about 292
-# years (OverflowError), and a ping sooner than asked is harmless.
+WATCHDOG_PROBE_S = 2.0  # a tick's wait for the tree (or half the tick, if shorter)
+# at least daily: a thread cannot wait ~292 years (OverflowError); an early ping is harmless
 MAX_TICK_S = 86_400.0
 
 
 def _address(raw: str) -> str | None:
-    """NOTIFY_SOCKET as a connectable unix address: a path, or `@name` for Linux's
-    abstract namespace (a leading NUL byte). Anything else is not for us."""
+    """A path, or `@name` (Linux's abstract namespace); anything else is not for us."""
     if raw.startswith("@"):
         return "\0" + raw[1:]
     if raw.startswith("/"):
@@ -37,12 +27,8 @@ def _address(raw: str) -> str | None:
 
 
 def _watchdog_interval(env: Mapping[str, str], pid: int) -> float | None:
-    """Half of WATCHDOG_USEC in seconds (sd_watchdog_enabled(3)), at most MAX_TICK_S, or
-    None when off.
-
-    WATCHDOG_PID, when set, names the process the watchdog is for; a child
-    that inherited the variables must not ping on its parent's behalf.
-    """
+    """Half of WATCHDOG_USEC in seconds, at most MAX_TICK_S; None when off or when
+    WATCHDOG_PID names another process (sd_watchdog_enabled(3))."""
     owner = env.get("WATCHDOG_PID")
     if owner and owner != str(pid):
         return None
@@ -58,7 +44,7 @@ def _status(open_count: int) -> str:
 
 
 class ServiceLink:
-    """What the daemon tells systemd. Every method is safe to call without systemd."""
+    """Every method is safe without systemd."""
 
     def __init__(self, address: str | None, watchdog_s: float | None) -> None:
         self.address = address
@@ -80,7 +66,7 @@ class ServiceLink:
         return cls(address, interval if address is not None else None)
 
     def notify(self, *fields: str) -> bool:
-        """Send `fields` as one datagram (newline-separated); False if it did not go."""
+        """One datagram; False if it did not go."""
         if self.address is None:
             return False
         payload = "\n".join(fields).encode("utf-8")
@@ -107,11 +93,7 @@ class ServiceLink:
         self.notify("STOPPING=1", "STATUS=stopping")
 
     def start_watchdog(self, probe: Callable[[float], int]) -> None:
-        """Ping at half of WATCHDOG_USEC for as long as `probe` answers within its timeout.
-
-        `probe(timeout)` must return the open-question count or raise; it runs
-        in the watchdog thread, never in an actor.
-        """
+        """Ping while `probe(timeout)` returns the open count in time (on this thread)."""
         if self.watchdog_s is None or self._watchdog is not None:
             return
         self._watchdog = threading.Thread(

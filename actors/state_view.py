@@ -1,8 +1,5 @@
-"""Reading state files without the daemon's lock: the operator's verbs (`status`,
-`answer`, the project of a qid) and the bridges of other projects that share the
-questions directory (X6). Read-only connections, so nothing is created, changed or
-deleted, and a running daemon's writer is never blocked (a WAL reader never waits on it).
-"""
+"""Reading state files without the daemon's lock, for the operator's verbs and sibling
+bridges (X6): read-only, so nothing changes and a WAL writer is never blocked."""
 
 from __future__ import annotations
 
@@ -32,17 +29,14 @@ from .store import (
     _text,
 )
 
-# A sibling's file is read on the actors' thread: a lock held longer than this (rare,
-# a WAL reader waits only on recovery) makes the file count as busy, not a stall.
+# a sibling's file is read in a turn: locked longer than this, it counts as busy
 SIBLING_BUSY_S = 0.2
 STATE_PREFIX = "state-"
 STATE_SUFFIX = ".sqlite3"
 
 
-
 def state_files(directory: Path) -> dict[str, Path]:
-    """Every project's state file in `directory`, by project: the bridges that share
-    the questions directory beside it (one file each, `state-<project>.sqlite3`)."""
+    """Every project's state file in `directory` (`state-<project>.sqlite3`), by project."""
     found: dict[str, Path] = {}
     try:
         names = sorted(os.listdir(directory))
@@ -67,13 +61,8 @@ def _read_only(path: Path, busy_s: float = _BUSY_TIMEOUT_S) -> sqlite3.Connectio
 
 
 def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S) -> str | None:
-    """What the state file at `path` knows of `qid`: "open", its closed state, or
-    "undelivered" (a failed delivery within the hour, X11); None when nothing.
-
-    Read-only, so a bridge can ask what a sibling owns while that sibling is up, down or
-    starting (a WAL reader never blocks its writer). StateBusyError when the file stays
-    locked past `busy_s`, OSError when it cannot be read.
-    """
+    """"open", its closed state, or "undelivered" (X11); None when nothing. StateBusyError
+    when locked past `busy_s`, OSError when it cannot be read."""
     try:  # a FIFO (or a device) by that name would block SQLite's open for ever
         st = os.lstat(path)
     except OSError as exc:
@@ -108,7 +97,7 @@ def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S)
 
 
 def _failed(qid: Any, at: Any, asker: Any, error: Any) -> Failed:
-    """One failed delivery's row; ValueError if it does not parse (X12: nor lone surrogates)."""
+    """One failed delivery's row; ValueError if it does not parse (X12)."""
     if not (isinstance(qid, str) and isinstance(at, int | float)
             and all(v is None or isinstance(v, str) for v in (asker, error))
             and not has_lone_surrogate([qid, asker, error])):
@@ -121,12 +110,8 @@ class StateBusyError(OSError):
 
 
 def sibling_of(own: Path, qid: str, now: float) -> str | None:
-    """The project of another bridge beside `own` whose state knows `qid` (X6), or None.
-
-    A busy file counts as knowing it: leaving an answer file longer is safe, deleting
-    another bridge's is not. One that cannot be read at all (damaged) knows nothing,
-    said as a warning: it must not keep every stray answer file forever.
-    """
+    """The project beside `own` whose state knows `qid` (X6), or None. A busy file knows
+    it (leaving a file is safe, deleting another's is not); a damaged one knows nothing."""
     for project, path in state_files(own.parent).items():
         if path == own:
             continue
@@ -142,8 +127,7 @@ def sibling_of(own: Path, qid: str, now: float) -> str | None:
 
 @dataclass(frozen=True)
 class Failed:
-    """A delivery that failed within UNDELIVERED_MEMORY_S (X11): when (epoch seconds), the
-    asker and C18's error (None in a row written without them)."""
+    """A delivery that failed within UNDELIVERED_MEMORY_S (X11), at epoch seconds."""
 
     qid: str
     at: float
@@ -162,13 +146,8 @@ class Snapshot:
 
 
 def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
-    """The state file as it is now, for the operator's verbs, safe while the daemon runs.
-
-    Opened read-only (`mode=ro`): nothing is created, changed or deleted, and the daemon's
-    writer is never blocked. A row that does not parse is skipped, not repaired: that is
-    the daemon's business at its next start. FileNotFoundError when there is no file,
-    UnusableStateError when it is of another schema, OSError when it cannot be read.
-    """
+    """The state file now; a bad row is skipped (the daemon's to drop). FileNotFoundError,
+    UnusableStateError (another schema), or OSError."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no state database at {path}")

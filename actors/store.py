@@ -1,11 +1,8 @@
-"""The durable record of open questions, so that none is lost when the daemon dies
-(read from outside the daemon: actors/state_view.py).
+"""The durable record of open questions (read from outside: actors/state_view.py).
 
-Every effect (an ack, a state reached, a close, a response or note owed) is written
-here first, and each actor rebuilds its work from it when it starts; which actor writes
-which rows: docs/architecture.md. SQLite gives atomic multi-row updates (a close removes
-one row and adds others in one step) and survives a crash mid-write without a
-hand-written journal.
+Every effect (an ack, a state, a close, a response or note owed) is written here first,
+and each actor rebuilds its work from it at start. SQLite: a close's rows change in one
+step, and a crash mid-write needs no journal of ours.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ _STATES: frozenset[str] = frozenset(get_args(State))
 _SIDECARS = ("-wal", "-shm")
 _BUSY_TIMEOUT_S = 5.0
 
-# A table's order is its rowid (SQLite gives a new row one past the largest; an upsert
-# keeps it, INSERT OR REPLACE moves the row to the end).
+# A table's order is its rowid (an upsert keeps it, INSERT OR REPLACE moves the row last).
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE open_questions (
@@ -83,9 +79,8 @@ _NOTE_PURPOSES = ("cancel_note", "late_note", "timeout_note", "undelivered_note"
 
 
 class UnusableStateError(OSError):
-    """The file is not a state file this bridge can read (damaged, or of another schema):
-    the daemon and `status` refuse it in one line saying how to start afresh, and never
-    change it, so whatever it holds stays for the operator."""
+    """Damaged, or of another schema: refused in one line saying how to start afresh, and
+    never changed, so what it holds stays for the operator."""
 
     def __init__(self, path: Path, why: str) -> None:
         super().__init__(f"state file {path} {why}; stop the bridge and move {path} "
@@ -107,21 +102,15 @@ def _schema_problem(conn: sqlite3.Connection) -> str | None:
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
-    # A locked file is in use by someone else, not damaged.
     return isinstance(exc, sqlite3.OperationalError) and (
         "locked" in str(exc) or "busy" in str(exc)
     )
 
 
 class Store:
-    """Open questions and recently closed qids, in one SQLite file (WAL, mode 0600).
-
-    Every write is committed before its method returns, so before anything outside the
-    process can learn of it. With `synchronous=NORMAL` a commit reaches the WAL through
-    the OS, so it survives a crash or kill of the process; only a power loss or kernel
-    crash may lose the last few commits, the price of not fsyncing every state change.
-    One connection for every thread, behind one lock: each method is atomic.
-    """
+    """One SQLite file (WAL, 0600); every write is committed before its method returns.
+    `synchronous=NORMAL`: a crash of the process loses nothing, a power loss may lose the
+    last commits (the price of no fsync per change). One connection behind one lock."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
@@ -131,8 +120,7 @@ class Store:
 
     @classmethod
     def open(cls, path: Path) -> Store:
-        """Open (or create) the store at `path`. UnusableStateError when the file there is
-        damaged or of another schema; OSError when no store can be made at all."""
+        """UnusableStateError, or OSError when no store can be made at all."""
         path = Path(path)
         try:
             bridge_dir(path.parent)
@@ -142,8 +130,7 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and one transaction, committed before the method returns or
-        undone whole. After `shutdown`, sqlite3.ProgrammingError."""
+        """Committed, or undone whole. After `shutdown`, sqlite3.ProgrammingError."""
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
@@ -155,14 +142,8 @@ class Store:
                     conn.rollback()
                 raise
 
-
     def put_open(self, spec: QuestionSpec, owner: str) -> None:
-        """Record a question as open.
-
-        A repeated qid keeps its place in the order. A qid reopened after it
-        was closed is no longer closed: the closed row would otherwise make a
-        fresh answer to it look late.
-        """
+        """A repeated qid keeps its place in the order."""
         with self._transaction() as conn:
             conn.execute(
                 "INSERT INTO open_questions"
@@ -183,15 +164,10 @@ class Store:
                     int(spec.reminded),
                 ),
             )
-            conn.execute("DELETE FROM closed_questions WHERE qid = ?", (spec.qid,))
 
     def set_state(self, qid: str, state: State, owner: str) -> bool:
-        """Remember how far a question got, so a restart resumes it there.
-
-        No row means the question was already closed; reviving it would be wrong.
-        Only `owner`'s row is touched: a question replaced by a repeated qid must
-        not overwrite its successor. False when nothing changed.
-        """
+        """Only `owner`'s row (a restarted question's is no longer its predecessor's);
+        False when there is none."""
         with self._transaction() as conn:
             done = conn.execute(
                 "UPDATE open_questions SET state = ? WHERE qid = ? AND owner = ?",
@@ -212,23 +188,13 @@ class Store:
         note: SendText | None = None,
         undelivered_at: float | None = None,
     ) -> bool:
-        """Forget an open question, remembering how it ended unless `state` is None
-        (delivery failed: the human never saw it, so no answer to it can be late). False,
-        with nothing written, when the row is no longer `owner`'s (closed already, or
-        replaced by a repeated qid).
-
-        One transaction, so a crash never leaves a question both open and closed, or
-        neither; what the asker (`response`) or the human (`note`) is now owed stays in
-        the file until `settle` or `note_sent`, so a crash resends it rather than losing
-        it. `answer_file` is remembered so a restart before its removal does not take it
-        for a late answer; `undelivered_at` for UNDELIVERED_MEMORY_S, so an answer that
-        comes all the same gets the human a word (X11) instead of silence, and `status`
-        shows the failure (with the response's asker and error). Of `response` only the
-        response and error are read for the outbox: the prompt owed an answer is the row's.
-        """
+        """One step: the row goes, the closed row (none for `state` None: never seen, so
+        never late), and what is owed (`response`, `note`) until `settle`/`note_sent`.
+        `answer_file`: a restart before its removal must not take it for late;
+        `undelivered_at`: X11's memory. False, nothing written, if the row is not `owner`'s."""
         with self._transaction() as conn:
-            if response is not None:  # the asker's prompt is the row's, as stored when it
-                conn.execute(  # opened: copied, not serialised again (a burst's hot path)
+            if response is not None:  # the prompt is copied from the row
+                conn.execute(
                     "INSERT OR REPLACE INTO outbox (qid, owner, prompt, response, error)"
                     " SELECT qid, owner, prompt, ?, ? FROM open_questions"
                     " WHERE qid = ? AND owner = ?",
@@ -237,8 +203,8 @@ class Store:
             gone = conn.execute(
                 "DELETE FROM open_questions WHERE qid = ? AND owner = ?", (qid, owner)
             )
-            if gone.rowcount == 0:  # closed already, or someone else's now: nothing
-                return False  # was copied either
+            if gone.rowcount == 0:  # nothing was copied either
+                return False
             # X9: a reminder not yet sent is not sent once the question is closed
             conn.execute("DELETE FROM notes WHERE id = ?", (remind_note_id(qid),))
             conn.execute("DELETE FROM sent WHERE key IN (?, ?)",
@@ -285,9 +251,8 @@ class Store:
             self._owe_note(conn, note)
 
     def remind(self, note: SendText, owner: str) -> bool:
-        """X9: the question's one reminder is decided: marked on its row and owed, in
-        one step, so a restart neither loses it nor decides it twice. False (nothing
-        written) when the row is no longer `owner`'s."""
+        """X9: marked and owed in one step, so a restart neither loses it nor decides it
+        twice. False (nothing written) when the row is not `owner`'s."""
         with self._transaction() as conn:
             done = conn.execute(
                 "UPDATE open_questions SET reminded = 1 WHERE qid = ? AND owner = ?",
@@ -299,40 +264,31 @@ class Store:
         return True
 
     def note_sent(self, note_id: str) -> None:
-        """hermes has run the note (sent, or failed for good and logged): no longer owed."""
+        """hermes has run the note (sent, or failed and logged)."""
         with self._transaction() as conn:
             conn.execute("DELETE FROM notes WHERE id = ?", (note_id,))
             conn.execute("DELETE FROM sent WHERE key = ?", (f"note:{note_id}",))
 
     def record_sent(self, key: str, error: str | None) -> None:
-        """A send's outcome (None: hermes sent it, else C18's error), kept until what it
-        was sent for acts on it (`set_state`, `close`, `note_sent`): a restart in between
-        takes it from here instead of sending again."""
-        with self._transaction() as conn:  # (what closed mid-send is owed nothing)
+        """A send's outcome (None: sent, else C18's error), kept until what it was sent for
+        acts on it: a restart in between takes it from here instead of sending again."""
+        with self._transaction() as conn:
             conn.execute(f"INSERT OR REPLACE INTO sent (key, error) SELECT ?, ?"
                          f" WHERE ? IN {_SENT_OWED}", (key, error, key))
 
     def send_owed(self, key: str) -> bool:
-        """Is the send known as `key` still owed: its question pending, its note not run?
-        (Told again after a restart, one already acted on is not sent twice.)"""
-        kind, _, name = key.partition(":")
-        sql = {"question": "SELECT 1 FROM open_questions WHERE qid = ?"
-                           " AND (state IS NULL OR state = 'pending')",
-               "note": "SELECT 1 FROM notes WHERE id = ?"}.get(kind)
-        if sql is None:
-            return False
-        with self._transaction() as conn:  # by its key's index: one row, not a scan per send
-            row = conn.execute(sql, (name,)).fetchone()
-        return row is not None
+        """Is the send known as `key` still owed (told again, one acted on is not sent twice)?"""
+        with self._transaction() as conn:
+            return bool(conn.execute(f"SELECT ? IN {_SENT_OWED}", (key,)).fetchone()[0])
 
     def sent_outcome(self, key: str) -> tuple[str | None] | None:
-        """The outcome kept for the send known as `key` (the error, in a tuple), if any."""
+        """The kept outcome (its error, in a tuple), if any."""
         with self._transaction() as conn:
             row = conn.execute("SELECT error FROM sent WHERE key = ?", (key,)).fetchone()
         return None if row is None else (None if row[0] is None else str(row[0]),)
 
     def owed_notes(self) -> list[SendText]:
-        """Notes decided but not yet run by hermes, oldest first (sent again at start)."""
+        """Notes not yet run by hermes, oldest first."""
         return self._read_or_drop(
             "notes", "a note owed for", _note, "SELECT rowid, qid, id, purpose, text FROM notes"
             " ORDER BY rowid")
@@ -344,11 +300,7 @@ class Store:
         return row is not None
 
     def open_spec(self, qid: str, owner: str) -> QuestionSpec | None:
-        """The row of an open question owned by `owner`: what a restarted question resumes from.
-
-        None when the row is gone (the question closed) or is someone else's
-        (a repeated qid replaced it), or when it no longer decodes.
-        """
+        """What a restarted question resumes from; None when closed or undecodable."""
         with self._transaction() as conn:
             row = conn.execute(
                 "SELECT qid, prompt, parsed, timeout_ms, deadline, state, reminded"
@@ -364,8 +316,7 @@ class Store:
             return None
 
     def set_deadline(self, qid: str, deadline: float, owner: str) -> bool:
-        """A deadline cut back to the question's timeout (a wall clock that had run fast)
-        is kept, so that a restart after it cuts nothing further away."""
+        """A deadline cut back (a wall clock that had run fast) stays cut after a restart."""
         with self._transaction() as conn:
             done = conn.execute(
                 "UPDATE open_questions SET deadline = ? WHERE qid = ? AND owner = ?",
@@ -374,7 +325,7 @@ class Store:
             return done.rowcount > 0
 
     def claim(self, qid: str, owner: str) -> bool:
-        """Make `owner` the actor that answers for this open question (restore, restart)."""
+        """`owner` answers for this open question now (restore, restart)."""
         with self._transaction() as conn:
             done = conn.execute(
                 "UPDATE open_questions SET owner = ? WHERE qid = ?", (owner, qid)
@@ -382,16 +333,13 @@ class Store:
             return done.rowcount > 0
 
     def settle(self, qid: str, owner: str | None = None) -> None:
-        """The asker was answered (or is gone for good): the response leaves the outbox.
-        Keyed by owner too, so a late settle for an old question cannot clear what a newer
-        one with the same qid owes. A crash before its commit leaves the response owed, sent
-        again at the next start, as the outbox's at-least-once rule allows."""
+        """The asker was answered (or is gone for good); a crash before this sends the
+        response again at the next start (at least once)."""
         with self._transaction() as conn:
             conn.execute("DELETE FROM outbox WHERE qid = ? AND owner = ?", (qid, owner or ""))
 
     def response_owed(self, qid: str, owner: str) -> bool:
-        """Is this response still in the outbox? (Told again after a Peer's restart sent
-        it from here, it is not sent twice once settled.)"""
+        """Still in the outbox? (Told again after a Peer's restart, it is not sent twice.)"""
         with self._transaction() as conn:
             row = conn.execute("SELECT 1 FROM outbox WHERE qid = ? AND owner = ?",
                                (qid, owner)).fetchone()
@@ -404,8 +352,7 @@ class Store:
             "SELECT rowid, qid, owner, prompt, response, error FROM outbox ORDER BY rowid")
 
     def closed(self, qid: str) -> tuple[State, tuple[str, FileSignature] | None] | None:
-        """How `qid` ended and the answer file (name and version) that answered it, if it
-        is among the closed questions remembered: the one memory of them (C15, X2)."""
+        """How `qid` ended and the answer file that answered it, if remembered (C15, X2)."""
         with self._transaction() as conn:
             row = conn.execute(
                 "SELECT state, answer_file FROM closed_questions WHERE qid = ?", (qid,)
@@ -415,16 +362,12 @@ class Store:
         try:
             name, inode, size, mtime_ns = json.loads(row[1])
             return row[0], (str(name), FileSignature(int(inode), int(size), int(mtime_ns)))
-        except (TypeError, ValueError, RecursionError):  # none, or damaged: it only looks late
+        except (TypeError, ValueError, RecursionError):  # none, or damaged
             return row[0], None
 
     def load(self) -> tuple[list[QuestionSpec], list[tuple[str, State]]]:
-        """What a restarted daemon resumes: open questions in arrival order, closed oldest first.
-
-        A row that no longer parses (edited by hand, or written by a buggy
-        version) is dropped and deleted, with one report line: one bad question
-        must not keep the daemon from resuming all the others.
-        """
+        """Open questions in arrival order, closed oldest first; a row that no longer
+        parses is deleted and said, so it cannot keep the others from resuming."""
         with self._transaction() as conn:
             _trim_closed(conn)
             conn.execute(_SENT_STALE)
@@ -438,10 +381,8 @@ class Store:
         return specs, closed
 
     def _read_or_drop(self, table: str, what: str, decode: Callable[..., T], sql: str) -> list[T]:
-        """The rows `sql` selects (rowid, then the key), decoded; a row that does not decode
-        is deleted, by rowid (a bad key may not even bind), and said once: kept, it would
-        be said at every start. Read and delete are one transaction: a row another writer
-        rewrote in between would be deleted unread."""
+        """The rows `sql` selects (rowid, then the key), decoded; one that does not decode
+        is deleted by rowid (a bad key may not bind) and said once, in the read's transaction."""
         with self._transaction() as conn:
             good, bad = _decode(conn.execute(sql).fetchall(), decode)
             if bad:
@@ -452,8 +393,8 @@ class Store:
         return good
 
     def shutdown(self) -> None:
-        """Close the file; safe to call twice, since both stop and crash paths may call it.
-        A write after it raises sqlite3.ProgrammingError."""
+        """Safe twice (stop and crash paths both call it); a write after it raises
+        sqlite3.ProgrammingError."""
         with self._lock:
             if self._shut:
                 return
@@ -464,35 +405,28 @@ class Store:
                 report(f"state database {self.path}: could not close cleanly: {exc!r}")
 
 
-
 def _trim_closed(conn: sqlite3.Connection) -> None:
-    """The closed rows older than the newest CLOSED_MEMORY rowids go (a lookup, not a
-    sort; a closed qid closed again leaves a gap, so the memory may hold a few less)."""
+    """The closed rows older than the newest CLOSED_MEMORY rowids go."""
     conn.execute("DELETE FROM closed_questions WHERE rowid <="
                  " (SELECT MAX(rowid) FROM closed_questions) - ?", (CLOSED_MEMORY,))
 
 
 def remind_note_id(qid: str) -> str:
-    """The one reminder a question may be owed (X9), under a name its close can find."""
+    """X9's one reminder, under a name its close can find."""
     return f"remind:{qid}"
 
 
 def _text(raw: bytes) -> str:
-    """SQLite text as str, never an error: bytes that are not UTF-8 (a file edited
-    by another tool) come back as lone surrogates, which every reader refuses
-    row by row (X12) instead of the whole query failing."""
+    """Bytes that are not UTF-8 come back as lone surrogates, refused row by row (X12)
+    instead of failing the whole query."""
     return raw.decode("utf-8", "surrogateescape")
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    """The file at `path` in WAL mode with the schema in place (made if it is new), or
-    UnusableStateError, or OSError."""
+    """The file in WAL mode with the schema in place, or UnusableStateError, or OSError."""
     try:
-        # Prompts may carry private text: only the daemon's user may read them.
-        # Create the file 0600 before SQLite does: SQLite gives the -wal and
-        # -shm files it creates the main file's mode, whatever the umask. A file
-        # found looser (a copy) is tightened, saying so. O_NONBLOCK: a FIFO planted
-        # by that name is refused, never waited on.
+        # 0600 before SQLite makes it: the -wal and -shm get the main file's mode.
+        # O_NONBLOCK: a FIFO planted by that name is refused, never waited on.
         fd = open_private(path, os.O_CREAT | os.O_RDWR | os.O_NONBLOCK)
         try:
             regular = stat.S_ISREG(os.fstat(fd).st_mode)
@@ -551,10 +485,8 @@ def _spec(
     state: object,
     reminded: object = None,
 ) -> QuestionSpec:
-    """One open question from its row; ValueError or TypeError if it does not parse. The
-    JSON is read and checked as the wire reads it (`loads`, the same models), so a row
-    that is not valid Unicode (X12; an older version's, or edited by hand) is refused as
-    an envelope would be."""
+    """One open question from its row, checked as the wire checks it (X12); ValueError or
+    TypeError if it does not parse."""
     if not isinstance(qid, str):
         raise TypeError(f"qid is {type(qid).__name__}")
     if has_lone_surrogate(qid):
@@ -586,8 +518,7 @@ def _closed(qid: Any, state: Any) -> tuple[str, State]:
 
 
 def _note(qid: Any, note_id: Any, purpose: Any, text: Any) -> SendText:
-    """One owed note's row; ValueError if it does not parse, or hermes could not take its
-    text (X12)."""
+    """One owed note's row; ValueError if it does not parse or is not valid Unicode (X12)."""
     if not (isinstance(qid, str) and isinstance(note_id, str) and isinstance(text, str)
             and purpose in _NOTE_PURPOSES and not has_lone_surrogate([note_id, qid, text])):
         raise ValueError("not a note hermes can send")
@@ -604,14 +535,12 @@ def _owed(qid: Any, owner: Any, prompt: Any, response: Any, error: Any) -> SendR
 
 def _decode(rows: list[Any], decode: Callable[..., T]
             ) -> tuple[list[T], list[tuple[Any, Any, Exception]]]:
-    """Each row (rowid first) decoded, and the (rowid, key, error) of each that is not:
-    whatever the decoder raises (RecursionError too), one bad row never keeps the
-    others from being read."""
+    """Each row (rowid first) decoded, and the (rowid, key, error) of each that is not."""
     good: list[T] = []
     bad: list[tuple[Any, Any, Exception]] = []
     for rowid, *row in rows:
         try:
             good.append(decode(*row))
-        except (TypeError, ValueError, RecursionError) as exc:  # the decoders' own, and deep JSON
+        except (TypeError, ValueError, RecursionError) as exc:
             bad.append((rowid, row[0], exc))
     return good, bad

@@ -1,9 +1,6 @@
 """Supervision: a child's stable address (`Slot`), the supervised actor, and the restart
-rule (MaxR restarts in MaxT seconds, then give up).
-
-Nothing is handed over from a dead child: a restart is a start, and each child rebuilds
-its work from the store in `begin()`. What was told to it and not yet read is lost, as
-in OTP; the senders of what matters keep it in the store, or learn of the loss.
+rule (MaxR in MaxT). A restart is a start: the child rebuilds from the store in `begin()`;
+its unread mail is lost, as in OTP.
 """
 
 from __future__ import annotations
@@ -66,9 +63,7 @@ class Slot:
 
 
 class Supervised(pykka.Actor):
-    """An actor that, when it dies of an exception, frees what it owns and tells its
-    supervisor. Its runtime comes from the concrete class (`PooledChild` for the daemon's
-    actors; a test's fake child may have a thread of its own)."""
+    """An actor that, dying of an exception, frees what it owns and tells its supervisor."""
 
     def __init__(self, name: str, supervisor: Address) -> None:
         super().__init__()
@@ -76,24 +71,19 @@ class Supervised(pykka.Actor):
         self.supervisor = supervisor
 
     def begin(self) -> None:
-        """Take over this actor's resources and rebuild its work from the store, in its
-        first turn, before any message."""
+        """Take over resources and rebuild from the store, before any message."""
 
     def release(self) -> None:
-        """Free what this actor owns; on stop and after a crash, so a successor can take
-        the same resources. It must not raise."""
+        """Free what this actor owns, on stop and after a crash. Must not raise."""
 
     def lost(self, message: Any) -> None:
-        """`message` was told and not read before a crash: a sender waiting on it is told
-        now (asks fail by pykka's teardown). Must not raise."""
+        """`message` was not read before a crash: whoever waits on it is told. Must not raise."""
 
     def on_start(self) -> None:
         # pykka stops an actor whose on_start raises without on_failure: say it here
         try:
             self.begin()
-        except Exception as exc:  # the start of a child: a failed begin is a crash
-            # dead first, as pykka is before on_failure: nothing told from now on is
-            # accepted into a mailbox about to be dropped
+        except Exception as exc:  # a failed begin is a crash; dead first, as pykka does
             pykka.ActorRegistry.unregister(self.actor_ref)
             self.actor_stopped.set()
             self.on_failure(type(exc), exc, exc.__traceback__)
@@ -127,8 +117,7 @@ class Supervised(pykka.Actor):
 
 
 class PooledChild(Supervised, PooledActor):
-    """A supervised actor whose turns run on the shared loop: every actor of the daemon
-    but the root. Its turns must be short (what waits, waits on the loop)."""
+    """A supervised actor whose turns run on the shared loop: every actor but the root."""
 
 
 class Intensity:
@@ -138,7 +127,7 @@ class Intensity:
 
     def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float]) -> None:
         self.max_restarts, self.window_s, self.clock = max_restarts, window_s, clock
-        self._times: list[tuple[float, str]] = []  # a list: one per question, no deque's bytes
+        self._times: list[tuple[float, str]] = []
 
     def allow(self, who: str) -> bool:
         """Record one restart (of `who`) now; False when it is one too many in the window."""
@@ -149,7 +138,7 @@ class Intensity:
         return len(self._times) <= self.max_restarts
 
     def verdict(self) -> str:
-        """Who crashed how often, and how fast: the operator's line when it gives up."""
+        """Who crashed how often, and how fast: the line when it gives up."""
         whos = {who for _, who in self._times}
         window = f"{self.window_s:g}s"
         if len(whos) == 1:
@@ -167,10 +156,8 @@ class GiveUp:
 
 
 class RestartPolicy:
-    """The restart decision both supervisors make: every crash counts toward an intensity
-    (one over all children for the root, one per child for questions) and the child comes
-    back at once, or never past its bound. A machine short of a resource gives up here
-    too: the service manager restarts the daemon with a growing delay."""
+    """Both supervisors' rule: every crash counts toward an intensity (over all children for
+    the root, per question for the Router); the child comes back at once, or never."""
 
     def __init__(self, max_restarts: int, window_s: float, clock: Callable[[], float], *,
                  per_child: bool) -> None:

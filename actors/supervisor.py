@@ -1,10 +1,6 @@
-"""The root supervisor and the tree it starts (drawn in docs/architecture.md).
-
-Children start in CHILDREN's order and stop in reverse: the Peer goes first (no
-new questions, the registry entry leaves, W8), and its entry, written last, is
-the daemon's readiness (W7). Each child is given only its own collaborators, their
-Slots made before anything starts; what is told to a child not up yet is dropped, as
-to a dead one: each child rebuilds its work from the store when it starts.
+"""The root supervisor and its tree (docs/architecture.md). Children start in CHILDREN's
+order and stop in reverse: the Peer, started last, publishes readiness (W7) and stops
+first (W8). What is told to a child not up yet is dropped: it rebuilds from the store.
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ CHILDREN = ("logger", "delivery", "router", "watcher", "peer")
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """How to start one child: `start(supervisor, incarnation)` returns its ref; the
-    incarnation counts starts from 0, so a child can tell its first start from a restart."""
+    """`start(supervisor, incarnation)` returns the child's ref; incarnation 0 is its first."""
 
     slot: Slot
     start: Callable[[Address, int], pykka.ActorRef[Any]]
@@ -46,8 +41,8 @@ class ChildSpec:
 
 
 class RootSupervisor(pykka.ThreadingActor):
-    """one_for_one over child specs. A thread of its own: its stop waits for each child's
-    (in order), which on the loop would wait for turns queued behind its own."""
+    """one_for_one. A thread of its own: its stop waits for each child's, which on the loop
+    would wait for turns queued behind its own."""
 
     use_daemon_thread = True
 
@@ -123,8 +118,7 @@ class Tree:
     slots: dict[str, Slot]
 
     def queue_depth(self, timeout: float = DEPTH_TIMEOUT_S) -> int:
-        """How many questions are open (C21; the watchdog's proof of life); TimeoutError
-        if the Router does not answer in time. For non-actor threads only."""
+        """Open questions (C21; the watchdog's proof of life), or TimeoutError. Not for actors."""
         router = self.slots["router"]
         if not router.alive:
             raise TimeoutError("the router is restarting")
@@ -138,7 +132,7 @@ def start_tree(*, config: BridgeConfig, identity: Any, store: Store,
                question_restarts: int = 3, now: Callable[[], datetime] = _utc_now,
                clock: Callable[[], float] = time.time,
                monotonic: Callable[[], float] = time.monotonic) -> Tree:
-    """Build the child specs and start the root; returns at once (children start in it)."""
+    """Start the root; returns at once (the children start in it)."""
     slots = {name: Slot(name) for name in CHILDREN}
     logger, delivery, router, watcher, peer = (slots[name] for name in CHILDREN)
     starts: dict[str, Callable[[Address, int], pykka.ActorRef[Any]]] = {

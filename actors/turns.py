@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 
 class PoolInbox:
-    """Asks its edge for a turn of its actor when mail comes, as Akka's dispatchers do: never
-    more than one turn queued or running. A put is never refused: a `tell` never blocks."""
+    """Asks its edge for a turn of its actor when mail comes, as Akka's dispatchers do: at
+    most one turn queued or running; a `tell` never blocks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -76,8 +76,8 @@ class PoolInbox:
 
 
 class PooledActor(pykka.ThreadingActor):
-    """A pykka actor whose turns run on an edge's loop (the shared one unless `edge`
-    says), at most `throughput` messages a turn so a busy actor starves nobody."""
+    """A pykka actor whose turns run on an edge's loop, at most `throughput` messages a turn
+    so a busy actor starves nobody."""
 
     edge: ClassVar[Edge | None] = None
     throughput: ClassVar[int] = 8
@@ -109,15 +109,14 @@ class PooledActor(pykka.ThreadingActor):
 
     def tell_later(self, delay: float, message: Any, to: Address | None = None
                    ) -> asyncio.TimerHandle:
-        """Tell `to` (this actor by default) `message` after `delay`. In a turn only: the
-        handle is the loop's, and only the loop may cancel it."""
+        """Tell `to` (this actor by default) `message` after `delay`; in a turn only (only the
+        loop may cancel the handle)."""
         edge = self.edge or shared_edge()
         assert edge.on_loop(), "tell_later outside a turn"
         return edge.loop.call_later(delay, tell_quietly, to or self.actor_ref, message)
 
     def _turn(self) -> None:
-        """pykka's actor loop cut into turns: on_start first, then at most `throughput`
-        messages, each handled as pykka does, and pykka's teardown once stopped."""
+        """pykka's actor loop cut into turns."""
         inbox = self.actor_inbox
         assert isinstance(inbox, PoolInbox)
         if not self._started:

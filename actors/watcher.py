@@ -1,8 +1,5 @@
-"""The WatcherActor: answer files in (C7-C10, C15, W21, X6, X7).
-
-The Watcher does not know which questions are open; the Router does, so every file
-with a well-formed name goes there, and a verdict comes back for one that is no answer.
-"""
+"""The WatcherActor: answer files in (C7-C10, C15, W21, X6, X7). Only the Router knows
+which questions are open: every well-named file goes there, and a verdict comes back."""
 
 from __future__ import annotations
 
@@ -56,8 +53,7 @@ _WATCH_MASK = flags.CREATE | flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVE_SEL
 # the watch ended (the directory deleted or moved away) or events were lost: look at all
 _LOST = flags.IGNORED | flags.MOVE_SELF | flags.Q_OVERFLOW
 _READ_ATTEMPTS = 3
-# A file handed on and not disposed of is offered again after this long, in case the
-# question it went to crashed with it, or it is a sibling's (X6).
+# a file handed on and not disposed of is offered again (its question crashed, or X6)
 DEFAULT_REOFFER_S = DEFAULT_REOFFER_MS / 1000
 TRACK_LIMIT = 10_000  # names remembered
 SCAN_LIMIT = 10_000  # names looked at per rescan
@@ -72,8 +68,8 @@ def _signature(st: os.stat_result) -> FileSignature:
 
 @dataclass
 class _Tracked:
-    """What the watcher knows of one name: since when (C10's grace runs from then),
-    and which version it handed on (or judged), not to be looked at before `resend_at`."""
+    """One name: first seen (C10's grace runs from then), and the version handed on (or
+    judged), not looked at again before `resend_at`."""
 
     first_seen: float
     handed: FileSignature | None = None
@@ -82,9 +78,7 @@ class _Tracked:
 
 class WatcherActor(PooledChild):
     """The one owner of "which answer file is being handled" (`_Tracked`, per name), so a
-    rescan re-reads only what changed or waited long enough. Paths are plain strings, as
-    joining pathlib's is dear with thousands of answers at once.
-    """
+    rescan re-reads only what changed or waited long enough."""
 
     def __init__(self, *, questions_dir: Path, poll_ms: float, router: Address,
                  delivery: Address, logger: Address, supervisor: Address,
@@ -109,18 +103,13 @@ class WatcherActor(PooledChild):
 
     def begin(self) -> None:
         self._inotify = INotify()
-        # 0700 before the first look (another local user who could write here could
-        # forge answers); a directory that cannot be made at start is a setup fault
-        self._watch()
+        self._watch()  # 0700 before the first look: another user could forge answers
         self._rescan()  # files written while no watcher ran raise no event
 
     def release(self) -> None:
-        # (a beat still set tells this stopped actor nothing: tell_quietly drops it)
         inotify, self._inotify, self._wd = self._inotify, None, None
         if inotify is not None:  # closed on the loop once it stopped reading it
             shared_edge().call(self._unlisten, inotify)
-
-    # -- on the loop: only `tell` ---------------------------------------------
 
     @staticmethod
     def _unlisten(inotify: INotify) -> None:
@@ -130,8 +119,7 @@ class WatcherActor(PooledChild):
 
     @staticmethod
     def _events(inotify: INotify, me: Address) -> None:
-        """What the kernel said, told to the watcher; a static method, so it cannot
-        touch the watcher's state."""
+        """On the loop: only tells (static, so it cannot touch the watcher)."""
         try:
             events = inotify.read(timeout=0)
         except Exception:  # the loop's edge: not read again before the next rescan listens
@@ -143,11 +131,9 @@ class WatcherActor(PooledChild):
         if any(e.mask & _LOST for e in events):
             tell_quietly(me, Rescan())
 
-    # -- messages -----------------------------------------------------------
-
     def on_receive(self, message: Any) -> None:
         match message:
-            case FilesChanged(names=names):  # (each name once: _events made them so)
+            case FilesChanged(names=names):
                 for name in names:
                     self._examine(name)
             case Rescan():
@@ -164,18 +150,13 @@ class WatcherActor(PooledChild):
             case _:
                 raise UnknownMessage(self.child_name, message)
 
-    # -- the directory ------------------------------------------------------
-
     def _watch(self) -> None:
-        """Make the directory (0700) and watch it. Adding a watch its inode already has
-        gives back the same descriptor, so a new one means the directory was deleted,
-        moved or replaced, or the kernel ended its watch: the old one is dropped."""
+        """Make the directory (0700) and watch it; a new descriptor means the directory was
+        replaced or its watch ended: the old one is dropped."""
         inotify = self._inotify
         assert inotify is not None  # None only after release(), when no message is handled
         private_dir(self.questions_dir)  # NotADirectoryError if something else is there
-        # Watch first, list after (the caller rescans): a file written in between is in
-        # the listing or raises an event, never neither. ONLYDIR: something else put in
-        # its place meanwhile is refused (ENOTDIR), not watched.
+        # watch first, list after (the caller rescans): a file written between is in one
         wd = inotify.add_watch(str(self.questions_dir), _WATCH_MASK)
         if self._wd is not None and wd != self._wd:
             with contextlib.suppress(OSError):
@@ -186,14 +167,12 @@ class WatcherActor(PooledChild):
         edge.call(edge.loop.add_reader, inotify.fileno(), self._events, inotify, self.actor_ref)
 
     def _heal(self) -> None:
-        """The directory exists, is 0700 and is watched, or it cannot be, for now. A
-        failure while running is said once per cause and retried at every beat: the
-        watcher lives on (no restart loop), polling if it must."""
+        """Watched, or said once per cause and retried at every beat (no restart loop)."""
         before = self._wd
         try:
             self._watch()
         except OSError as exc:
-            if self._heal_failing.happened(cause=exc.errno):  # (the errno picks the type)
+            if self._heal_failing.happened(cause=exc.errno):
                 report(f"{self.child_name}: cannot make or watch {self.questions_dir}: {exc}; "
                        f"retrying every {js_string(self.poll_ms)}ms")
             return
@@ -203,11 +182,8 @@ class WatcherActor(PooledChild):
             report(f"{self.child_name}: {self.questions_dir} was deleted, moved or no longer "
                    "watched; watching it anew (0700)")
 
-    # -- examining files ----------------------------------------------------
-
     def _rescan(self) -> None:
-        """The safety net, at start, every `poll_ms`, and when the watch ended or events
-        were lost: every name is looked at (one lstat for a version already handed on)."""
+        """The safety net: at start, every `poll_ms`, and when events were lost."""
         if self._beat is not None:
             self._beat.cancel()
         self._beat = self.tell_later(self.poll_ms / 1000, Rescan())
@@ -252,7 +228,7 @@ class WatcherActor(PooledChild):
         tracked = self._tracked.get(name)
         if tracked is not None and tracked.handed == _signature(st) \
                 and self.clock() < tracked.resend_at:
-            return  # handed on (or judged) already and not due: no re-read, no re-parse
+            return  # handed on (or judged) already and not due
         qid = qid_of_name(name)
         if stat.S_ISREG(st.st_mode) and isinstance(qid, Rejected):
             # a writer's temporary name may be renamed any moment: only after the grace
@@ -272,13 +248,11 @@ class WatcherActor(PooledChild):
             self._reject(name, _signature(st), Rejected("invalid_path"))
 
     def _read(self, name: str) -> tuple[bytes | None, FileSignature] | None:
-        """The bytes (None over the limit: not read) and the version they came from; None
-        when it is no regular file or cannot be read whole now."""
+        """The bytes (None over the limit) and their version; None when it is no regular
+        file or cannot be read whole now."""
         path = self._prefix + name
         for _ in range(_READ_ATTEMPTS):
             try:
-                # O_NONBLOCK, O_NOFOLLOW: a FIFO or a symlink swapped in is no answer;
-                # O_NOCTTY: nor is a terminal, which must not become ours
                 fd = os.open(path, _OPEN_FLAGS)
             except OSError:
                 return None
@@ -298,16 +272,13 @@ class WatcherActor(PooledChild):
                 return content, _signature(after)
         return None  # still being written; its close event or a rescan brings it back
 
-    # -- verdicts -----------------------------------------------------------
-
     def _hold(self, name: str, signature: FileSignature, until: float) -> None:
         """Leave this version be until `until`; a new version is examined at once."""
         tracked = self._track(name)
         tracked.handed, tracked.resend_at = signature, until
 
     def _reject(self, name: str, signature: FileSignature, rejected: Rejected) -> None:
-        """C9: removed and logged as answer_rejected, by the remover alone: bridges that
-        share the directory may reject the same file, and it is logged once."""
+        """C9: logged by the remover alone, so bridges sharing the directory log it once."""
         if not self._remove(name, signature):
             return
         reason, qid, error = rejected.reason, rejected.qid, rejected.error
@@ -323,8 +294,7 @@ class WatcherActor(PooledChild):
             self._note_unreadable(qid, reason)
 
     def _note_unreadable(self, qid: str, reason: RejectReason) -> None:
-        """X7: the human is told their answer was refused, at most once per question per
-        NOTE_INTERVAL_S; the question stays open."""
+        """X7: at most once per question per NOTE_INTERVAL_S; the question stays open."""
         now = self.clock()
         while self._noted and (len(self._noted) >= NOTE_MEMORY
                                or now - next(iter(self._noted.values())) >= NOTE_INTERVAL_S):
@@ -335,16 +305,9 @@ class WatcherActor(PooledChild):
         self.delivery.tell(SendText(qid, unreadable_note(qid, reason), "unreadable_note"))
 
     def _remove(self, name: str, signature: FileSignature) -> bool:
-        """Remove that version of the file; True if this call removed it.
-
-        A newer one renamed over it since it was judged (a second answer, a moment after
-        the first) stays, to be judged on its own. Linux cannot unlink "this inode only",
-        so the name is looked at, then unlinked: a version renamed over it in the
-        microseconds between the two goes unjudged. That race is accepted.
-
-        A version that cannot go now is judged all the same: it is never offered again
-        in this run (a second note would be a second judgement); the next start looks.
-        """
+        """Remove that version; True if this call removed it. A newer one stays, to be judged;
+        one renamed over it between the lstat and the unlink goes unjudged (accepted:
+        Linux cannot unlink one inode). One that cannot go is not offered again this run."""
         path = self._prefix + name
         try:
             if _signature(os.lstat(path)) != signature:
@@ -354,7 +317,6 @@ class WatcherActor(PooledChild):
             self._tracked.pop(name, None)
             return False
         except OSError as exc:
-            # said once per cause: a read-only directory of many answers is one line
             if self._remove_failing.happened(cause=exc.errno):
                 report(f"{self.child_name}: cannot remove {name}: {exc}")
             self._hold(name, signature, float("inf"))

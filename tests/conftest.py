@@ -13,20 +13,19 @@ import pykka
 import pytest
 from hypothesis import HealthCheck, settings
 
-from coms_hermes_bridge.actors import loop, responses, sends
+from coms_hermes_bridge.actors import loop, responses
 
 
 def _forget_shared_services() -> None:
     """A forked test process starts without the parent's shared services.
 
     Mutation testing (mutmut) runs each mutant in a fork of a process that has
-    already run tests; the loop, the spawner and the response sender it inherits
+    already run tests; the loop and the response sender it inherits
     would point at threads that do not exist in the fork, and every pooled actor
     would wait forever. (The daemon itself never forks Python: Popen execs.)
     """
     loop._SHARED_LOCK = threading.Lock()
     loop._SHARED_EDGE = None
-    sends.spawner.cache_clear()
     responses.shared_responses.cache_clear()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,7 @@ class LoggerRig(WiredRig[LoggerActor]):
 
     def logged(self, *records: LogRecord) -> None:
         """Tell each record, and return once the logger has written them: the last is
-        asked, so it is handled (with all before it) when the ask returns, and it finds
-        the mailbox empty, which writes the batch. (A sync by any other message would
-        leave the batch open behind it: the logger is only ever told LogEvents.)"""
+        asked, so it is handled (with all before it) when the ask returns."""
         *first, last = records
         self.log(*first)
         self.ref.ask(LogEvent(last))
@@ -112,11 +109,11 @@ def test_unwritable_path_reports_on_stderr_and_survives(
 
 def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:  # C20: a full disk fails every batch; the operator gets two lines, not a flood
+) -> None:  # C20: a full disk fails every line; the operator gets two lines, not a flood
     rig = LoggerRig(tmp_path / "dir" / "log.ndjson")
     rig.log_path.mkdir(parents=True)
     for event in ("question_received", "delivered", "answered"):
-        rig.logged(log_record(AT, QID, event))  # a batch each, each lost
+        rig.logged(log_record(AT, QID, event))  # each lost
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: cannot write {rig.log_path}: "
         f"[Errno 21] Is a directory: '{rig.log_path}'\n")
@@ -132,7 +129,7 @@ def test_a_log_that_keeps_failing_is_said_once_and_its_recovery_once(
         rig.logged(record)
     assert capfd.readouterr().err == (
         f"coms-hermes-bridge: warning: {rig.log_path.parent} was gone; made it again (0700)\n"
-        f"coms-hermes-bridge: writing {rig.log_path} works again (5 batch(es) lost)\n")
+        f"coms-hermes-bridge: writing {rig.log_path} works again (5 line(s) lost)\n")
     assert rig.log_path.read_bytes() == lines(good)
     rig.log_path.unlink()
     rig.log_path.mkdir()
@@ -165,10 +162,10 @@ class _FillingOs:
         return os.write(fd, bytes(data[:n]))
 
 
-@pytest.mark.parametrize("where", ["mid-line", "at a line's end"])
-def test_a_batch_cut_short_by_a_full_disk_leaves_every_later_line_whole(
+@pytest.mark.parametrize(("where", "lost_lines"), [("mid-line", 2), ("at a line's end", 1)])
+def test_a_line_cut_short_by_a_full_disk_leaves_every_later_line_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-    where: str,
+    where: str, lost_lines: int,
 ) -> None:  # C20: a write that stops mid-line must not glue the next record to it
     rig = LoggerRig(tmp_path / "log.ndjson")
     first, cut, lost, after = (log_record(AT, QID, event) for event in
@@ -177,19 +174,18 @@ def test_a_batch_cut_short_by_a_full_disk_leaves_every_later_line_whole(
     room = 10 if where == "mid-line" else len(cut.to_line(PROJECT))
     filling = _FillingOs(rig.log_path, room)
     monkeypatch.setattr(logger_module, "os", filling)
-    with actors_held():  # one batch of two lines
-        rig.log(cut, lost)
-    wait_for(lambda: filling.refused > 0, what="the disk full")
+    rig.logged(cut, lost)
+    assert filling.refused == lost_lines
     filling.room = None  # room again
     rig.logged(after)
     torn = cut.to_line(PROJECT).encode()[:10] + b"\n" if where == "mid-line" else lines([cut])
     assert rig.log_path.read_bytes() == lines([first]) + torn + lines([after])
     assert capfd.readouterr().err.splitlines() == [
         f"coms-hermes-bridge: cannot write {rig.log_path}: [Errno 28] No space left on device",
-        f"coms-hermes-bridge: writing {rig.log_path} works again (1 batch(es) lost)"]
+        f"coms-hermes-bridge: writing {rig.log_path} works again ({lost_lines} line(s) lost)"]
 
 
-def test_a_batch_the_system_takes_in_pieces_is_written_whole_once(
+def test_a_line_the_system_takes_in_pieces_is_written_whole_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # C20: a short write is not an error; the rest follows it
     rig = LoggerRig(tmp_path / "log.ndjson")
@@ -197,8 +193,7 @@ def test_a_batch_the_system_takes_in_pieces_is_written_whole_once(
                     ("question_received", "delivered", "answered"))
     rig.logged(first)
     monkeypatch.setattr(logger_module, "os", _FillingOs(rig.log_path, None, step=7))
-    with actors_held():  # one batch
-        rig.log(*rest)
+    rig.log(*rest)
     rig.wait_for_lines([first, *rest], "every line once")
 
 
@@ -224,90 +219,30 @@ def test_an_unknown_message_fails_loudly_naming_the_logger_and_what_it_was_told(
     rig.stopped()
 
 
-def test_lines_still_batched_when_the_logger_crashes_are_written(tmp_path: Path) -> None:
+def test_lines_told_before_the_logger_crashes_are_written(tmp_path: Path) -> None:
     # C20: a crash (here an unknown message) loses no line already told to the logger
     rig = LoggerRig(tmp_path / "log.ndjson")
     records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
-    with actors_held():  # all in the mailbox first: the batch is still open when it fails
+    with actors_held():  # all in the mailbox before the message it fails on
         rig.log(*records)
         rig.ref.tell("not a LogEvent")
     rig.supervisor.expect(ChildFailed)  # told once the actor has released
     assert rig.log_path.read_bytes() == lines(records)
 
 
-def test_lines_still_batched_at_a_stop_are_written(tmp_path: Path) -> None:  # C20
+def test_lines_told_before_a_stop_are_written(tmp_path: Path) -> None:  # C20
     rig = LoggerRig(tmp_path / "log.ndjson")
     records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(50)]
-    with actors_held():  # all in the mailbox before the stop: the batch is still open
+    with actors_held():  # all in the mailbox before the stop
         rig.log(*records)
         stopped = rig.ref.stop(block=False)
     stopped.get(timeout=5)
     assert rig.log_path.read_bytes() == lines(records)
 
 
-class _GatedOs:
-    """The `os` module as the logger sees it, with `write` counted and held shut
-    until the test opens the gate (so records pile up in the mailbox meanwhile)."""
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.writes: list[bytes] = []
-
-    def write(self, fd: int, data: bytes) -> int:
-        self.gate.wait(10)
-        self.writes.append(bytes(data))
-        return os.write(fd, data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-
-def test_a_burst_is_written_in_a_few_batches_in_order(
+def test_the_log_file_stays_open_between_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # C20: one write per batch, not one open and write per line
-    gated = _GatedOs()
-    monkeypatch.setattr(logger_module, "os", gated)
-    rig = LoggerRig(tmp_path / "log.ndjson")
-    records = [log_record(AT, QID, "question_received", {"from": f"asker {i}"})
-               for i in range(1000)]
-    rig.log(*records)  # the first write is held: the rest queue up
-    gated.gate.set()
-    rig.wait_for_lines(records, "1000 lines")
-    assert b"".join(gated.writes) == lines(records)
-    # the first line alone (the mailbox looked empty), then batches of at most BATCH_LINES
-    assert len(gated.writes) <= 1 + -(-999 // logger_module.BATCH_LINES) + 1
-    assert all(w.count(b"\n") <= logger_module.BATCH_LINES for w in gated.writes)
-
-
-def _line_of(size: int, i: int) -> LogRecord:
-    """A record whose line is exactly `size` characters long."""
-    bare = log_record(AT, QID, "delivered", {"to": f"{i:02d}:"})
-    record = log_record(AT, QID, "delivered", {"to": f"{i:02d}:" + "x" * (size - len(bare.to_line(PROJECT)))})
-    assert len(record.to_line(PROJECT)) == size
-    return record
-
-
-def test_a_batch_is_written_when_it_reaches_batch_chars(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # the bound on one write: lines are counted in characters, from zero per batch
-    eighth = logger_module.BATCH_CHARS // 8  # a line under the log's own bound on one line
-    gated = _GatedOs()
-    gated.gate.set()
-    monkeypatch.setattr(logger_module, "os", gated)
-    # one character short of the bound after eight lines: written at the ninth;
-    # again from zero; then exactly the bound after eight lines: written at once
-    sizes = [eighth - 1] + [eighth] * 8 + [eighth - 1] + [eighth] * 8 + [eighth] * 9
-    records = [_line_of(size, i) for i, size in enumerate(sizes)]
-    with actors_held():  # every record is in the mailbox before the first is taken
-        rig = LoggerRig(tmp_path / "log.ndjson")
-        rig.log(*records)
-    rig.wait_for_lines(records, "27 lines")
-    assert [w.count(b"\n") for w in gated.writes] == [9, 9, 8, 1]
-
-
-def test_the_log_file_stays_open_between_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # a burst of lines costs no open per batch: the path is only looked at
+) -> None:  # no open per line: the path is only looked at
     opened: list[Path] = []
     def counting_open(path: Path, flags: int) -> int:
         opened.append(path)
@@ -317,7 +252,7 @@ def test_the_log_file_stays_open_between_batches(
     rig = LoggerRig(tmp_path / "log.ndjson")
     records = [log_record(AT, QID, "delivered", {"to": f"chat {i}"}) for i in range(5)]
     for record in records:
-        rig.logged(record)  # each one alone: five batches
+        rig.logged(record)
     assert rig.log_path.read_bytes() == lines(records)
     assert opened == [rig.log_path]
 

@@ -212,15 +212,6 @@ def rows(store: Store, table: str) -> int:
         return int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
-def test_reopening_a_closed_qid_forgets_it_was_closed(store: Store) -> None:
-    store.put_open(spec(), owner="q")
-    store.close(QID, "answered", owner="q")
-    store.put_open(spec(), owner="q")
-    opened, closed = reopen(store)
-    assert [s.qid for s in opened] == [QID]
-    assert closed == []
-
-
 def test_file_is_private(path: Path) -> None:
     # SQLite makes the -wal and -shm with the main file's mode, whatever the umask
     old = os.umask(0)
