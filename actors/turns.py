@@ -1,7 +1,5 @@
 """Actor turns on the loop: a pykka actor whose mailbox asks the loop for a turn when mail
-comes. Every private pykka name the daemon relies on (pinned in setup.cfg) is here: the
-`ActorInbox` protocol, `_create_actor_inbox`, `_start_actor_loop`, `_actor_loop_setup`,
-`_actor_loop_teardown`, `_handle_receive`, `_handle_failure`, `_stop`, `Envelope`'s fields."""
+comes. Every private pykka name the daemon relies on (pinned in setup.cfg) is in this file."""
 
 from __future__ import annotations
 
@@ -10,13 +8,12 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import pykka
 from pykka import ActorRegistry
 
-from ..messages.commands import Address
-from .loop import Edge, report, shared_edge, tell_quietly
+from .loop import Edge, StopFlag, report, shared_edge, tell_quietly
 
 if TYPE_CHECKING:
     from pykka._actor import ActorInbox
@@ -24,24 +21,27 @@ if TYPE_CHECKING:
 
 
 class PoolInbox:
-    """Asks its edge for a turn of its actor when mail comes, as Akka's dispatchers do: at
-    most one turn queued or running; a `tell` never blocks."""
+    """Asks its edge for a turn when mail comes, as Akka's dispatchers do: one turn at most
+    queued or running. Slots, and a queue only while mail waits (RSS at --max-open)."""
+
+    __slots__ = ("__weakref__", "_actor", "_edge", "_lock", "_queue", "_scheduled")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: deque[Envelope[Any]] = deque()
+        self._queue: deque[Envelope[Any]] | None = None
         self._actor: PooledActor | None = None
         self._edge: Edge | None = None
         self._scheduled = False
 
     def attach(self, actor: PooledActor, edge: Edge) -> None:
-        """Start running `actor`: its first turn runs on_start, then the mail."""
         with self._lock:
             self._actor, self._edge, self._scheduled = actor, edge, True
         edge.call(self.run_turn)
 
     def put(self, envelope: Envelope[Any], /) -> None:
         with self._lock:
+            if self._queue is None:
+                self._queue = deque()
             self._queue.append(envelope)
             if self._scheduled or self._edge is None:
                 return
@@ -51,14 +51,18 @@ class PoolInbox:
 
     def get(self) -> Envelope[Any] | None:  # never blocks: None when empty
         with self._lock:
-            return self._queue.popleft() if self._queue else None
+            queue = self._queue
+            if not queue:
+                return None
+            if len(queue) == 1:
+                self._queue = None
+            return queue.popleft()
 
     def empty(self) -> bool:
         with self._lock:
             return not self._queue
 
     def run_turn(self) -> None:
-        """One turn of the actor; then another is queued if mail came, else it is idle."""
         actor, edge = self._actor, self._edge
         assert actor is not None and edge is not None
         try:
@@ -83,6 +87,11 @@ class PooledActor(pykka.ThreadingActor):
     throughput: ClassVar[int] = 8
     _started = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.actor_stopped = self._actor_ref.actor_stopped = StopFlag()  # type: ignore[assignment]
+        self._pool = cast(PoolInbox, self.actor_inbox)
+
     @classmethod
     def start_bound(cls, bind: Callable[[pykka.ActorRef[Any]], None], *args: Any,
                     **kwargs: Any) -> pykka.ActorRef[Any]:
@@ -98,32 +107,24 @@ class PooledActor(pykka.ThreadingActor):
         return PoolInbox()  # type: ignore[return-value]  # get() says None, never blocks
 
     def _start_actor_loop(self) -> None:
-        """An actor that can never run must not stay registered: stop_all would wait on it."""
-        inbox = self.actor_inbox
-        assert isinstance(inbox, PoolInbox)
         try:
-            inbox.attach(self, self.edge or shared_edge())
-        except BaseException:  # the turn machinery's edge: never left registered
+            self._pool.attach(self, self.edge or shared_edge())
+        except BaseException:  # never left registered if it can never run: stop_all would wait
             ActorRegistry.unregister(self.actor_ref)
             raise
 
-    def tell_later(self, delay: float, message: Any, to: Address | None = None
-                   ) -> asyncio.TimerHandle:
-        """Tell `to` (this actor by default) `message` after `delay`; in a turn only (only the
-        loop may cancel the handle)."""
+    def tell_later(self, delay: float, message: Any) -> asyncio.TimerHandle:
         edge = self.edge or shared_edge()
         assert edge.on_loop(), "tell_later outside a turn"
-        return edge.loop.call_later(delay, tell_quietly, to or self.actor_ref, message)
+        return edge.loop.call_later(delay, tell_quietly, self.actor_ref, message)
 
     def _turn(self) -> None:
         """pykka's actor loop cut into turns."""
-        inbox = self.actor_inbox
-        assert isinstance(inbox, PoolInbox)
         if not self._started:
             self._started = True
             self._actor_loop_setup()
         for _ in range(self.throughput):
-            envelope = None if self.actor_stopped.is_set() else inbox.get()
+            envelope = None if self.actor_stopped.is_set() else self._pool.get()
             if envelope is None:
                 break
             self._handle_envelope(envelope)
