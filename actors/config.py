@@ -84,6 +84,8 @@ operator's commands (the same program, first word):
   cancel QID [--project P]            close an open question; its asker gets an error
   doctor [--project P] [--to T] [--hermes-profile X] [--send-test]
                                       check the chain from agent to human, link by link
+  liaison install|uninstall|status [--hermes-profile P]
+                                      the Hermes gateway plugin that writes the answers
   (coms-hermes-bridge status --help, and so on, for each)
 
 environment:

@@ -11,6 +11,7 @@ import pytest
 
 from coms_hermes_bridge import __version__
 from coms_hermes_bridge.actors.config import HELP_EPILOG, UsageError, home_dir, parse_config
+from coms_hermes_bridge.cli import VERBS
 
 ENV = {"HOME": "/home/op"}
 
@@ -157,6 +158,10 @@ def test_the_help_gives_every_flag_its_words(capsys: pytest.CaptureFixture[str])
     assert not re.search(r"\b[CWX]\d+\b", out)  # plain words: no requirement ids
     assert "--claim-ms" not in out  # kept for old units, never offered
     assert out.endswith(HELP_EPILOG)  # as written, line for line
+    verbs = out.split("operator's commands (the same program, first word):\n")[1]
+    listed = [line.split()[0].split("|")[0] for line in verbs.split("\n\n")[0].splitlines()
+              if line.startswith("  ") and not line.startswith("   ") and "--help" not in line]
+    assert listed == list(VERBS)  # every verb the command knows, in its order
 
 
 def test_the_version(capsys: pytest.CaptureFixture[str]) -> None:
