@@ -412,6 +412,7 @@ def cancel(sender: str) -> CancelEnvelope:
         ("Agent-A", "agent-a", False),  # names are exact
         ("agent-a ", "agent-a", False),
         ("agent-a", "", False),  # a prompt without a name can be cancelled by nobody
+        ("XXXX", "XXXX", True),  # any name its asker gives, however it looks
     ],
 )
 def test_only_the_asker_cancels(sender: str, asker: str, honoured: bool) -> None:

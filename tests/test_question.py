@@ -42,12 +42,15 @@ from coms_hermes_bridge.messages.commands import (
 from coms_hermes_bridge.messages.contract import parse_prompt
 from coms_hermes_bridge.messages.wire import AnswerFile, CancelEnvelope, State
 from tests.fakes import (
+    DISK_ERROR,
     ROLES,
+    FailingConnection,
     FakeClock,
     FakeRef,
     WiredRig,
     actors_held,
     bridge_config,
+    handled,
     prompt_envelope,
     thread_count,
     wait_for,
@@ -322,6 +325,31 @@ def test_a_deadline_within_the_timeout_is_kept_across_a_restart(store: Store) ->
     rig = Rig(question_spec(timeout_s=3600, deadline=time.time() + 0.2, state="delivered"),
               store)
     assert rig.events(1, timeout=5) == [("timeout", {"timeout_ms": 3600000})]
+
+
+def test_a_cut_deadline_is_stored_so_the_next_restart_keeps_it(store: Store) -> None:
+    # C16, X5: the cut is written to the question's own row, not only kept in mind
+    asked = time.time()
+    rig = Rig(question_spec(timeout_s=60, deadline=asked + 3660, state="delivered"), store)
+    rig.sync()
+    spec = store.open_spec(QID, NAME)
+    assert spec is not None and asked + 60 <= spec.deadline <= time.time() + 60
+
+
+def test_a_deadline_that_stands_is_not_written_again(store: Store) -> None:
+    # C16: only a cut deadline is stored: a question resumed with its own (every ordinary
+    # restart) writes nothing as it starts, so a state file failing writes does not stop it
+    spec = question_spec(state="delivered")
+    first = Rig(spec, store)
+    first.ref.stop()
+    real = store._conn
+    store._conn = FailingConnection(real, commit=DISK_ERROR)  # type: ignore[assignment]
+    try:
+        second = QuestionActor.start(spec, NAME, **first.collaborators(QuestionActor))
+        handled(second)  # its begin() is over, and it lives
+        first.router.assert_nothing()  # no crash told
+    finally:
+        store._conn = real
 
 
 def test_restart_with_passed_deadline_times_out_at_once(start: Start) -> None:

@@ -24,7 +24,7 @@ import pykka
 import pytest
 
 from coms_hermes_bridge.actors.config import parse_config
-from coms_hermes_bridge.actors.questions import failed_error
+from coms_hermes_bridge.actors.questions import NOTED_MEMORY, failed_error
 from coms_hermes_bridge.actors.state_view import read_snapshot
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.actors.supervision import Slot
@@ -153,6 +153,23 @@ def test_a_prompt_is_stored_before_it_is_acked_then_run_and_delivered(make: Make
     sent = rig.delivery.expect(SendText)
     assert (sent.qid, sent.purpose) == (QIDS[0], "question")
     assert rig.depth() == 1
+
+
+def test_a_question_it_runs_itself_has_its_collaborators_and_settings(make: Make) -> None:
+    # C19, X9, C11: a question the Router starts (no test's fake) logs its delivery to the
+    # target, reminds through Delivery (remind_before), answers, and has its file removed
+    rig = make(config={"target": "telegram:42", "remind_before_ms": 59_800},
+               start_question=None)
+    assert rig.admit(prompt_envelope(QID)) is None
+    job = rig.delivery.expect(SendText)
+    rig.ref.tell(HermesRan(job, None))
+    while (record := rig.logger.expect(LogEvent).record).event != "delivered":
+        pass
+    assert record.detail == {"to": "telegram:42"}
+    assert rig.delivery.expect(SendText).purpose == "remind_note"  # 0.2 s after the asking
+    rig.ref.tell(seen(QID))
+    assert rig.peer.expect(SendResponse).response == {"kind": "freeform", "text": "yes"}
+    assert rig.watcher.expect(DisposeAnswerFile) == DisposeAnswerFile(f"{QID}.answer.json", SIG)
 
 
 def test_a_question_gets_the_askers_timeout_and_the_project_line(make: Make) -> None:  # X5, X4
@@ -472,6 +489,26 @@ def test_a_late_file_handed_on_again_by_a_restarted_watcher_gets_one_note(make: 
     rig.depth()
     rig.delivery.assert_nothing()
     rig.logger.assert_nothing()
+
+
+def test_the_router_remembers_the_newest_noted_versions_up_to_its_bound(make: Make) -> None:
+    # C15: a version handed on again is only removed while the Router remembers noting it:
+    # the newest NOTED_MEMORY versions (bounded everywhere); an older one is noted afresh
+    rig = make()
+    _spec, child, _question = rig.opened(prompt_envelope(QID))
+    rig.close(QID, "cancelled", child)
+    versions = [FileSignature(SIG.inode, SIG.size, n) for n in range(NOTED_MEMORY + 1)]
+    for version in versions:
+        rig.ref.tell(seen(QID, signature=version))
+    assert len(_late_notes(rig, NOTED_MEMORY + 1)) == NOTED_MEMORY + 1
+    rig.depth()
+    rig.delivery.assert_nothing()
+    for version in (versions[1], versions[-1]):  # the oldest and the newest remembered
+        rig.ref.tell(seen(QID, signature=version))
+    rig.depth()
+    rig.delivery.assert_nothing()
+    rig.ref.tell(seen(QID, signature=versions[0]))  # forgotten: noted again
+    assert len(_late_notes(rig, 1)) == 1
 
 
 def test_each_late_file_gets_its_own_note_and_log_line(make: Make) -> None:
