@@ -1058,3 +1058,42 @@ def test_a_question_send_is_owed_while_its_question_is_pending_and_no_longer(
     assert not store.send_owed(f"question:{QID}")
     assert not store.send_owed("question:01HZY3K4M5N6P7Q8R9S0T1V2WZ")  # no such question
     assert not store.send_owed(f"note:{QID}") and not store.send_owed(f"other:{QID}")
+
+
+def test_a_sends_outcome_is_kept_while_its_question_is_pending_and_goes_when_it_moves_on(
+    store: Store,
+) -> None:
+    # promise 1: a restart mid-send takes hermes' outcome (C18's error exactly) from the
+    # store instead of sending again, only while the question has not moved on (C19)
+    key, error = f"question:{QID}", "hermes send failed (2): no route"
+    store.put_open(spec(state="pending"), owner="q")
+    store.record_sent(key, error)
+    assert store.sent_outcome(key) == (error,)
+    assert not store.set_state(QID, "delivered", owner="old")  # a stale actor moves nothing
+    assert store.sent_outcome(key) == (error,)
+    assert store.set_state(QID, "pending", owner="q")  # still owed: still kept
+    assert store.sent_outcome(key) == (error,)
+    assert store.set_state(QID, "delivered", owner="q")
+    assert store.sent_outcome(key) is None
+
+
+def test_a_closed_questions_reminder_outcome_never_stands_for_a_new_ones(store: Store) -> None:
+    # X9 with a repeated qid: the first question's reminder was sent; the new question's
+    # own reminder is owed and must not be taken for sent
+    key = f"note:remind:{QID}"
+    note = SendText(QID, "⏰ still waiting", "remind_note", note_id=f"remind:{QID}")
+    store.put_open(spec(), owner="q")
+    assert store.remind(note, "q")
+    store.record_sent(key, None)
+    assert store.close(QID, "answered", owner="q")
+    store.put_open(spec(), owner="q2")
+    assert store.remind(note, "q2")
+    assert store.owed_notes() == [note] and store.sent_outcome(key) is None
+
+
+def test_a_cut_deadline_is_written_for_its_owner_only(store: Store) -> None:
+    # C19 resumed after a restart: the owner's cut lands and says so, a stale actor's does not
+    store.put_open(spec(), owner="q")
+    assert store.set_deadline(QID, 1_700_000_000.5, owner="old") is False
+    assert store.set_deadline(QID, 1_700_000_000.25, owner="q") is True
+    assert [s.deadline for s in reopen(store)[0]] == [1_700_000_000.25]
