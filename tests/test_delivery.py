@@ -198,12 +198,13 @@ def test_a_burst_runs_one_at_a_time_in_arrival_order(hermes: FakeHermes) -> None
 
 def test_a_send_past_its_timeout_is_killed_with_its_group(hermes: FakeHermes) -> None:  # C18
     hermes.configure(sleep=10, spawn=True)
-    rig = DeliveryRig(hermes.path, send_timeout_ms=300)
+    # long enough for hermes to start on a loaded machine (300 ms was not), far below its 10 s
+    rig = DeliveryRig(hermes.path, send_timeout_ms=1500)
     began = time.monotonic()
     rig.send("hi")
-    failed = rig.told(timeout=3)
-    assert time.monotonic() - began < 1.5
-    assert failed == (QID, "hermes send failed: timed out after 300ms")
+    failed = rig.told(timeout=6)
+    assert time.monotonic() - began < 4.0
+    assert failed == (QID, "hermes send failed: timed out after 1500ms")
     run = hermes.started()[0]
     assert run["pgid"] == run["pid"] and run["child"] is not None
     wait_for(lambda: not group_alive(run["pgid"]), timeout=2, what="hermes' group to die")
