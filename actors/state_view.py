@@ -96,13 +96,12 @@ def knows_qid(path: Path, qid: str, now: float, busy_s: float = _BUSY_TIMEOUT_S)
         conn.close()
 
 
-def _failed(qid: Any, at: Any, asker: Any, error: Any) -> Failed:
+def _failed(qid: Any, at: Any) -> Failed:
     """One failed delivery's row; ValueError if it does not parse (X12)."""
     if not (isinstance(qid, str) and isinstance(at, int | float)
-            and all(v is None or isinstance(v, str) for v in (asker, error))
-            and not has_lone_surrogate([qid, asker, error])):
+            and not has_lone_surrogate(qid)):
         raise ValueError("not a failed delivery")
-    return Failed(qid, float(at), asker, error)
+    return Failed(qid, float(at))
 
 
 class StateBusyError(OSError):
@@ -131,8 +130,6 @@ class Failed:
 
     qid: str
     at: float
-    asker: str | None
-    error: str | None
 
 
 @dataclass(frozen=True)
@@ -165,7 +162,7 @@ def read_snapshot(path: Path, closed_limit: int = CLOSED_MEMORY) -> Snapshot:
             "SELECT rowid, qid, state FROM closed_questions ORDER BY rowid DESC LIMIT ?",
             (max(0, closed_limit),)).fetchall(), _closed)
         failed, _ = _decode(conn.execute(
-            "SELECT rowid, qid, at, asker, error FROM undelivered WHERE at >= ?"
+            "SELECT rowid, qid, at FROM undelivered WHERE at >= ?"
             " ORDER BY at DESC", (time.time() - UNDELIVERED_MEMORY_S,)).fetchall(), _failed)
         return Snapshot(tuple(specs), tuple(closed), tuple(failed))
     except sqlite3.Error as exc:

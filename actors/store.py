@@ -31,7 +31,7 @@ from .loop import report
 T = TypeVar("T")
 
 # A file of any other version is refused, never converted (`UnusableStateError`).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 6
 CLOSED_MEMORY = 1000  # closed qids remembered, at most (C15, X2)
 
 _STATES: frozenset[str] = frozenset(get_args(State))
@@ -62,7 +62,7 @@ CREATE TABLE outbox (
 );
 CREATE TABLE notes (id TEXT PRIMARY KEY, qid TEXT NOT NULL, purpose TEXT NOT NULL,
                     text TEXT NOT NULL);
-CREATE TABLE undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL, asker TEXT, error TEXT);
+CREATE TABLE undelivered (qid TEXT PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE sent (key TEXT PRIMARY KEY, error TEXT);
 """
 # A send's outcome is owed to its question while the question has not moved on, and to a
@@ -213,10 +213,8 @@ class Store:
                 self._owe_note(conn, note)
             if undelivered_at is not None:
                 conn.execute(
-                    "INSERT OR REPLACE INTO undelivered (qid, at, asker, error)"
-                    " VALUES (?, ?, ?, ?)",
-                    (qid, undelivered_at, response and response.prompt.sender_name,
-                     response and response.error),
+                    "INSERT OR REPLACE INTO undelivered (qid, at) VALUES (?, ?)",
+                    (qid, undelivered_at),
                 )
                 conn.execute(
                     "DELETE FROM undelivered WHERE at < ? OR qid NOT IN"

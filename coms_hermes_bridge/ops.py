@@ -34,7 +34,7 @@ from .messages.wire import (
 )
 
 CANCEL_TIMEOUT_S = 5.0  # for the bridge's ack, and again for the question to close
-LOG_TAIL_BYTES = 256 * 1024  # how much of log.ndjson `status` reads for closing times
+LOG_TAIL_BYTES = 256 * 1024  # how much of log.ndjson `status` reads (closes, failures)
 TERMINAL_EVENTS = ("answered", "cancelled", "timeout")
 MAX_ANSWER_CHARS = 16_000  # a Telegram message is at most 4096
 
@@ -72,29 +72,36 @@ def _snapshot(config: BridgeConfig, closed_limit: int = CLOSED_MEMORY) -> Snapsh
         raise OpsError(str(exc)) from exc
 
 
-def _closing_times(log_path: Path, qids: set[str]) -> dict[str, str]:
-    """When each qid closed, from the tail of log.ndjson (bounded; older ones stay unknown)."""
-    found: dict[str, str] = {}
-    if not qids:
-        return found
+def _from_log(log_path: Path, closed: set[str], failed: set[str]
+              ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """From the tail of log.ndjson (bounded; older ones stay unknown): when each closed qid
+    closed, and each failed one's asker and error (its `question_received` and
+    `delivery_error` records)."""
+    times: dict[str, str] = {}
+    details: dict[str, dict[str, Any]] = {qid: {} for qid in failed}
+    if not closed and not failed:
+        return times, details
     try:
         with open(log_path, "rb") as log:
             size = log.seek(0, os.SEEK_END)
             log.seek(max(0, size - LOG_TAIL_BYTES))
             tail = log.read(LOG_TAIL_BYTES)
     except OSError:
-        return found
+        return times, details
     for raw in tail.splitlines():
         with contextlib.suppress(ValueError):
             record = json.loads(raw)
-            if (
-                isinstance(record, dict)
-                and record.get("qid") in qids
-                and record.get("event") in TERMINAL_EVENTS
-                and isinstance(record.get("at"), str)
-            ):
-                found[record["qid"]] = record["at"]
-    return found
+            if not isinstance(record, dict):
+                continue
+            qid, event, detail = record.get("qid"), record.get("event"), record.get("detail")
+            if qid in closed and event in TERMINAL_EVENTS and isinstance(record.get("at"), str):
+                times[qid] = record["at"]
+            elif qid in details and isinstance(detail, dict):
+                if event == "question_received" and isinstance(detail.get("from"), str):
+                    details[qid]["asker"] = detail["from"]
+                elif event == "delivery_error" and isinstance(detail.get("error"), str):
+                    details[qid].setdefault("error", detail["error"])  # the question's own
+    return times, details
 
 
 def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
@@ -102,7 +109,8 @@ def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
     deliveries failed within the hour (X11) newest first."""
     snapshot = _snapshot(config, closed_limit)
     now = time.time()
-    times = _closing_times(config.log_path, {qid for qid, _ in snapshot.closed})
+    times, details = _from_log(config.log_path, {qid for qid, _ in snapshot.closed},
+                               {row.qid for row in snapshot.failed})
     bridge = running_bridge(config)
     return {
         "project": config.project,
@@ -119,14 +127,15 @@ def status(config: BridgeConfig, closed_limit: int) -> dict[str, Any]:
         } for spec in snapshot.open],
         "closed": [{"qid": qid, "state": state, "closed_at": times.get(qid)}
                    for qid, state in snapshot.closed],
-        "failed": [_failure(row) for row in snapshot.failed],
+        "failed": [_failure(row, details[row.qid]) for row in snapshot.failed],
     }
 
 
-def _failure(row: Failed) -> dict[str, Any]:
-    code, said = delivery_failure(row.error) if row.error is not None else (None, None)
-    return {"qid": row.qid, "at": iso(datetime.fromtimestamp(row.at, UTC)), "asker": row.asker,
-            "exit_status": code, "error": said}
+def _failure(row: Failed, logged: dict[str, Any]) -> dict[str, Any]:
+    error = logged.get("error")
+    code, said = delivery_failure(error) if error is not None else (None, None)
+    return {"qid": row.qid, "at": iso(datetime.fromtimestamp(row.at, UTC)),
+            "asker": logged.get("asker"), "exit_status": code, "error": said}
 
 
 def projects(config: BridgeConfig, now: datetime | None = None) -> list[str]:

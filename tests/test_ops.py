@@ -441,6 +441,8 @@ def test_status_json_is_byte_exact(
                                     state="delivered"), owner="q")
     store.close(closed_qid, "answered", owner="q")
     # X11's memory: failed within the hour, newest first; one older is not shown
+    closed_at = "2026-12-04T12:00:00.000Z"
+    log = [{"at": closed_at, "qid": closed_qid, "event": "answered"}]
     for qid, error, at in (
         (stale, "hermes send failed (1): old", now - 3600.5),
         (timed_out, "hermes send failed: timed out after 60000ms", now - 3599.5),
@@ -448,10 +450,13 @@ def test_status_json_is_byte_exact(
     ):
         owed = SendResponse(prompts[qid], None, error, "q")
         store.close(qid, None, owner="q", response=owed, undelivered_at=at)
+        log += [{"at": "T", "qid": qid, "event": "question_received",
+                 "detail": {"from": prompts[qid].sender_name}},
+                {"at": "T", "qid": qid, "event": "delivery_error", "detail": {"error": error}},
+                {"at": "T", "qid": qid, "event": "delivery_error",  # a later note's: not its
+                 "detail": {"error": "hermes send failed (9): a note"}}]
     store.shutdown()
-    closed_at = "2026-12-04T12:00:00.000Z"
-    config.log_path.write_text(
-        json.dumps({"at": closed_at, "qid": closed_qid, "event": "answered"}) + "\n")
+    config.log_path.write_text("".join(json.dumps(record) + "\n" for record in log))
     heartbeat = iso(datetime.now(UTC))
     entry = RegistryEntry(session_id="s", name="user-remote", model=MODEL, pid=os.getpid(),
                           endpoint="/tmp/b.sock", started_at=closed_at, heartbeat_at=heartbeat)
@@ -713,19 +718,19 @@ def test_status_reads_ages_states_and_closing_times(
         {"qid": closed[0], "state": "answered", "closed_at": "T1"}]
 
 
-def test_status_shows_a_failure_kept_without_its_error_and_skips_a_damaged_one(
+def test_status_shows_a_failure_whose_log_lines_are_gone_and_skips_a_damaged_one(
     config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # X11, X12: a row that does not read is left out, the others shown
     now = 1_800_000_000.0
     monkeypatch.setattr(time, "time", lambda: now)
-    bare, damaged, odd = [*state_file(config.state_path, closed=0), new_qid(), new_qid()]
+    (bare,) = state_file(config.state_path, closed=0)
     store = Store.open(config.state_path)
     store.close(bare, None, owner="q", undelivered_at=now - 1)
     store.shutdown()
     with contextlib.closing(sqlite3.connect(config.state_path)) as conn, conn:
-        conn.execute("INSERT INTO undelivered VALUES (?, ?, X'34', NULL)", (damaged, now - 2))
-        conn.execute("INSERT INTO undelivered VALUES (?, ?, CAST(X'ff' AS TEXT), NULL)",
-                     (odd, now - 3))  # not UTF-8
+        conn.execute("INSERT INTO undelivered VALUES (X'34', ?)", (now - 2,))
+        conn.execute("INSERT INTO undelivered VALUES (CAST(X'ff' AS TEXT), ?)",
+                     (now - 3,))  # not UTF-8
     assert status(config, closed_limit=0)["failed"] == [
         {"qid": bare, "at": "2027-01-15T07:59:59.000Z", "asker": None, "exit_status": None,
          "error": None}]
