@@ -192,7 +192,10 @@ async def run_send(directory: Path, key: str, argv: list[str], timeout_s: float)
                 if pid is not None:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(pid, signal.SIGKILL)
-        proc.wait()  # exited (or killed just now): collecting it does not wait
+            with contextlib.suppress(TimeoutError):  # bounded: one stuck in the kernel stays
+                async with asyncio.timeout(_SLACK_S):
+                    await exited.wait()
+        proc.poll()  # collected if it exited; never a wait on the loop
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)
