@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.verb == "doctor":
         broken = False
-        config = dataclasses.replace(config, target=args.to or config.target)
+        config = dataclasses.replace(config, target=config.target if args.to is None else args.to)
         for check in run_checks(config, os.environ, send_test=args.send_test):
             print(check.line(), flush=True)
             broken |= check.ok is False

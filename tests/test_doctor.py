@@ -742,3 +742,11 @@ def test_the_checks_run_in_the_chains_order(world: World) -> None:
     assert [check.name for check in run_checks(config, world.env)] == names
     assert [check.name for check in run_checks(config, world.env, send_test=True)] == [
         *names, "test message"]
+
+
+def test_an_empty_to_is_judged_as_the_daemon_judges_it(bridge: Bridge) -> None:
+    # one check of --to: doctor refuses `--to ""` as the daemon does, not the default
+    FakeHermes(bridge.hermes.directory)
+    done = doctor(bridge, "--to", "")
+    assert done.returncode == 1
+    assert "✖ --to: --to must not be empty" in done.stdout.splitlines()
