@@ -261,4 +261,7 @@ def cancel(config: BridgeConfig, qid: str) -> RegistryEntry:
         if time.monotonic() > deadline:
             raise OpsError(f"the bridge acked the cancel, but {qid} is still open")
         time.sleep(0.05)
+    state = dict(_snapshot(config).closed).get(qid)
+    if state not in (None, "cancelled"):  # an answer or the timeout came first
+        raise OpsError(f"{qid} closed as {state} before the cancel reached it")
     return bridge

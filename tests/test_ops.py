@@ -684,6 +684,28 @@ def test_a_cancel_is_sent_in_the_askers_name_and_waits_for_the_close(
         bridge.close()
 
 
+def test_a_cancel_overtaken_by_an_answer_says_so(
+    config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # X15: never "cancelled" for a question an answer closed first
+    monkeypatch.setattr(ops, "CANCEL_TIMEOUT_S", 1.0)
+    (qid,) = state_file(config.state_path, closed=0)
+    config.coms_dir.mkdir(parents=True)
+    store = Store.open(config.state_path)
+
+    def answered_first(line: bytes) -> bytes:
+        store.close(qid, "answered", owner="q")
+        return b'{"type":"ack"}\n'
+
+    bridge = Asker.beside(config.coms_dir, reply=answered_first)
+    register_bridge(config, bridge.endpoint)
+    try:
+        assert refusal(lambda: cancel(config, qid)) == (
+            f"{qid} closed as answered before the cancel reached it")
+    finally:
+        store.shutdown()
+        bridge.close()
+
+
 def test_status_reads_ages_states_and_closing_times(
     config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
