@@ -218,7 +218,8 @@ def check_bridge(config: BridgeConfig) -> Check:
     name = f"bridge {config.project}"
     if entry is None:
         return Check(name, False, f"no live bridge registered for project {config.project}; "
-                     f"start it (`just run --project {config.project} --to …`, or its service)")
+                     f"start it (`coms-hermes-bridge --project {config.project} --to …`, or "
+                     "its service)")
     try:
         reply = exchange(entry.endpoint, PingEnvelope(msg_id="doctor").to_line(), PING_TIMEOUT_S)
     except OSError as exc:
@@ -246,8 +247,8 @@ def check_service(config: BridgeConfig, env: Mapping[str, str]) -> Check:
         return Check("service", None, f"no systemd user manager to ask ({said(done)})")
     config_home = Path(env.get("XDG_CONFIG_HOME") or home_dir(env) / ".config")
     if not (config_home / "systemd" / "user" / UNIT).is_file():
-        return Check("service", False, f"{UNIT} is not installed; "
-                     f"`just install-service {config.project} --to {config.target}`")
+        return Check("service", False, f"{UNIT} is not installed; `scripts/dev install-service "
+                     f"{config.project} --to {config.target}` in the checkout")
     return Check("service", False, f"{unit} is {state or 'not active'}; "
                  f"`systemctl --user enable --now {unit}`, then `journalctl --user -u {unit}`")
 

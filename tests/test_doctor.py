@@ -122,7 +122,7 @@ def test_a_stopped_bridge_fails_the_check(bridge: Bridge) -> None:
     done = doctor(bridge)
     assert done.returncode == 1
     assert ("✖ bridge default: no live bridge registered for project default; start it "
-            "(`just run --project default --to …`, or its service)") in done.stdout.splitlines()
+            "(`coms-hermes-bridge --project default --to …`, or its service)") in done.stdout.splitlines()
 
 
 def test_bad_links_are_each_named(bridge: Bridge) -> None:
@@ -696,7 +696,7 @@ def test_the_service_check_asks_the_user_manager(world: World) -> None:
     assert line("unknown", 1, "Failed to connect to bus") == (
         "– service: no systemd user manager to ask (Failed to connect to bus)")
     not_installed = ("✖ service: coms-hermes-bridge@.service is not installed; "
-                     "`just install-service demo --to telegram:42`")
+                     "`scripts/dev install-service demo --to telegram:42` in the checkout")
     assert line("active", 3) == not_installed  # said active, exit code not 0
     assert line("activating") == not_installed
     assert line("inactive", 3, "bus") == not_installed  # a state: the bus answered
