@@ -54,7 +54,7 @@ class BridgeConfig:
     remind_before_ms: float | None = None  # X9: off by default, for parity
     heartbeat_ms: float = DEFAULT_HEARTBEAT_MS
     reoffer_ms: float = DEFAULT_REOFFER_MS
-    notices: tuple[str, ...] = ()  # said once on stderr at start (a flag kept but unused)
+    notices: tuple[str, ...] = ()  # warnings said once on stderr at start
 
 
 class Parser(argparse.ArgumentParser):
@@ -78,7 +78,7 @@ class _DaemonHelp(HelpFormatter, argparse.RawDescriptionHelpFormatter):
 
 HELP_EPILOG = f"""\
 operator's commands (the same program, first word):
-  status [--project P] [--json]       open and recently closed questions
+  status [--project P] [--json]       open questions, failed deliveries, recent closes
   answer QID TEXT... [--project P] [--by NAME]
                                       answer an open question by hand
   cancel QID [--project P]            close an open question; its asker gets an error

@@ -1,7 +1,7 @@
 """Sends that outlive the bridge: each `hermes send` runs under a waiter process, and the
 next run finds its outcome, so a crash or stop mid-send never sends a question twice.
 
-Per send, beside the state file: `<h>.lock`, flocked while under way (the waiter inherits
+Per send, in `state-<project>.sends/`: `<h>.lock`, flocked while under way (the waiter inherits
 the fd), and `<h>.outcome`, written whole by the waiter when hermes has ended. The outcome
 goes into the store (`Store.record_sent`) before the files go; only a send with no trace
 (lost with /tmp, or its waiter killed) is sent again: at least once.
