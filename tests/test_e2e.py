@@ -364,6 +364,10 @@ def test_queue_depth_and_burst(bridge: Bridge) -> None:
     for before, after in itertools.pairwise(calls):
         assert before["end"] <= after["start"]
     assert [c["argv"][-1].split("]")[0] for c in calls] == [f"❓ [HUB-Q:{q}" for q in qids]
+    # three threads whatever is open or was sent: main, the loop, the root supervisor
+    assert bridge.proc is not None
+    status = Path(f"/proc/{bridge.proc.pid}/status").read_text()
+    assert "Threads:\t3\n" in status, status
 
 
 def test_sigterm_cleans_up(bridge: Bridge) -> None:

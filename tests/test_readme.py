@@ -1,5 +1,6 @@
 """The README's set-up and first hour, run as written: each command line is taken from the
-README itself, so a command that stops working as the README writes it fails here."""
+README itself, so a command that stops working as the README writes it fails here. (The
+agent's `coms-cli` line is the pool's own client, not ours: its words are checked.)"""
 
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ def test_the_first_hour_as_written(bridge: Bridge) -> None:
     doctor = shell(bridge, line("coms-hermes-bridge doctor"))
     assert doctor.returncode == 1  # no liaison yet, no bridge up: said, not crashed
     assert "✔ hermes" in doctor.stdout and "✖" in doctor.stdout, doctor.stdout
+    assert ("⚠ --to: telegram:123456789: hermes sends to it as given, but has not seen this "
+            "chat yet; the human must have written to the bot there first"
+            ) in doctor.stdout.splitlines()  # resolved, nothing sent
+    assert all(run["argv"][:2] != ["send", "--to"] for run in bridge.hermes.started())
 
     start = line("coms-hermes-bridge --project")
     bridge.project = "myproject"
