@@ -17,6 +17,7 @@ from typing import Any, cast
 import pytest
 
 from coms_hermes_bridge.actors import delivery as hermes_module
+from coms_hermes_bridge.actors import sends as sends_module
 from coms_hermes_bridge.actors.delivery import DeliveryActor, question_send
 from coms_hermes_bridge.actors.sends import run_send, sends_dir, under_way
 from coms_hermes_bridge.actors.store import Store
@@ -613,3 +614,21 @@ def test_a_send_that_cannot_start_its_waiter_is_the_send_failing(
     rig.send("Ship\x00?")  # no argv can carry it
     assert rig.told() == (QID, "hermes send failed: embedded null byte")
     assert hermes.started() == []
+
+
+def test_a_stop_never_kills_hermes_though_its_waiter_is_wedged_past_every_bound(
+    hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # C19: once stopped, nothing of this run acts on the send; its successor takes it
+    monkeypatch.setattr(sends_module, "_SLACK_S", 0.2)
+    hermes.configure(sleep=2)
+    rig = DeliveryRig(hermes.path, send_timeout_ms=1000)
+    rig.send("one")
+    run = hermes.wait_started(1)[0]
+    stat = Path(f"/proc/{run['pid']}/stat").read_text()
+    waiter = int(stat[stat.rindex(")") + 2 :].split()[1])  # hermes's parent
+    os.kill(waiter, signal.SIGSTOP)
+    try:
+        rig.ref.stop(timeout=2)
+        wait_for(lambda: len(hermes.calls()) == 1, what="hermes to finish its run")
+    finally:
+        os.kill(waiter, signal.SIGCONT)
