@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
@@ -19,7 +20,7 @@ import pytest
 from coms_hermes_bridge.actors import delivery as hermes_module
 from coms_hermes_bridge.actors import sends as sends_module
 from coms_hermes_bridge.actors.delivery import DeliveryActor, question_send
-from coms_hermes_bridge.actors.sends import run_send, sends_dir, under_way
+from coms_hermes_bridge.actors.sends import run_send, send_paths, sends_dir, under_way
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
     ChildFailed,
@@ -632,3 +633,22 @@ def test_a_stop_never_kills_hermes_though_its_waiter_is_wedged_past_every_bound(
         wait_for(lambda: len(hermes.calls()) == 1, what="hermes to finish its run")
     finally:
         os.kill(waiter, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_send_under_way_that_never_ends_holds_back_the_rest_for_its_bound_only(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # W20, bounded: an earlier run's send is waited for its timeout and 10 s more
+    store, owed = owing(tmp_path)
+    lock, _ = send_paths(sends_dir(store.path), "question:gone")
+    lock.parent.mkdir(mode=0o700)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a waiter that never ends
+        began = time.time()
+        rig = DeliveryRig(hermes.path, send_timeout_ms=100, notes=cast(Any, store),
+                          state=store.path)
+        run = hermes.wait_started(1, timeout=15)[0]
+        assert 10.1 <= run["start"] - began < 10.9
+        assert run["argv"][-1] == owed[0].text
+    rig.ref.stop()
+    store.shutdown()
