@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
@@ -17,8 +18,9 @@ from typing import Any, cast
 import pytest
 
 from coms_hermes_bridge.actors import delivery as hermes_module
+from coms_hermes_bridge.actors import sends as sends_module
 from coms_hermes_bridge.actors.delivery import DeliveryActor, question_send
-from coms_hermes_bridge.actors.sends import run_send, sends_dir
+from coms_hermes_bridge.actors.sends import run_send, send_paths, sends_dir, under_way
 from coms_hermes_bridge.actors.store import Store
 from coms_hermes_bridge.messages.commands import (
     ChildFailed,
@@ -493,4 +495,160 @@ def test_a_delivery_that_crashes_with_sends_queued_leaves_each_sent_once_in_orde
     assert len(hermes.started()) == 3
     rig.router.assert_nothing()
     successor.ref.stop()
+    store.shutdown()
+
+
+# -- sends an earlier run left under way --------------------------------------------------
+
+
+def test_a_send_under_way_at_start_holds_back_every_other_and_is_not_run_again(
+    hermes: FakeHermes, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+) -> None:  # W20: one at a time, in order, across a restart too; C19: never sent twice
+    hermes.configure(sleep=0.5)
+    store = Store.open(tmp_path / "state-d.sqlite3")
+    note = SendText(QID_A, "✖ a note", "cancel_note", note_id="n1")
+    store.owe_note(note)
+    first = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    hermes.wait_started(1)
+    first.ref.stop(timeout=2)  # mid-send: hermes runs on
+    spec = question_spec(qid=QID_B, state="pending")
+    store.put_open(spec, owner=f"question:{QID_B}")  # owed now, and queued first at start
+    capfd.readouterr()
+    successor = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    successor.sync()
+    assert capfd.readouterr().err == (
+        "coms-hermes-bridge: info: delivery: waiting for 1 send(s) under way\n")
+    asked = question_send(spec, bridge_config(target="telegram:1:2"))
+    assert successor.router.expect(HermesRan) == HermesRan(asked, None)
+    runs = hermes.calls()
+    assert [run["argv"][-1] for run in runs] == [note.text, asked.text]
+    assert runs[0]["end"] <= runs[1]["start"]
+    wait_for(lambda: store.owed_notes() == [], what="the note settled from its outcome")
+    assert len(hermes.started()) == 2
+    successor.ref.stop()
+    store.shutdown()
+
+
+def test_a_send_that_timed_out_unwatched_for_a_question_closed_meanwhile_leaves_nothing(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # C18, C19: its outcome is taken at start, its files go, nothing is sent again
+    hermes.configure(sleep=3)
+    store = Store.open(tmp_path / "state-d.sqlite3")
+    store.put_open(question_spec(qid=QID_A, state=None), owner=f"question:{QID_A}")
+    first = DeliveryRig(hermes.path, send_timeout_ms=300, notes=cast(Any, store),
+                        state=store.path)
+    hermes.wait_started(1)
+    first.ref.stop(timeout=2)  # mid-send: its waiter times hermes out on its own
+    wait_for(lambda: under_way(first.sends) == [], what="the send to end unwatched")
+    assert store.close(QID_A, "cancelled", owner=f"question:{QID_A}")
+    successor = DeliveryRig(hermes.path, send_timeout_ms=300, notes=cast(Any, store),
+                            state=store.path)
+    successor.sync()
+    assert list(successor.sends.iterdir()) == []
+    assert len(hermes.started()) == 1
+    successor.supervisor.assert_nothing()
+    successor.router.assert_nothing()
+    successor.ref.stop()
+    store.shutdown()
+
+
+def test_a_failed_send_told_again_is_settled_from_its_kept_outcome(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # C18, C19: hermes ran it once; its failure is what the question is told again
+    hermes.configure(exit=2, stderr="no route")
+    store = Store.open(tmp_path / "state-d.sqlite3")
+    spec = question_spec(qid=QID_A, state=None)
+    store.put_open(spec, owner=f"question:{QID_A}")
+    rig = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    asked = question_send(spec, bridge_config(target="telegram:1:2"))
+    assert rig.router.expect(HermesRan) == HermesRan(asked, "hermes send failed (2): no route")
+    rig.ref.tell(asked)  # told again (its question restarted)
+    assert rig.router.expect(HermesRan) == HermesRan(asked, "hermes send failed (2): no route")
+    assert len(hermes.started()) == 1
+    rig.ref.stop()
+    store.shutdown()
+
+
+def test_a_question_told_again_while_queued_is_sent_and_settled_once(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # W20, C19: queued once, so its question hears of it once
+    hermes.configure(sleep=0.3)
+    store, owed = owing(tmp_path)
+    rig = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    hermes.wait_started(1)  # A runs; B and the note wait in the queue
+    rig.ref.tell(owed[1])
+    rig.ref.tell(owed[1])
+    assert [rig.router.expect(HermesRan) for _ in range(2)] == [
+        HermesRan(owed[0], None), HermesRan(owed[1], None)]
+    wait_for(lambda: store.owed_notes() == [], what="the note sent")
+    rig.sync()
+    rig.router.assert_nothing()
+    assert len(hermes.started()) == 3
+    rig.ref.stop()
+    store.shutdown()
+
+
+def test_notes_kept_nowhere_are_each_sent(hermes: FakeHermes) -> None:  # X7
+    rig = DeliveryRig(hermes.path)
+    rig.send("✖ first", "cancel_note")
+    rig.send("✖ second", "cancel_note")
+    wait_for(lambda: len(hermes.calls()) == 2, what="both notes sent")
+    assert [argv[-1] for argv in hermes.argvs()] == ["✖ first", "✖ second"]
+
+
+def test_a_note_withdrawn_and_told_again_once_owed_is_sent(hermes: FakeHermes) -> None:
+    # X9: withdrawn is checked when it would run; told again, it is queued again
+    owed = [False]
+    rig = DeliveryRig(hermes.path, notes=Notes(owed=lambda note_id: owed[0]))
+    rig.send("⚠ late", "late_note", note_id="n1")
+    rig.sync()
+    owed[0] = True
+    rig.send("⚠ late", "late_note", note_id="n1")
+    wait_for(lambda: len(hermes.calls()) == 1, what="the note sent")
+    assert [argv[-1] for argv in hermes.argvs()] == ["⚠ late"]
+
+
+def test_a_send_that_cannot_start_its_waiter_is_the_send_failing(
+    hermes: FakeHermes,
+) -> None:  # C18: the reason, in its words
+    rig = DeliveryRig(hermes.path)
+    rig.send("Ship\x00?")  # no argv can carry it
+    assert rig.told() == (QID, "hermes send failed: embedded null byte")
+    assert hermes.started() == []
+
+
+def test_a_stop_never_kills_hermes_though_its_waiter_is_wedged_past_every_bound(
+    hermes: FakeHermes, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # C19: once stopped, nothing of this run acts on the send; its successor takes it
+    monkeypatch.setattr(sends_module, "_SLACK_S", 0.2)
+    hermes.configure(sleep=2)
+    rig = DeliveryRig(hermes.path, send_timeout_ms=1000)
+    rig.send("one")
+    run = hermes.wait_started(1)[0]
+    stat = Path(f"/proc/{run['pid']}/stat").read_text()
+    waiter = int(stat[stat.rindex(")") + 2 :].split()[1])  # hermes's parent
+    os.kill(waiter, signal.SIGSTOP)
+    try:
+        rig.ref.stop(timeout=2)
+        wait_for(lambda: len(hermes.calls()) == 1, what="hermes to finish its run")
+    finally:
+        os.kill(waiter, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_send_under_way_that_never_ends_holds_back_the_rest_for_its_bound_only(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # W20, bounded: an earlier run's send is waited for its timeout and 10 s more
+    store, owed = owing(tmp_path)
+    lock, _ = send_paths(sends_dir(store.path), "question:gone")
+    lock.parent.mkdir(mode=0o700)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a waiter that never ends
+        began = time.time()
+        rig = DeliveryRig(hermes.path, send_timeout_ms=100, notes=cast(Any, store),
+                          state=store.path)
+        run = hermes.wait_started(1, timeout=15)[0]
+        assert 10.1 <= run["start"] - began < 10.9
+        assert run["argv"][-1] == owed[0].text
+    rig.ref.stop()
     store.shutdown()

@@ -3,6 +3,7 @@ heartbeat that keeps the listener and the registry entry found (W6)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import json
@@ -579,3 +580,147 @@ def test_an_open_count_answered_after_the_peer_stopped_fails_nobody(
     asked = rig.router.expect(QueueDepthQuery)
     rig.ref.stop()
     asked.reply(3)
+
+
+# -- bounds and the stop ------------------------------------------------------------------
+
+
+def test_an_owner_that_never_accepts_is_judged_stale_within_the_probe(coms_dir: Path) -> None:
+    # W11: the probe connects for 250 ms; timed out means stale: unlink and bind
+    path = coms_dir / "l.sock"
+    wedged = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    wedged.bind(str(path))
+    wedged.listen(0)
+    queued: list[socket.socket] = []
+    try:
+        with pytest.raises(BlockingIOError):
+            while True:  # its backlog full: a connect now waits
+                queued.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+                queued[-1].setblocking(False)
+                queued[-1].connect(str(path))
+        taken: list[socket.socket] = []
+        binder = threading.Thread(target=lambda: taken.append(bind_endpoint(path)), daemon=True)
+        binder.start()
+        binder.join(3)
+        assert taken, "the probe waited on an owner that never accepts"
+        assert json.loads(talk_when_served(taken[0], path))["type"] == "pong"
+    finally:
+        wedged.close()
+        for conn in queued:
+            conn.close()
+
+
+def talk_when_served(server: socket.socket, path: Path) -> bytes:
+    listener = Listener(server, refusing(), card)
+    listener.start()
+    try:
+        return talk(path, PING)
+    finally:
+        listener.stop()
+        wait_for(lambda: server.fileno() == -1, what="the socket closed by the stop")
+
+
+def test_a_stale_socket_removed_by_another_during_the_probe_is_bound_all_the_same(
+    coms_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # W11: stale means unlink and bind; someone else's unlink first is the same
+    path = coms_dir / "l.sock"
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(str(path))  # left behind, stale
+    probe = listener_module.endpoint_accepts
+
+    def probed_then_gone(endpoint: str, timeout: float) -> bool:
+        answer = probe(endpoint, timeout)
+        Path(endpoint).unlink()
+        return answer
+
+    monkeypatch.setattr(listener_module, "endpoint_accepts", probed_then_gone)
+    assert json.loads(talk_when_served(bind_endpoint(path), path))["type"] == "pong"
+
+
+def test_a_wakeup_with_no_connection_waiting_never_holds_the_loop(coms_dir: Path) -> None:
+    # "accept() must never wait": the loop serves everything else (W12)
+    edge = Edge("test-listener")
+    path = coms_dir / "l.sock"
+    try:
+        listener = Listener(bind_endpoint(path), refusing(), card, edge=edge)
+        listener.start()
+        edge.call(listener._accept)  # as if readable, with nobody there
+        edge_caught_up(edge)
+        listener.stop()
+        wait_for(lambda: refused(path), what="the socket closed")
+    finally:
+        with contextlib.suppress(OSError):
+            connect(path).close()  # frees a loop held in accept
+        close_edge(edge)
+
+
+def test_a_router_that_never_says_its_open_count_is_taken_as_none_open(
+    serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # W17: the last count seen when the Router is slow, and none seen yet is 0
+    monkeypatch.setattr(listener_module, "DEPTH_TIMEOUT_S", 0.05)
+    served = serve(answers={QueueDepthQuery: lambda query: None})  # never answers
+    assert json.loads(talk(served.path, PING))["agent_card"]["queue_depth"] == 0
+
+
+def test_a_client_that_never_reads_its_reply_is_dropped_after_the_grace(
+    serve: Callable[..., Served], coms_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # bounded everywhere: writing the reply waits REPLY_GRACE_S, then the client goes
+    monkeypatch.setattr(listener_module, "REPLY_GRACE_S", 0.5)
+
+    def big_card(depth: int) -> AgentCard:  # a whole line (W13), more than the buffer holds
+        return card(depth).model_copy(update={"purpose": "p" * MAX_LINE})
+
+    served = serve(server=SmallBuffers(coms_dir / "l.sock"), card=big_card)
+    with connect(served.path) as conn:
+        conn.sendall(PING)  # and never reads
+        wait_for(lambda: len(served.listener._clients) == 1, what="the client served")
+        wait_for(lambda: len(served.listener._clients) == 0, what="the stalled client dropped")
+
+
+class SmallBuffers(socket.socket):
+    """A listening unix socket at `path` whose connections buffer 4 KiB to send."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.bind(str(path))
+        self.listen(8)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, address = super().accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        return conn, address
+
+
+class FailingClose(socket.socket):
+    """A listening unix socket at `path` whose close() fails once it has closed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.bind(str(path))
+        self.listen(8)
+
+    def close(self) -> None:
+        super().close()
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_stop_drops_every_client_though_the_socket_fails_to_close(
+    serve: Callable[..., Served], coms_dir: Path
+) -> None:  # W12: a stopped listener leaves no client waiting for its line's deadline
+    served = serve(server=FailingClose(coms_dir / "l.sock"), line_deadline_s=60)
+    with connect(served.path) as silent:
+        wait_for(lambda: len(served.listener._clients) == 1, what="the client served")
+        served.listener.stop()
+        silent.settimeout(5)
+        assert silent.recv(16) == b""
+
+
+def test_a_second_stop_is_harmless_and_says_nothing(
+    serve: Callable[..., Served], capfd: pytest.CaptureFixture[str]
+) -> None:  # the Peer's release stops it once, but a stop may come twice
+    served = serve()
+    assert json.loads(talk(served.path, PING))["type"] == "pong"
+    served.listener.stop()
+    served.listener.stop()
+    edge_caught_up()
+    wait_for(lambda: refused(served.path), what="the socket closed")
+    assert capfd.readouterr().err == ""

@@ -367,6 +367,21 @@ def test_a_release_that_fails_is_said_and_never_raised(
         "coms-hermes-bridge: peer release: PermissionError(13, 'Permission denied')\n")
 
 
+def test_a_start_whose_entry_cannot_be_written_is_undone_cleanly(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # W7, W8: listening but never published; failed, its socket is left to no one
+    def refuse(path: Path, entry: RegistryEntry) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(peer_module, "write_entry", refuse)
+    rig = start(identity)
+    failed = rig.supervisor.expect(ChildFailed)
+    assert failed.error == "PermissionError: [Errno 13] Permission denied"
+    assert not identity.endpoint.exists()  # unbound: the restart can bind
+    assert not identity.entry_path.exists()
+    assert "peer release" not in capfd.readouterr().err  # undone cleanly, half begun
+
+
 # -- the heartbeat's bookkeeping (W6) --------------------------------------------
 
 
