@@ -131,7 +131,7 @@ def finished(directory: Path) -> Iterator[tuple[Outcome | None, Path, Path]]:
 
 def forget(*paths: Path) -> None:
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # none to remove
             path.unlink()
 
 

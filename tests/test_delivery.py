@@ -652,3 +652,17 @@ def test_a_send_under_way_that_never_ends_holds_back_the_rest_for_its_bound_only
         assert run["argv"][-1] == owed[0].text
     rig.ref.stop()
     store.shutdown()
+
+
+def test_a_file_where_the_sends_directory_goes_fails_each_send_and_crashes_nothing(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # C18: the reason in its words; the Delivery actor lives on (no crash loop)
+    state = tmp_path / "state-d.sqlite3"
+    sends_dir(state).write_text("not a directory")
+    rig = DeliveryRig(hermes.path, state=state)
+    for _ in range(2):
+        rig.send("hi")
+        qid, error = rig.told()
+        assert (qid, error) == (
+            QID, f"hermes send failed: {sends_dir(state)} is not a directory")
+    assert rig.ref.is_alive() and hermes.started() == []
