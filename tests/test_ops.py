@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ulid import ULID
@@ -637,6 +638,18 @@ def test_cancel_refuses_in_one_line_each(config: BridgeConfig) -> None:  # C12, 
         f"question {anonymous} names no asker, so it cannot be cancelled as its asker")
 
 
+@contextlib.contextmanager
+def registered_bridge(config: BridgeConfig, **options: Any) -> Iterator[Asker]:
+    """A socket registered as the project's live bridge; what it replies is `options`'."""
+    config.coms_dir.mkdir(parents=True)
+    bridge = Asker.beside(config.coms_dir, **options)
+    register_bridge(config, bridge.endpoint)
+    try:
+        yield bridge
+    finally:
+        bridge.close()
+
+
 @pytest.mark.parametrize(("reply", "why"), [
     (b'{"type":"nack","error":"not yours"}\n', "nack: not yours"), (None, "timed out")])
 def test_a_cancel_the_bridge_does_not_take_is_said(
@@ -645,14 +658,9 @@ def test_a_cancel_the_bridge_does_not_take_is_said(
     if reply is None:  # a silent bridge is waited for this long
         monkeypatch.setattr(ops, "CANCEL_TIMEOUT_S", 0.2)
     (qid,) = state_file(config.state_path, closed=0)
-    config.coms_dir.mkdir(parents=True)
-    bridge = Asker.beside(config.coms_dir, reply=lambda line: reply)
-    register_bridge(config, bridge.endpoint)
-    try:
+    with registered_bridge(config, reply=lambda line: reply) as bridge:
         assert refusal(lambda: cancel(config, qid)) == (
             f"the bridge at {bridge.endpoint} did not take the cancel: {why}")
-    finally:
-        bridge.close()
 
 
 def test_a_cancel_is_sent_in_the_askers_name_and_waits_for_the_close(
@@ -660,10 +668,7 @@ def test_a_cancel_is_sent_in_the_askers_name_and_waits_for_the_close(
 ) -> None:  # C12, X2
     monkeypatch.setattr(ops, "CANCEL_TIMEOUT_S", 1.0)  # for the ack, and for the close
     (qid,) = state_file(config.state_path, closed=0)
-    config.coms_dir.mkdir(parents=True)
-    bridge = Asker.beside(config.coms_dir)  # acks, and leaves the question open
-    register_bridge(config, bridge.endpoint)
-    try:
+    with registered_bridge(config) as bridge:  # acks, and leaves the question open
         assert refusal(lambda: cancel(config, qid)) == (
             f"the bridge acked the cancel, but {qid} is still open")
         sent = json.loads(bridge.lines[0])
@@ -680,8 +685,6 @@ def test_a_cancel_is_sent_in_the_askers_name_and_waits_for_the_close(
         bridge.reply = closing
         assert cancel(config, qid).endpoint == bridge.endpoint
         store.shutdown()
-    finally:
-        bridge.close()
 
 
 def test_a_cancel_overtaken_by_an_answer_says_so(
@@ -689,21 +692,18 @@ def test_a_cancel_overtaken_by_an_answer_says_so(
 ) -> None:  # X15: never "cancelled" for a question an answer closed first
     monkeypatch.setattr(ops, "CANCEL_TIMEOUT_S", 1.0)
     (qid,) = state_file(config.state_path, closed=0)
-    config.coms_dir.mkdir(parents=True)
     store = Store.open(config.state_path)
 
     def answered_first(line: bytes) -> bytes:
         store.close(qid, "answered", owner="q")
         return b'{"type":"ack"}\n'
 
-    bridge = Asker.beside(config.coms_dir, reply=answered_first)
-    register_bridge(config, bridge.endpoint)
     try:
-        assert refusal(lambda: cancel(config, qid)) == (
-            f"{qid} closed as answered before the cancel reached it")
+        with registered_bridge(config, reply=answered_first):
+            assert refusal(lambda: cancel(config, qid)) == (
+                f"{qid} closed as answered before the cancel reached it")
     finally:
         store.shutdown()
-        bridge.close()
 
 
 def test_status_reads_ages_states_and_closing_times(
