@@ -9,6 +9,7 @@ files the ways the gateway may.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -29,6 +30,7 @@ from inotify_simple import INotify
 
 from coms_hermes_bridge.actors import watcher as hermes
 from coms_hermes_bridge.actors.files import read_at_most
+from coms_hermes_bridge.actors.loop import shared_edge
 from coms_hermes_bridge.actors.watcher import DEFAULT_REOFFER_S, WatcherActor
 from coms_hermes_bridge.messages.commands import (
     AnswerFileSeen,
@@ -50,6 +52,7 @@ from coms_hermes_bridge.messages.contract import (
 from coms_hermes_bridge.messages.wire import LogRecord, RejectReason
 from tests.fakes import (
     FakeClock,
+    FakeRef,
     WiredRig,
     actors_held,
     bridge_config,
@@ -658,6 +661,22 @@ def test_a_new_version_over_a_judged_one_that_could_not_go_is_offered(
     assert rig.seen(newer).signature == newer_signature
 
 
+def test_a_rejected_file_that_cannot_go_is_neither_logged_nor_noted(
+    tmp_path: Path, refused_unlinks: list[bool], capsys: pytest.CaptureFixture[str]
+) -> None:  # C9, X6, X7: the remover alone logs (and notes) a rejection; here none removed it
+    rig = start(tmp_path)
+    rig.sync()
+    signature = write(rig.dir / NAME, b"{}")
+    rig.seen(b"{}")
+    rig.ref.tell(RejectAnswerFile(NAME, signature, Rejected("invalid_schema", QID)))
+    rig.sync()
+    assert (rig.dir / NAME).exists()
+    assert capsys.readouterr().err == (
+        f"coms-hermes-bridge: watcher: cannot remove {NAME}: [Errno 1] Operation not permitted\n")
+    rig.logger.assert_nothing()
+    rig.delivery.assert_nothing()
+
+
 # -- the directory: private, and it heals (C7) ------------------------------------
 
 
@@ -924,6 +943,31 @@ def test_a_failed_inotify_read_is_said_and_the_next_rescan_listens_again(
     rig.supervisor.assert_nothing()
 
 
+def test_the_rescan_beat_is_due_poll_ms_after_a_rescan(tmp_path: Path) -> None:  # C10
+    # a day's beat: a slip of one part in a thousand is a minute and a half
+    rig = start(tmp_path, poll_ms=86_400_000)
+    rig.sync()
+    beat = rig.actor._beat  # white-box: the timer armed by the start's rescan
+    assert beat is not None and not beat.cancelled()
+    assert abs(beat.when() - shared_edge().loop.time() - 86_400) < 5.0
+
+
+def test_reading_inotify_on_the_loop_never_waits(tmp_path: Path) -> None:
+    # the loop runs every actor's turns: a read with nothing to read returns at once, and
+    # tells nothing
+    me = FakeRef("watcher")
+    with INotify() as inotify:
+        inotify.add_watch(str(tmp_path), inotify_simple.flags.CREATE)
+        reader = threading.Thread(target=WatcherActor._events, args=(inotify, me), daemon=True)
+        reader.start()
+        reader.join(timeout=5)
+        waited = reader.is_alive()
+        (tmp_path / "wake").touch()  # frees a reader that waits, so the test ends
+        reader.join(timeout=5)
+    assert not waited
+    assert me.inbox.empty()
+
+
 def test_file_events_cost_no_rescan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # only the end of the watch, lost events, or the beat cost a look at every file
@@ -1034,6 +1078,33 @@ def test_a_rescan_cut_at_its_limit_says_so_once_and_forgets_nothing(
     rig.sync()
     assert set(rig.actor._tracked) == seen - {gone} | {missed}
     assert capsys.readouterr().err == ""
+
+
+def test_a_rescan_lists_one_entry_past_its_limit_and_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # bounded: a huge directory costs a rescan SCAN_LIMIT entries, plus the one that
+    # tells the listing is cut
+    monkeypatch.setattr(hermes, "SCAN_LIMIT", 3)
+    for n in range(8):  # directories: left alone, so nothing but the listing is counted
+        (tmp_path / "questions" / f"d{n}").mkdir(parents=True)
+    listed: list[str] = []
+    real = os.scandir
+
+    def each(entries: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+        for entry in entries:
+            listed.append(entry.name)
+            yield entry
+
+    @contextlib.contextmanager
+    def counted(path: Any) -> Iterator[Iterator[os.DirEntry[str]]]:
+        with real(path) as entries:
+            yield each(entries)
+
+    monkeypatch.setattr(os, "scandir", counted)
+    rig = start(tmp_path)
+    rig.sync()
+    assert len(listed) == 4
+    rig.supervisor.assert_nothing()
 
 
 def test_a_rescan_goes_on_past_a_file_handed_on_and_not_due(
@@ -1175,6 +1246,26 @@ def test_stop_is_quick_and_closes_inotify(tmp_path: Path) -> None:
     rig.ref.stop(timeout=2)
     assert time.monotonic() - began < 0.5
     wait_for(lambda: len(os.listdir("/proc/self/fd")) < fds, what="inotify closed on the edge")
+
+
+def test_inotify_that_cannot_be_made_fails_the_start_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # a setup fault: supervision decides; freeing the nothing it holds says nothing
+    def exhausted() -> INotify:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(hermes, "INotify", exhausted)
+    rig = start(tmp_path)
+    failed = rig.supervisor.next()
+    assert (failed.child, failed.error) == ("watcher", "OSError: [Errno 24] Too many open files")
+    edge_caught_up()
+    assert capsys.readouterr().err == ""
+
+
+def test_freeing_an_inotify_already_closed_is_quiet() -> None:  # release() must not raise
+    inotify = INotify()
+    inotify.close()
+    WatcherActor._unlisten(inotify)  # no ValueError for the closed descriptor
 
 
 def test_an_unknown_message_fails_loudly(tmp_path: Path) -> None:
