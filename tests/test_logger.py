@@ -162,23 +162,25 @@ class _FillingOs:
         return os.write(fd, bytes(data[:n]))
 
 
-@pytest.mark.parametrize(("where", "lost_lines"), [("mid-line", 2), ("at a line's end", 1)])
+@pytest.mark.parametrize(("kept", "lost_lines"), [(1, 2), (10, 2), (-1, 2), (None, 1)],
+                         ids=["one byte", "mid-line", "all but its newline", "at a line's end"])
 def test_a_line_cut_short_by_a_full_disk_leaves_every_later_line_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-    where: str, lost_lines: int,
+    kept: int | None, lost_lines: int,
 ) -> None:  # C20: a write that stops mid-line must not glue the next record to it
     rig = LoggerRig(tmp_path / "log.ndjson")
     first, cut, lost, after = (log_record(AT, QID, event) for event in
                                ("question_received", "delivered", "answered", "timeout"))
     rig.logged(first)
-    room = 10 if where == "mid-line" else len(cut.to_line(PROJECT))
+    line = cut.to_line(PROJECT).encode()
+    room = len(line) if kept is None else kept % len(line)  # the bytes of it that fit
     filling = _FillingOs(rig.log_path, room)
     monkeypatch.setattr(logger_module, "os", filling)
     rig.logged(cut, lost)
     assert filling.refused == lost_lines
     filling.room = None  # room again
     rig.logged(after)
-    torn = cut.to_line(PROJECT).encode()[:10] + b"\n" if where == "mid-line" else lines([cut])
+    torn = line if kept is None else line[:room] + b"\n"
     assert rig.log_path.read_bytes() == lines([first]) + torn + lines([after])
     assert capfd.readouterr().err.splitlines() == [
         f"coms-hermes-bridge: cannot write {rig.log_path}: [Errno 28] No space left on device",
