@@ -57,8 +57,8 @@ class LoggerActor(PooledChild):
                 sent += os.write(fd, data[sent:])
         except (OSError, ValueError) as exc:
             # C20 is a record of what happened, not a precondition for doing it
-            if sent and data[sent - 1] != 0x0A:
-                self._torn = self._file
+            if sent:  # the file now ends where this write stopped: mid-line or not
+                self._torn = self._file if data[sent - 1] != 0x0A else None
             self._close()
             if self._failing.happened(cause=getattr(exc, "errno", None)):
                 report(f"cannot write {self.log_path}: {exc}")

@@ -187,6 +187,24 @@ def test_a_line_cut_short_by_a_full_disk_leaves_every_later_line_whole(
         f"coms-hermes-bridge: writing {rig.log_path} works again ({lost_lines} line(s) lost)"]
 
 
+def test_a_disk_full_again_just_after_the_mending_newline_leaves_no_blank_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # C20: every line of log.ndjson is one record, never an empty one
+    rig = LoggerRig(tmp_path / "log.ndjson")
+    first, cut, mended, after = (log_record(AT, QID, event) for event in
+                                 ("question_received", "delivered", "answered", "timeout"))
+    rig.logged(first)
+    line = cut.to_line(PROJECT).encode()
+    filling = _FillingOs(rig.log_path, 10)
+    monkeypatch.setattr(logger_module, "os", filling)
+    rig.logged(cut)  # 10 bytes of it, then the disk is full
+    filling.room = 1  # room for the newline that ends the torn line, and no more
+    rig.logged(mended)
+    filling.room = None
+    rig.logged(after)
+    assert rig.log_path.read_bytes() == lines([first]) + line[:10] + b"\n" + lines([after])
+
+
 def test_a_line_the_system_takes_in_pieces_is_written_whole_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # C20: a short write is not an error; the rest follows it
