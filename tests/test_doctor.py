@@ -436,14 +436,19 @@ def test_a_hermes_that_cannot_list_leaves_the_target_unchecked(world: World) -> 
 
 # A stand-in for the Python that runs hermes, asked by `liaison_setup.probe`: the
 # liaison is enabled when the profile's config.yaml lists it (the real reading of
-# config.yaml is Hermes' own, checked in tests/test_liaison_setup.py).
+# config.yaml is Hermes' own, checked in tests/test_liaison_setup.py); $HOOK=false is a
+# Hermes without the hooks. Anything but the probe is hermes itself: a shell script whose
+# `#!` names this Python (tests/test_liaison_commands.py).
 PROBE_PYTHON = """#!/bin/sh
-case "$2" in *_get_enabled_plugins*) ;; *) exit 9 ;; esac
+case "$1 $2" in
+  "-c "*"name = 'hub-liaison'"*"in ('pre_gateway_dispatch', 'pre_llm_call')"*) ;;
+  *) exec /bin/sh "$@" ;;
+esac
 enabled=false  # shell builtins only: PATH holds no grep
 [ -f "$HERMES_HOME/config.yaml" ] && while IFS= read -r line; do
   [ "$line" = "    - hub-liaison" ] && enabled=true
 done < "$HERMES_HOME/config.yaml"
-echo '{"hook": true, "enabled": '"$enabled"'}'
+echo '{"hook": '"${HOOK:-true}"', "enabled": '"$enabled"'}'
 """
 ENABLED = "plugins:\n  enabled:\n    - hub-liaison\n"
 HOOKS = "✔ pre_gateway_dispatch, pre_llm_call: this Hermes has them"
