@@ -552,6 +552,48 @@ def test_a_send_that_timed_out_unwatched_for_a_question_closed_meanwhile_leaves_
     store.shutdown()
 
 
+def test_a_send_that_failed_unwatched_is_told_from_its_outcome_and_the_next_runs_at_once(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # C18: its failure, as hermes said it; C19: not run again; W20: the queue goes on
+    hermes.configure(sleep=1, exit=2, stderr="no route")
+    store, owed = owing(tmp_path)
+    first = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    hermes.wait_started(1)
+    first.ref.stop(timeout=2)  # mid-send: A fails with nobody watching
+    wait_for(lambda: under_way(first.sends) == [], what="the send to end unwatched")
+    hermes.configure()
+    successor = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    assert [successor.router.expect(HermesRan) for _ in range(2)] == [
+        HermesRan(owed[0], "hermes send failed (2): no route"), HermesRan(owed[1], None)]
+    wait_for(lambda: store.owed_notes() == [], what="the note sent")
+    assert [run["argv"][-1] for run in hermes.started()] == [job.text for job in owed]
+    successor.ref.stop()
+    store.shutdown()
+
+
+def test_sends_whose_waiters_left_no_outcome_are_cleared_at_start_and_the_owed_go(
+    hermes: FakeHermes, tmp_path: Path,
+) -> None:  # promise 1, C19: a waiter killed before (or while) writing leaves no trace of
+    # hermes' run: its files go, and what the store owes is sent (at least once)
+    store, owed = owing(tmp_path)
+    sends = sends_dir(store.path)
+    sends.mkdir(mode=0o700)
+    lock, _ = send_paths(sends, f"question:{QID_A}")
+    lock.touch()
+    _, outcome = send_paths(sends, "note:gone")
+    outcome.with_name(f"{outcome.name}.tmp").write_text('{"key": "no')
+    rig = DeliveryRig(hermes.path, notes=cast(Any, store), state=store.path)
+    assert [rig.router.expect(HermesRan) for _ in range(2)] == [
+        HermesRan(owed[0], None), HermesRan(owed[1], None)]
+    wait_for(lambda: store.owed_notes() == [], what="the note sent")
+    rig.sync()
+    rig.supervisor.assert_nothing()
+    assert list(sends.iterdir()) == []
+    assert [argv[-1] for argv in hermes.argvs()] == [job.text for job in owed]
+    rig.ref.stop()
+    store.shutdown()
+
+
 def test_a_failed_send_told_again_is_settled_from_its_kept_outcome(
     hermes: FakeHermes, tmp_path: Path,
 ) -> None:  # C18, C19: hermes ran it once; its failure is what the question is told again
