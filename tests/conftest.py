@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,15 @@ def _forget_shared_services() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_shared_services)
+
+
+def _hung_up(signum: int, frame: object) -> None:
+    """Nothing hangs the test process up: a SIGHUP here is a liveness probe of our own pid
+    that sent a real signal (W9: kill(pid, 0)). Fail the test at hand; never die of it."""
+    raise AssertionError("the test process was sent SIGHUP")
+
+
+signal.signal(signal.SIGHUP, _hung_up)  # a handler, not SIG_IGN: children start with SIG_DFL
 
 STOP_TIMEOUT_S = 10.0  # how long each actor left at a test's end may take to stop
 

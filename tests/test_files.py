@@ -9,20 +9,33 @@ from pathlib import Path
 import pytest
 
 from coms_hermes_bridge.actors import files
-from coms_hermes_bridge.actors.files import private_dir, write_atomic
+from coms_hermes_bridge.actors.files import bridge_dir, private_dir, write_atomic
 
 
 def mode(path: Path) -> int:
     return os.lstat(path).st_mode & 0o777
 
 
-def test_missing_directories_are_made_0700_under_umask_000(tmp_path: Path) -> None:
-    old = os.umask(0)
+@pytest.mark.parametrize("umask", [0o000, 0o277])  # 0o277: mkdir alone would give 0500
+def test_missing_directories_are_made_0700_whatever_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int
+) -> None:
+    made: list[int] = []  # each directory's mode the moment it exists: never open to others
+    real_mkdir = os.mkdir
+
+    def watched(path: Path, *args: int) -> None:
+        real_mkdir(path, *args)
+        made.append(mode(path))
+
+    monkeypatch.setattr(files.os, "mkdir", watched)
+    old = os.umask(umask)
     try:
         private_dir(tmp_path / "a" / "b")
     finally:
         os.umask(old)
+        monkeypatch.undo()
     assert (mode(tmp_path / "a"), mode(tmp_path / "a" / "b")) == (0o700, 0o700)
+    assert len(made) == 2 and not any(m & 0o077 for m in made)
 
 
 def test_a_looser_directory_is_tightened_with_one_line(
@@ -60,6 +73,109 @@ def test_a_link_to_a_directory_is_not_chmodded_through(tmp_path: Path) -> None:
     (tmp_path / "q").symlink_to(real)
     private_dir(tmp_path / "q")
     assert mode(real) == 0o755
+
+
+def test_a_parent_made_meanwhile_by_another_is_left_to_it_and_the_rest_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another bridge making the same directories at the same moment: the one it made is
+    found, not failed on, and left as it made it; ours below it are still made 0700."""
+    real_mkdir = os.mkdir
+
+    def another_first(path: Path, mode: int = 0o777) -> None:
+        if path == tmp_path / "a":
+            real_mkdir(path, 0o755)  # the other process wins the race for this one
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(files.os, "mkdir", another_first)
+    private_dir(tmp_path / "a" / "b" / "c")
+    monkeypatch.undo()
+    assert [mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o755, 0o700, 0o700]
+
+
+def test_a_directory_swapped_for_a_link_meanwhile_is_not_chmodded_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The very directory is judged: one replaced by a link to elsewhere after it was
+    checked is refused, and the link's target keeps its mode."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o755)
+    target = tmp_path / "q"
+    target.mkdir()
+    target.chmod(0o755)
+    real_islink = os.path.islink
+
+    def then_swapped(path: str | Path) -> bool:
+        found = real_islink(path)
+        if Path(path) == target:
+            target.rmdir()
+            target.symlink_to(elsewhere)
+        return found
+
+    monkeypatch.setattr(files.os.path, "islink", then_swapped)
+    with pytest.raises(NotADirectoryError, match="is not a directory"):
+        private_dir(target)
+    monkeypatch.undo()
+    assert mode(elsewhere) == 0o755
+
+
+def test_only_the_bridges_own_directory_is_tightened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Log and state live in `…/hermes-bridge`, the bridge's own; a `--questions-dir` the
+    operator chose may be shared, and keeps its mode."""
+    own, chosen = tmp_path / "hermes-bridge", tmp_path / "questions"
+    for directory in (own, chosen):
+        directory.mkdir()
+        directory.chmod(0o755)
+        bridge_dir(directory)
+    assert (mode(own), mode(chosen)) == (0o700, 0o755)
+    assert capsys.readouterr().err == f"coms-hermes-bridge: {own} was mode 0755; tightened to 0700\n"
+
+
+def test_a_terminal_planted_where_a_file_is_read_never_becomes_the_readers(tmp_path: Path) -> None:
+    """A daemon is a session leader without a terminal (so under systemd): a terminal read
+    by mistake for a file must not become its controlling terminal, whose hangup would
+    then end it. A forked session leader reads one and says whether it now has a terminal."""
+    leader, follower = os.openpty()
+    terminal = Path(os.ttyname(follower))
+    os.close(follower)
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # reports through the pipe, never returns
+        try:
+            os.setsid()
+            got = files.read_regular(terminal, 100)
+            try:
+                os.close(os.open("/dev/tty", os.O_RDONLY))
+                has = "a terminal"
+            except OSError:
+                has = "no terminal"
+            os.write(writing, f"{got!r}, {has}".encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(child, 0)
+    os.close(leader)
+    assert said == "None, no terminal"
+
+
+def test_a_write_never_goes_through_whatever_holds_its_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary file is always a new one: a link planted at its name (were the name
+    guessed) fails the write instead of carrying the data to the link's target."""
+    monkeypatch.setattr(files, "ULID", lambda: "GUESSED")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    (tmp_path / f".a.json.{os.getpid()}.GUESSED.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        write_atomic(tmp_path / "a.json", b"data")
+    assert victim.read_bytes() == b"kept"
+    assert not (tmp_path / "a.json").exists()
 
 
 @pytest.mark.parametrize("hard_links", [True, False])

@@ -711,6 +711,18 @@ def test_identity_places(coms_dir: Path) -> None:  # W1, W2, W3
     assert again.session_id != ident.session_id
 
 
+def test_the_pools_shared_directories_are_left_as_found(
+    coms_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:  # W1: the pool's places are its other peers' too; only the root is made 0700
+    shared = [coms_dir / "projects" / "default" / "agents", coms_dir / "sockets"]
+    for directory in shared:
+        directory.mkdir(parents=True)
+        directory.chmod(0o755)
+    resolve_identity(coms_dir, "default", "user-remote", cwd="/", pid=1, now=datetime.now(UTC))
+    assert [d.stat().st_mode & 0o777 for d in shared] == [0o755, 0o755]
+    assert capfd.readouterr().err == ""
+
+
 @pytest.mark.parametrize("project", ["", ".", "a/b", "a\\b", "a..b", "..", "-a", ".hidden", "a b"])
 def test_invalid_project_is_refused(project: str) -> None:  # W2
     with pytest.raises(IdentityError) as caught:
