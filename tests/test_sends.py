@@ -9,8 +9,10 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import signal
 import stat
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -259,10 +261,12 @@ def test_an_unreadable_outcome_is_said_and_dropped(
 
 @pytest.mark.parametrize(("text", "pid"), [(b"123\n", 123), (b"1\n", 1), (b"", None),
                                            (b"0\n", None), (b"x1\n", None), (b"-5\n", None),
-                                           (b"\xff7\n", None), (None, None)])
+                                           (b"\xff7\n", None), (None, None),
+                                           (b"123" + b" " * 29 + b"\n", None)])
 def test_the_hermes_pid_a_waiter_wrote(tmp_path: Path, text: bytes | None,
                                        pid: int | None) -> None:
-    lock = tmp_path / "a.lock"  # (None: no lock file at all)
+    # (None: no lock file at all; past 32 bytes it is no pid a waiter wrote)
+    lock = tmp_path / "a.lock"
     if text is not None:
         lock.write_bytes(text)
     assert sends._hermes_pid(lock) == pid
@@ -276,6 +280,42 @@ def test_waiting_for_sends_under_way_ends_when_they_do_or_at_the_limit(tmp_path:
     finally:
         os.close(fd)
     assert asyncio.run(sends.wait_done([lock], 0.1)) is True
+
+
+class CoarseLoop(asyncio.SelectorEventLoop):
+    """A loop on a clock that ticks once a second (as a coarse clock does), from 0."""
+
+    def __init__(self) -> None:
+        self._zero = time.monotonic()
+        super().__init__()
+
+    def time(self) -> float:
+        return float(int(time.monotonic() - self._zero))
+
+
+def test_waiting_ends_at_the_limit_even_on_a_clock_that_has_not_moved(tmp_path: Path) -> None:
+    # C18, bounded: the limit reached is the end, not the tick after it
+    lock = tmp_path / "a.lock"
+    fd = hold(lock)
+    try:
+        with asyncio.Runner(loop_factory=CoarseLoop) as runner:
+            began = time.monotonic()
+            assert runner.run(sends.wait_done([lock], 0)) is False
+            assert time.monotonic() - began < 0.5
+    finally:
+        os.close(fd)
+
+
+def test_a_link_planted_among_the_locks_is_never_followed(tmp_path: Path) -> None:
+    # a symlink is no send under way, whatever it points at (files.py: links never followed)
+    held = tmp_path / "elsewhere.lock"
+    fd = hold(held)
+    try:
+        (tmp_path / "sends").mkdir()
+        (tmp_path / "sends" / "planted.lock").symlink_to(held)
+        assert sends.under_way(tmp_path / "sends") == []
+    finally:
+        os.close(fd)
 
 
 def test_a_send_whose_waiter_still_runs_is_waited_for_not_started_again(
@@ -337,3 +377,64 @@ def test_the_waiter_is_started_isolated_in_a_session_of_its_own_with_no_stdin(
     assert sends._hermes_pid(lock) == run["pid"]  # written for a kill past the timeout
     assert outcome.exists() and not sends._held(lock)
     assert stat.S_IMODE(tmp_path.stat().st_mode) & 0o077 == 0
+
+
+def test_the_waiter_keeps_none_of_the_bridges_stdin_or_stdout(tmp_path: Path) -> None:
+    # it outlives the bridge: a pipe the bridge was given must not stay open in it
+    show = ("import os; p = os.getppid(); "
+            "print(os.readlink(f'/proc/{p}/fd/0'), os.readlink(f'/proc/{p}/fd/1'))")
+    read, write = os.pipe()
+    saved = os.dup(0), os.dup(1)
+    try:
+        os.dup2(read, 0)
+        os.dup2(write, 1)
+        got = asyncio.run(sends.run_send(tmp_path, KEY, [sys.executable, "-c", show], 5))
+    finally:
+        for fd, was in enumerate(saved):
+            os.dup2(was, fd)
+            os.close(was)
+        os.close(read)
+        os.close(write)
+    assert got.result == sends.ProcessResult(0, "/dev/null /dev/null\n", "")
+
+
+NO_GROUP = 4194305  # above any pid_max: no process group has it
+
+
+@pytest.mark.parametrize(("refusal", "stuck", "said"), [
+    (None, False, "(exit -9) ended without an outcome"),  # hermes' group is gone already
+    (PermissionError, False, "(exit -9) ended without an outcome"),  # its pid now another's
+    (None, True, "(exit None) is still running past the send timeout")])  # kill never takes
+def test_a_stalled_waiter_is_failed_whatever_its_kill_meets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: type[OSError] | None,
+        stuck: bool, said: str) -> None:
+    # C18, bounded: hermes writes a pid no group has over its own and stops its waiter;
+    # past the timeout run_send fails the send within its bound, whatever the kills say
+    monkeypatch.setattr(sends, "_SLACK_S", 0.3)
+    lock, _ = send_paths(tmp_path, KEY)
+    ppid = tmp_path / "waiter.pid"
+    hermes = (
+        "import os, pathlib, signal, time\n"
+        f"lock, end = pathlib.Path({str(lock)!r}), time.monotonic() + 5\n"
+        "while lock.read_text() != f'{os.getpid()}\\n' and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        f"lock.write_text('{NO_GROUP}\\n')\n"
+        f"pathlib.Path({str(ppid)!r}).write_text(str(os.getppid()))\n"
+        "os.kill(os.getppid(), signal.SIGSTOP)\n")
+    real = os.killpg
+
+    def killpg(pid: int, sig: int) -> None:
+        if pid == NO_GROUP and refusal is not None:
+            raise refusal(1, "Operation not permitted")
+        if not (stuck and pid != NO_GROUP):
+            real(pid, sig)
+
+    monkeypatch.setattr(sends.os, "killpg", killpg)
+    try:
+        with pytest.raises(sends.WaiterFailed, match=f"^the send waiter {re.escape(said)}$"):
+            asyncio.run(asyncio.wait_for(
+                sends.run_send(tmp_path, KEY, [sys.executable, "-c", hermes], 0.2), 5))
+    finally:  # never leave a stopped waiter behind, whatever failed
+        if ppid.exists():
+            with contextlib.suppress(ProcessLookupError):
+                real(int(ppid.read_text()), signal.SIGKILL)
