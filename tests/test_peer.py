@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -342,7 +343,7 @@ def test_a_second_release_leaves_a_successors_entry_and_socket_alone(
 
 
 def test_release_closes_the_listener_and_minds_a_socket_already_gone(
-    identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
+    identity: PeerIdentity, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:  # W8
     rig = start(identity).ready()
     listener = rig.listener
@@ -352,6 +353,8 @@ def test_release_closes_the_listener_and_minds_a_socket_already_gone(
              what="the listening socket closed")  # not leaked
     assert not identity.entry_path.exists()
     assert capfd.readouterr().err == ""
+    # a socket already gone is no failure: the stop raised nothing for pykka to log
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_a_release_that_fails_is_said_and_never_raised(
@@ -365,6 +368,10 @@ def test_a_release_that_fails_is_said_and_never_raised(
     rig.ref.stop()
     assert capfd.readouterr().err == (
         "coms-hermes-bridge: peer release: PermissionError(13, 'Permission denied')\n")
+    monkeypatch.undo()  # each step once: a later release does the steps left, and only them
+    rig.actor.release()
+    assert not identity.entry_path.exists() and not identity.endpoint.exists()
+    assert capfd.readouterr().err == ""
 
 
 def test_a_start_whose_entry_cannot_be_written_is_undone_cleanly(
@@ -465,6 +472,28 @@ def test_what_a_heartbeat_heals_it_says(
     rig.supervisor.assert_nothing()
 
 
+def test_a_directory_another_peer_remakes_meanwhile_is_left_as_found(
+    identity: PeerIdentity, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:  # W1, W6: the pool's directories are its other peers' too; only made ones are 0700
+    rig = start(identity).ready()
+    shutil.rmtree(identity.agents_dir)
+    real_mkdir = os.mkdir
+
+    def another_peer_first(path: Any, mode: int = 0o777) -> None:
+        if Path(path) == identity.agents_dir and not identity.agents_dir.exists():
+            real_mkdir(path)
+            os.chmod(path, 0o755)  # made by another peer between our look and our mkdir
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(os, "mkdir", another_peer_first)
+    rig.ref.tell(Heartbeat(1))
+    rig.sync()
+    monkeypatch.undo()
+    assert stat.S_IMODE(identity.agents_dir.stat().st_mode) == 0o755
+    assert "tightened" not in capfd.readouterr().err
+    assert read_entry(identity.entry_path) is not None
+
+
 def test_a_socket_deleted_under_the_peer_fails_it_and_its_restart_listens_again(
     identity: PeerIdentity, capfd: pytest.CaptureFixture[str]
 ) -> None:  # W6: a restart is a start; the pool finds us again at the same endpoint
@@ -534,6 +563,20 @@ def test_a_peer_that_starts_sends_every_response_owed_once(identity: PeerIdentit
         edge_caught_up()
         assert sorted(json.loads(line)["response"]["n"] for line in asker.lines) == [0, 1]
         assert asker.connections == 2
+    finally:
+        asker.close()
+
+
+def test_a_response_owed_at_start_carries_its_error(identity: PeerIdentity) -> None:
+    # W15, promise 1: what the outbox holds is sent as it was owed, its error too
+    asker = Asker(identity.coms_dir / "asker.sock")
+    owed = SendResponse(prompt_envelope(sender_endpoint=asker.endpoint), None,
+                        "no remote answer within 5ms", "question:q:1")
+    try:
+        start(identity, store=Settles(owed=[owed]))
+        assert asker.got.wait(5)
+        body = json.loads(asker.lines[0])
+        assert (body["response"], body["error"]) == (None, "no remote answer within 5ms")
     finally:
         asker.close()
 
@@ -626,6 +669,30 @@ def test_a_response_for_a_msg_id_that_is_no_qid_is_logged_without_one(
     rig.sync()
     assert capfd.readouterr().err.startswith(
         "coms-hermes-bridge: error: could not deliver response for m-1: ")
+
+
+def test_askers_sharing_a_msg_id_that_is_no_qid_each_get_their_response(
+    identity: PeerIdentity,
+) -> None:  # C3: each asker of a prompt whose msg_id is no qid gets an error response
+    gate = threading.Event()
+    slow = Asker(identity.coms_dir / "slow.sock", gate=gate)
+    other = Asker(identity.coms_dir / "other.sock")
+    try:
+        rig = start(identity).ready()
+        for asker in (slow, other):
+            prompt = prompt_envelope(sender_endpoint=asker.endpoint).model_copy(
+                update={"msg_id": "m-1"})
+            rig.ref.tell(SendResponse(prompt, None, "not a qid"))
+            if asker is slow:
+                wait_for(lambda: slow.open_now == 1, what="the first in flight")
+        assert other.got.wait(5), "the second asker got no response"
+        gate.set()
+        assert slow.got.wait(5)
+        assert [json.loads(a.lines[0])["error"] for a in (slow, other)] == ["not a qid"] * 2
+    finally:
+        gate.set()
+        slow.close()
+        other.close()
 
 
 def test_a_response_the_full_pool_refuses_stays_owed_and_is_said(
