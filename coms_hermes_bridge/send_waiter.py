@@ -69,8 +69,8 @@ def run(argv: list[str], timeout_s: float, lock_fd: int) -> dict[str, object]:
         return {"returncode": None, "error": None, "stdout": "", "stderr": ""}
     proc.wait()
     for fd, tail in tails.items():
-        for _ in range(64):  # what is in the pipes already; never wait for more
-            if not _drain(fd, tail) or len(tail) >= TAIL:
+        for _ in range(64):  # what is in the pipes already, to its end; never wait for more
+            if not _drain(fd, tail):
                 break
     out, err = (bytes(tail).decode("utf-8", "replace") for tail in tails.values())
     return {"returncode": proc.returncode, "error": None, "stdout": out, "stderr": err}
