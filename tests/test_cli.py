@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from coms_hermes_bridge import cli
+from coms_hermes_bridge.actors.config import parse_config
 from coms_hermes_bridge.cli import VERBS, main, render
+from tests.fakes import state_file
 
 PROJECT = (
     "--project PROJECT coms project (default: every project for status, the one that has "
@@ -140,6 +142,47 @@ def test_the_status_table() -> None:
 def test_the_status_table_counts_from_now_by_default() -> None:
     closed = render({**STATUS, "open": [], "failed": []}).split("\n")[-2]  # closed years ago
     assert re.fullmatch(r"  01J8ZJ3V5RD{16}  answered   \d+d\d\dh ago", closed), closed
+
+
+def test_a_failed_rows_asker_is_cut_to_its_column_and_no_error_is_a_dash() -> None:
+    row = {"qid": QIDS[2], "at": "2020-01-02T11:59:00.000Z", "asker": "seventeen-chars-x",
+           "exit_status": 1, "error": None}  # X11: a failure whose error line is gone
+    assert render({**STATUS, "open": [], "closed": [], "failed": [row]}, NOW).split("\n")[-1] == (
+        "  01J8ZJ3V5RCCCCCCCCCCCCCCCC  seventeen-chars…     1   1m00s ago  -")
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME and a coms directory for the verbs; the state files' directory returned."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PI_COMS_DIR", str(tmp_path / "coms"))
+    return parse_config(["--project", "demo"], os.environ).state_path.parent
+
+
+def test_status_of_an_unknown_project_names_those_there_are(
+    here: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["status", "--project", "nosuch"]) == 1
+    assert capsys.readouterr() == ("", "coms-hermes-bridge: no bridge and no state for project "
+                                   "nosuch (projects here: none)\n")
+    for project in ("demo", "ops"):
+        state_file(here / f"state-{project}.sqlite3", 0)
+    assert main(["status", "--project", "nosuch"]) == 1
+    assert capsys.readouterr() == ("", "coms-hermes-bridge: no bridge and no state for project "
+                                   "nosuch (projects here: demo, ops)\n")
+
+
+def test_status_of_every_project_shows_those_it_can_read_and_names_the_other(
+    here: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    state_file(here / "state-demo.sqlite3", 0)
+    bad = here / "state-bad.sqlite3"
+    bad.write_bytes(b"garbage" * 100)
+    assert main(["status"]) == 1
+    demo, said = capsys.readouterr().out.split("\n\n")
+    assert demo.startswith("bridge for project demo: not running\nopen questions: 1\n")
+    assert said == (f"bridge for project bad: cannot read its state: cannot read state database "
+                    f"{bad}: file is not a database\n")
 
 
 def test_who_answers_by_default_is_the_login_else_the_uid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -407,6 +407,48 @@ def test_a_chat_name_hermes_cannot_resolve_is_broken(world: World) -> None:
         "give the chat id, or write to the bot from that chat while the gateway runs")
 
 
+def test_a_chat_named_from_a_longer_list_names_its_first_ten(world: World) -> None:
+    chats = [{"id": str(n), "name": f"c{n}", "type": "dm"} for n in range(11)]
+    FakeHermes(world.bin, chats={"telegram": chats})
+    config = dataclasses.replace(world.config, target="telegram:nobody")
+    assert check_target(config, world.env).line() == (  # bounded: ten names at most
+        "✖ --to: telegram:nobody: hermes has no telegram chat named 'nobody' (its chats: c0, c1, "
+        "c2, c3, c4, c5, c6, c7, c8, c9); give the chat id, or write to the bot from that chat "
+        "while the gateway runs")
+
+
+def test_a_name_is_matched_whole_not_only_past_its_hash(world: World) -> None:
+    # `#` is the one leading mark dropped: a name's own first letters stay
+    FakeHermes(world.bin, chats={"telegram": [{"id": "-100125", "name": "Xmas crew"}]})
+    config = dataclasses.replace(world.config, target="telegram:xmas crew")
+    assert check_target(config, world.env).line() == (
+        "✔ --to: telegram:xmas crew: hermes knows this chat: Xmas crew (-100125)")
+
+
+def test_a_name_in_any_case_is_matched_as_unicode_lowers_it(world: World) -> None:
+    # the Ohm sign's small letter is omega, though omega's capital is not the Ohm sign
+    FakeHermes(world.bin, chats={"telegram": [{"id": "-100126", "name": "\u2126 lab"}]})
+    config = dataclasses.replace(world.config, target="telegram:\u03c9 LAB")
+    assert check_target(config, world.env).line() == (
+        "✔ --to: telegram:\u03c9 LAB: hermes knows this chat: \u2126 lab (-100126)")
+
+
+def test_a_bare_platform_reads_no_chat_from_the_list(world: World) -> None:
+    # telegram alone goes to hermes' home channel: the chats listed are not looked into
+    world.hermes("#!/bin/sh\necho '{\"platforms\": {\"telegram\": [\"home\"]}}'\n")
+    assert check_target(world.config, world.env).line() == (
+        "✔ --to: telegram: hermes has telegram and sends to its home channel")
+
+
+def test_a_list_that_fails_is_said_by_its_first_line(world: World) -> None:
+    # hermes names the trouble first; what follows is its detail
+    world.hermes("#!/bin/sh\necho 'hermes send: telegram is not set up' >&2\n"
+                 "echo '  (see hermes gateway setup)' >&2\nexit 1\n")
+    assert check_target(world.config, world.env).line() == (
+        "✖ --to: telegram: hermes send: telegram is not set up; set telegram up in hermes "
+        "(`hermes gateway setup`) and start its gateway once")
+
+
 def test_a_platform_hermes_does_not_have_is_broken_in_its_words(world: World) -> None:
     FakeHermes(world.bin, chats={})  # a hermes with no Telegram
     assert check_target(world.config, world.env).line() == (

@@ -5,6 +5,7 @@ probe reports. Hermes' own reading of its config is checked in tests/test_liaiso
 from __future__ import annotations
 
 import json
+import locale
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from coms_hermes_bridge import liaison_setup
 from coms_hermes_bridge.actors.config import BridgeConfig, parse_config
+from coms_hermes_bridge.cli import main
 from coms_hermes_bridge.liaison_setup import (
     RESTART,
     _command,
@@ -143,6 +145,22 @@ def test_changed_settings_upgrade_the_copy(world: World, coms_dir: Path) -> None
         assert (plugin / "liaison.json").read_text() == settings_text(elsewhere, None)
 
 
+def test_the_settings_are_read_as_utf8_whatever_the_locale(world: World, coms_dir: Path) -> None:
+    # X14: liaison.json is JSON, so UTF-8; one written unescaped still reads in a C locale
+    config = world.with_("--questions-dir", str(coms_dir / "réponses"))
+    install(config, world.env)
+    written = plugin_of(world) / "liaison.json"
+    settings = json.loads(written.read_text(encoding="utf-8"))
+    written.write_text(json.dumps(settings, indent=2, ensure_ascii=False), encoding="utf-8")
+    was = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        said = install(config, world.env)[0]
+    finally:
+        locale.setlocale(locale.LC_CTYPE, was)
+    assert said == f"hub-liaison is up to date at {plugin_of(world)}"
+
+
 def test_install_clears_a_half_made_copy_and_goes_into_a_profile(world: World) -> None:
     # X14: a copy an interrupted install left is not kept; --hermes-profile's home is used
     ops = world.home / ".hermes" / "profiles" / "ops"
@@ -241,6 +259,29 @@ def test_status_says_each_link_and_where_answers_go(world: World, coms_dir: Path
         [f"✖ hub-liaison: not installed at {plugin_of(world)}; {INSTALL}"], False)
 
 
+def test_the_liaison_verb_runs_each_action_in_the_profile_given(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # X14 from the command line: each action's lines; status exits 1 until it holds
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    (world.home / ".hermes" / "profiles" / "ops").mkdir(parents=True)
+    plugin, profile = plugin_of(world, "ops"), ["--hermes-profile", "ops"]
+    assert main(["liaison", "status", *profile]) == 1
+    assert capsys.readouterr().out == (
+        f"✖ hub-liaison: not installed at {plugin}; run `coms-hermes-bridge liaison install "
+        "--hermes-profile ops`\n")
+    assert main(["liaison", "install", *profile]) == 0
+    assert capsys.readouterr().out == (
+        f"hub-liaison installed at {plugin} (answers go to {world.config.questions_dir})\n"
+        f"hub-liaison enabled in Hermes\n{RESTART}\n")
+    assert main(["liaison", "status", *profile]) == 0
+    assert capsys.readouterr().out == (
+        f"✔ hub-liaison: installed at {plugin}\n✔ hub-liaison: enabled in Hermes\n"
+        f"✔ {HOOKS}: this Hermes has them\n  answers go to {world.config.questions_dir}\n")
+    assert main(["liaison", "uninstall", *profile]) == 0
+    assert capsys.readouterr().out == f"hub-liaison removed from {plugin}\n{RESTART}\n"
+
+
 def test_hermes_must_be_found_and_its_python_told(world: World) -> None:
     # X14: each verb refuses, in one line, a hermes it cannot work with
     def refused(config: BridgeConfig = world.config) -> str:
@@ -256,6 +297,9 @@ def test_hermes_must_be_found_and_its_python_told(world: World) -> None:
         str(world.bin / "hermes"), str(world.bin / "python"), world.home / ".hermes")
     assert refused(world.with_("--hermes-profile", "nope")) == (
         f"no Hermes profile 'nope' at {world.home / '.hermes' / 'profiles' / 'nope'}")
+    python3 = program(world.bin / "python3", "#!/bin/sh\n")
+    world.hermes("#!/usr/bin/env python3\n")  # found on the PATH the verb was given
+    assert find_hermes(world.config, world.env).python == str(python3)
     hermes = world.hermes("#!/bin/sh\nexec '/opt/hermes/bin/python3' \"$0\" \"$@\"\n")
     assert refused() == f"cannot tell which Python runs {hermes}"  # pip's long-path launcher
     hermes.unlink()

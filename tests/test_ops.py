@@ -758,6 +758,27 @@ def test_status_shows_a_failure_whose_log_lines_are_gone_and_skips_a_damaged_one
          "error": None}]
 
 
+def test_a_failures_asker_and_error_are_its_own_records_only(
+    config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # X11: the asker its question_received names, the error its delivery_error says
+    now = 1_800_000_000.0
+    monkeypatch.setattr(time, "time", lambda: now)
+    (qid,) = state_file(config.state_path, closed=0)
+    store = Store.open(config.state_path)
+    store.close(qid, None, owner="q", undelivered_at=now - 1)
+    store.shutdown()
+    log = [{"at": "T", "qid": qid, "event": "question_received", "detail": {"from": "builder"}},
+           {"at": "T", "qid": qid, "event": "late_answer", "detail": {"from": "telegram:bob"}},
+           {"at": "T", "qid": qid, "event": "response_failed", "detail": {"error": "gone"}},
+           {"at": "T", "qid": qid, "event": "delivery_error",
+            "detail": {"error": "hermes send failed (3): chat not found"}}]
+    config.log_path.parent.mkdir(parents=True, exist_ok=True)
+    config.log_path.write_text("".join(json.dumps(record) + "\n" for record in log))
+    assert status(config, closed_limit=0)["failed"] == [
+        {"qid": qid, "at": "2027-01-15T07:59:59.000Z", "asker": "builder", "exit_status": 3,
+         "error": "chat not found"}]
+
+
 def test_status_reads_closing_times_from_the_logs_tail_only(config: BridgeConfig) -> None:
     _, old, recent = state_file(config.state_path, closed=2)
     first = json.dumps({"at": "T1", "qid": old, "event": "answered"}).encode() + b"\n"
