@@ -141,6 +141,9 @@ def test_a_terminal_planted_where_a_file_is_read_never_becomes_the_readers(tmp_p
     leader, follower = os.openpty()
     terminal = Path(os.ttyname(follower))
     os.close(follower)
+    # here too, unchanged by it (no session leader): a mutation run sees only the calls a
+    # test makes in its own process, and would not know this test reaches read_regular
+    assert files.read_regular(tmp_path / "none", 100) is None
     reading, writing = os.pipe()
     child = os.fork()
     if child == 0:  # reports through the pipe, never returns
@@ -244,3 +247,20 @@ def test_a_temp_file_that_cannot_be_removed_changes_no_outcome(
     with pytest.raises(OSError) as failed:
         write_atomic(tmp_path / "b.json", b"second")
     assert failed.value.errno == errno.EIO
+
+
+def test_a_file_that_cannot_be_tightened_fails_its_open_and_keeps_no_fd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # files are private whatever the umask: one we cannot make so is not used
+    path = tmp_path / "state"
+    path.write_text("")
+    path.chmod(0o644)
+
+    def refused(fd: int, mode: int) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(files.os, "fchmod", refused)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(PermissionError):
+        files.open_private(path, os.O_RDWR)
+    assert set(os.listdir("/proc/self/fd")) == before
