@@ -208,3 +208,11 @@ def test_a_reader_that_goes_away_is_no_failure(
     monkeypatch.setenv("PI_COMS_DIR", str(tmp_path / "coms"))
     with contextlib.redirect_stdout(Gone()):
         assert main(["status"]) == 0
+
+
+def test_the_daemon_gets_the_command_line_it_was_given(
+    here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # main(argv) runs the daemon on argv, not on the process's own
+    monkeypatch.setattr("sys.argv", ["coms-hermes-bridge", "--poll-ms", "5"])
+    assert main(["--timeout", "0"]) == 1
+    assert capsys.readouterr() == ("", "coms-hermes-bridge: --timeout must be a positive number\n")
