@@ -865,3 +865,26 @@ def exchange(endpoint: Path | str, data: bytes, *, half_close: bool = False) -> 
                 return reply
             reply += chunk
         return reply
+
+
+def in_forked_child(work: Callable[[], object]) -> str:
+    """The repr of what `work` returns, or the error it raises, run in a forked child: for
+    what a test must not do to its own process (become another user, lead a session).
+    Forked, not started anew, so that it runs the code exactly as this process loaded it."""
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child reports through the pipe, and never returns
+        try:
+            os.close(reading)
+            try:
+                result = repr(work())
+            except BaseException as error:
+                result = f"{type(error).__name__}: {error}"
+            os.write(writing, result.encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        result = pipe.read().decode()
+    os.waitpid(child, 0)
+    return result

@@ -10,6 +10,7 @@ import pytest
 
 from coms_hermes_bridge.actors import files
 from coms_hermes_bridge.actors.files import bridge_dir, private_dir, write_atomic
+from tests.fakes import in_forked_child
 
 
 def mode(path: Path) -> int:
@@ -144,26 +145,19 @@ def test_a_terminal_planted_where_a_file_is_read_never_becomes_the_readers(tmp_p
     # here too, unchanged by it (no session leader): a mutation run sees only the calls a
     # test makes in its own process, and would not know this test reaches read_regular
     assert files.read_regular(tmp_path / "none", 100) is None
-    reading, writing = os.pipe()
-    child = os.fork()
-    if child == 0:  # reports through the pipe, never returns
+
+    def lead_a_session_and_read() -> tuple[bytes | None, str]:
+        os.setsid()
+        got = files.read_regular(terminal, 100)
         try:
-            os.setsid()
-            got = files.read_regular(terminal, 100)
-            try:
-                os.close(os.open("/dev/tty", os.O_RDONLY))
-                has = "a terminal"
-            except OSError:
-                has = "no terminal"
-            os.write(writing, f"{got!r}, {has}".encode())
-        finally:
-            os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(child, 0)
+            os.close(os.open("/dev/tty", os.O_RDONLY))
+        except OSError:
+            return got, "no terminal"
+        return got, "a terminal"
+
+    said = in_forked_child(lead_a_session_and_read)
     os.close(leader)
-    assert said == "None, no terminal"
+    assert said == repr((None, "no terminal"))
 
 
 def test_a_write_never_goes_through_whatever_holds_its_temporary_name(

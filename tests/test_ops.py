@@ -740,15 +740,21 @@ def test_status_reads_ages_states_and_closing_times(
         {"qid": closed[0], "state": "answered", "closed_at": "T1"}]
 
 
+def _failed_delivery(config: BridgeConfig, monkeypatch: pytest.MonkeyPatch) -> tuple[float, str]:
+    """A state file whose one question failed delivery a second ago (X11), at a pinned now."""
+    now = 1_800_000_000.0
+    monkeypatch.setattr(time, "time", lambda: now)
+    (qid,) = state_file(config.state_path, closed=0)
+    store = Store.open(config.state_path)
+    store.close(qid, None, owner="q", undelivered_at=now - 1)
+    store.shutdown()
+    return now, qid
+
+
 def test_status_shows_a_failure_whose_log_lines_are_gone_and_skips_a_damaged_one(
     config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # X11, X12: a row that does not read is left out, the others shown
-    now = 1_800_000_000.0
-    monkeypatch.setattr(time, "time", lambda: now)
-    (bare,) = state_file(config.state_path, closed=0)
-    store = Store.open(config.state_path)
-    store.close(bare, None, owner="q", undelivered_at=now - 1)
-    store.shutdown()
+    now, bare = _failed_delivery(config, monkeypatch)
     with contextlib.closing(sqlite3.connect(config.state_path)) as conn, conn:
         conn.execute("INSERT INTO undelivered VALUES (X'34', ?)", (now - 2,))
         conn.execute("INSERT INTO undelivered VALUES (CAST(X'ff' AS TEXT), ?)",
@@ -761,12 +767,7 @@ def test_status_shows_a_failure_whose_log_lines_are_gone_and_skips_a_damaged_one
 def test_a_failures_asker_and_error_are_its_own_records_only(
     config: BridgeConfig, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # X11: the asker its question_received names, the error its delivery_error says
-    now = 1_800_000_000.0
-    monkeypatch.setattr(time, "time", lambda: now)
-    (qid,) = state_file(config.state_path, closed=0)
-    store = Store.open(config.state_path)
-    store.close(qid, None, owner="q", undelivered_at=now - 1)
-    store.shutdown()
+    _, qid = _failed_delivery(config, monkeypatch)
     log = [{"at": "T", "qid": qid, "event": "question_received", "detail": {"from": "builder"}},
            {"at": "T", "qid": qid, "event": "late_answer", "detail": {"from": "telegram:bob"}},
            {"at": "T", "qid": qid, "event": "response_failed", "detail": {"error": "gone"}},

@@ -69,6 +69,7 @@ from tests.fakes import (
     WiredRig,
     edge_caught_up,
     exchange,
+    in_forked_child,
     prompt_envelope,
     said,
     wait_for,
@@ -1056,29 +1057,16 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user
 
 
 def as_nobody(work: Callable[[], object]) -> str:
-    """The repr of what `work` returns, or the error it raises, run in a forked child that
-    has become another user: how a root test meets a process or directory not its own.
-    Forked, not started anew, so that it runs the code exactly as this process loaded it."""
-    reading, writing = os.pipe()
-    child = os.fork()
-    if child == 0:  # the child reports through the pipe, and never returns
-        try:
-            os.close(reading)
-            try:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                result = repr(work())
-            except BaseException as error:
-                result = f"{type(error).__name__}: {error}"
-            os.write(writing, result.encode())
-        finally:
-            os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        result = pipe.read().decode()
-    os.waitpid(child, 0)
-    return result
+    """`work` in a forked child that has become another user: how a root test meets a
+    process or directory not its own."""
+
+    def dropped() -> object:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        return work()
+
+    return in_forked_child(dropped)
 
 
 @needs_root
