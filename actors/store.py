@@ -72,6 +72,11 @@ _SENT_OWED = (
     " UNION ALL SELECT 'note:' || id FROM notes)"
 )
 _SENT_STALE = f"DELETE FROM sent WHERE key NOT IN {_SENT_OWED}"
+_KEY_OWED = (  # the same test for one :key, by primary keys: no scan per send
+    "(EXISTS (SELECT 1 FROM open_questions WHERE substr(:key, 1, 9) = 'question:'"
+    " AND qid = substr(:key, 10) AND (state IS NULL OR state = 'pending'))"
+    " OR EXISTS (SELECT 1 FROM notes WHERE substr(:key, 1, 5) = 'note:' AND id = substr(:key, 6)))"
+)
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 _UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
@@ -271,13 +276,13 @@ class Store:
         """A send's outcome (None: sent, else C18's error), kept until what it was sent for
         acts on it: a restart in between takes it from here instead of sending again."""
         with self._transaction() as conn:
-            conn.execute(f"INSERT OR REPLACE INTO sent (key, error) SELECT ?, ?"
-                         f" WHERE ? IN {_SENT_OWED}", (key, error, key))
+            conn.execute(f"INSERT OR REPLACE INTO sent (key, error) SELECT :key, :error"
+                         f" WHERE {_KEY_OWED}", {"key": key, "error": error})
 
     def send_owed(self, key: str) -> bool:
         """Is the send known as `key` still owed (told again, one acted on is not sent twice)?"""
         with self._transaction() as conn:
-            return bool(conn.execute(f"SELECT ? IN {_SENT_OWED}", (key,)).fetchone()[0])
+            return bool(conn.execute(f"SELECT {_KEY_OWED}", {"key": key}).fetchone()[0])
 
     def sent_outcome(self, key: str) -> tuple[str | None] | None:
         """The kept outcome (its error, in a tuple), if any."""

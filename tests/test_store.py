@@ -1060,6 +1060,26 @@ def test_a_question_send_is_owed_while_its_question_is_pending_and_no_longer(
     assert not store.send_owed(f"note:{QID}") and not store.send_owed(f"other:{QID}")
 
 
+@pytest.mark.parametrize("key", [f"question:{QID}", "note:n1"])
+def test_a_sends_owed_check_reads_its_own_row_and_never_scans(store: Store, key: str) -> None:
+    # --max-open 10,000: the check before each send and the outcome kept after it find the
+    # key by primary key; a scan of every open question per send made a burst quadratic
+    store.put_open(spec(QID), owner="q")
+    run: list[str] = []
+    store._conn.set_trace_callback(run.append)
+    store.send_owed(key)
+    store.record_sent(key, None)
+    store._conn.set_trace_callback(None)
+    lookups = [sql for sql in run if "open_questions" in sql]
+    assert len(lookups) == 2
+    for sql in lookups:
+        plan = [row[3] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}")]
+        assert [step for step in plan if step.startswith("SEARCH")] == [
+            "SEARCH open_questions USING INDEX sqlite_autoindex_open_questions_1 (qid=?)",
+            "SEARCH notes USING COVERING INDEX sqlite_autoindex_notes_1 (id=?)"]
+        assert not [step for step in plan if step.startswith("SCAN") and "CONSTANT" not in step]
+
+
 def test_a_sends_outcome_is_kept_while_its_question_is_pending_and_goes_when_it_moves_on(
     store: Store,
 ) -> None:
