@@ -46,8 +46,18 @@ def run(argv: list[str], timeout_s: float, lock_fd: int) -> dict[str, object]:
     # for a bridge that kills a stalled waiter: hermes must not go on sending alone
     with contextlib.suppress(OSError):
         os.pwrite(lock_fd, f"{proc.pid}\n".encode(), 0)
-    tails = {pipe.fileno(): bytearray() for pipe in (proc.stdout, proc.stderr) if pipe}
     pidfd = os.pidfd_open(proc.pid)
+    try:
+        return _watch(proc, pidfd, timeout_s)
+    finally:  # a one-shot process, but the tests run it in theirs
+        os.close(pidfd)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _watch(proc: subprocess.Popen[bytes], pidfd: int, timeout_s: float) -> dict[str, object]:
+    tails = {pipe.fileno(): bytearray() for pipe in (proc.stdout, proc.stderr) if pipe}
     with selectors.DefaultSelector() as selector:
         selector.register(pidfd, selectors.EVENT_READ)
         for fd in tails:

@@ -301,3 +301,15 @@ def test_main_refuses_a_bad_command_line(
     assert capsys.readouterr().err == (
         "usage: send_waiter.py OUTCOME TIMEOUT_S KEY LOCK_FD -- ARGV...\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["exit 0", "sleep 30"], ids=["exited", "timed-out"])
+def test_no_descriptor_is_left_open_after_a_run(tmp_path: Path, script: str) -> None:
+    # bounded: hermes' pipes and its pidfd are closed however the run ended
+    fd = _lock(tmp_path)
+    before = sorted(os.listdir("/proc/self/fd"))
+    try:
+        send_waiter.run(_sh(script), 0.5, fd)
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(fd)
