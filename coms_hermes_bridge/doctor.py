@@ -161,8 +161,11 @@ def check_liaison(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Chec
 
     try:
         plugin = checks(config, env)
-    except OpsError as exc:
-        plugin = [Check(SKILL, None, f"cannot check the plugin: {exc}")]
+    except OpsError as exc:  # no hermes to ask: a plugin not there is still not there
+        where = hermes_home(env, config.hermes_profile) / "plugins" / SKILL
+        absent = "" if where.is_dir() else f"not installed at {where}; "
+        plugin = [Check(SKILL, False if absent else None,
+                        f"{absent}cannot check the plugin: {exc}")]
     skills = hermes_home(env, config.hermes_profile) / "skills"
     skill = next((path for path in (skills / SKILL / "SKILL.md",
                                     *skills.glob(f"*/{SKILL}/SKILL.md")) if path.is_file()), None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,10 +51,11 @@ class Hermes:
 
 
 def interpreter(program: Path, env: Mapping[str, str]) -> str | None:
-    """The Python that a script's `#!` line names, directly or through `env`."""
+    """The Python that a script's `#!` line names, directly or through `env`, or that
+    pip's launcher for a long or spaced path names on its second line."""
     try:
         with open(program, "rb") as f:
-            first = f.readline(512)
+            first, second = f.readline(512), f.readline(4096)
     except OSError:
         return None
     if not first.startswith(b"#!"):
@@ -62,8 +64,14 @@ def interpreter(program: Path, env: Mapping[str, str]) -> str | None:
     if words and os.path.basename(words[0]) == "env":  # `#!/usr/bin/env [-S] python3`
         words = [w for w in words[1:] if not w.startswith("-")]
         return shutil.which(words[0], path=env.get("PATH")) if words else None
+    if words == ["/bin/sh"] and second.startswith(b"'''exec' "):  # pip's: PY "$0" "$@"
+        try:
+            words = shlex.split(second.decode("utf-8", "replace"))
+        except ValueError:  # an unclosed quote: not pip's
+            return None
+        return words[1] if len(words) >= 4 and words[-2:] == ["$0", "$@"] else None
     if not words or os.path.basename(words[0]) in ("sh", "bash"):
-        return None  # pip's shell launcher for long paths: the Python is not named here
+        return None  # a shell script: the Python is not named
     return words[0]
 
 

@@ -584,6 +584,12 @@ def test_a_plugin_that_cannot_be_checked_is_said(world: World) -> None:
     assert lines(checks) == [
         "– hub-liaison: cannot check the plugin: 'hermes' is not on PATH; the liaison is a "
         "plugin of the Hermes gateway: install hermes-agent first"]
+    shutil.rmtree(world.home / ".hermes" / "plugins" / "hub-liaison")
+    world.hermes('#!/bin/sh\nexec /opt/hermes/run "$@"\n')  # a wrapper: no Python named
+    where = world.home / ".hermes" / "plugins" / "hub-liaison"
+    assert lines(check_liaison(world.config, world.env)) == [  # absent is absent: exit 1
+        f"✖ hub-liaison: not installed at {where}; cannot check the plugin: cannot tell "
+        f"which Python runs {world.bin / 'hermes'}"]
 
 
 def test_the_skill_alone_holds_and_the_plugin_is_recommended(world: World) -> None:

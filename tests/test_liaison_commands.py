@@ -301,7 +301,7 @@ def test_hermes_must_be_found_and_its_python_told(world: World) -> None:
     world.hermes("#!/usr/bin/env python3\n")  # found on the PATH the verb was given
     assert find_hermes(world.config, world.env).python == str(python3)
     hermes = world.hermes("#!/bin/sh\nexec '/opt/hermes/bin/python3' \"$0\" \"$@\"\n")
-    assert refused() == f"cannot tell which Python runs {hermes}"  # pip's long-path launcher
+    assert refused() == f"cannot tell which Python runs {hermes}"  # a wrapper of one's own
     hermes.unlink()
     assert refused() == ("'hermes' is not on PATH; the liaison is a plugin of the Hermes "
                          "gateway: install hermes-agent first")
@@ -383,6 +383,28 @@ def test_the_python_named_by_the_first_line(
     if os.geteuid() != 0:
         assert interpreter(hermes, world.env) is None
     assert interpreter(world.bin / "missing", world.env) is None
+
+
+PIP = "'''exec' "  # how pip's launcher starts its second line
+
+
+@pytest.mark.parametrize(("second_line", "python"), [
+    (PIP + '/opt/a-long-path/bin/python "$0" "$@"', "/opt/a-long-path/bin/python"),
+    (PIP + '"/opt/with space/python" -I "$0" "$@"', "/opt/with space/python"),
+    (PIP + '/opt/py "$@"', None),  # not pip's: the script is not what it runs
+    (PIP + '"$0" "$@"', None),
+    (PIP + '"/opt/unclosed "$0" "$@"', None),
+    ('exec /opt/py "$0" "$@"', None),
+])
+def test_the_python_named_by_pips_launcher_for_a_long_or_spaced_path(
+    world: World, second_line: str, python: str | None,
+) -> None:
+    # X14: pip writes `#!/bin/sh` and names the Python on the next line when its path is
+    # too long for `#!` (127 bytes) or has a space
+    hermes = world.hermes(f"#!/bin/sh\n{second_line}\n' '''\nimport hermes_cli\n")
+    assert interpreter(hermes, world.env) == python
+    hermes.write_text(f"#!/bin/bash\n{second_line}\n")  # only /bin/sh is pip's
+    assert interpreter(hermes, world.env) is None
 
 
 def test_the_first_line_is_read_up_to_512_bytes_utf8_or_not(world: World) -> None:
