@@ -555,6 +555,15 @@ def test_a_state_file_that_cannot_be_made_says_why(
         Store.open(path)
     assert str(raised.value) == (
         f"cannot create state database {path}: [Errno 13] Permission denied")
+    monkeypatch.undo()
+
+    def failing_disk(conn: sqlite3.Connection) -> str | None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store_module, "_schema_problem", failing_disk)  # made, then failing
+    with pytest.raises(OSError) as raised:
+        Store.open(path)
+    assert str(raised.value) == f"cannot create state database {path}: disk I/O error"
 
 
 def test_a_state_file_that_cannot_be_read_says_why(
