@@ -4,6 +4,7 @@ its functions, so a change to them shows here."""
 
 from __future__ import annotations
 
+import gc
 import json
 import locale
 import os
@@ -11,6 +12,7 @@ import signal
 import stat
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -309,7 +311,11 @@ def test_no_descriptor_is_left_open_after_a_run(tmp_path: Path, script: str) -> 
     fd = _lock(tmp_path)
     before = sorted(os.listdir("/proc/self/fd"))
     try:
-        send_waiter.run(_sh(script), 0.5, fd)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            send_waiter.run(_sh(script), 0.5, fd)
+            gc.collect()
         assert sorted(os.listdir("/proc/self/fd")) == before
+        assert [str(w.message) for w in caught if "unclosed file" in str(w.message)] == []
     finally:
         os.close(fd)
