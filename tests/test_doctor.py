@@ -590,6 +590,11 @@ def test_a_plugin_that_cannot_be_checked_is_said(world: World) -> None:
     assert lines(check_liaison(world.config, world.env)) == [  # absent is absent: exit 1
         f"✖ hub-liaison: not installed at {where}; cannot check the plugin: cannot tell "
         f"which Python runs {world.bin / 'hermes'}"]
+    ops = world.home / ".hermes" / "profiles" / "ops"
+    (ops / "plugins" / "hub-liaison").mkdir(parents=True)  # the profile's own plugins
+    assert lines(check_liaison(world.with_("--hermes-profile", "ops"), world.env)) == [
+        f"– hub-liaison: cannot check the plugin: cannot tell which Python runs "
+        f"{world.bin / 'hermes'}"]
 
 
 def test_the_skill_alone_holds_and_the_plugin_is_recommended(world: World) -> None:

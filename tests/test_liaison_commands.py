@@ -412,3 +412,17 @@ def test_the_first_line_is_read_up_to_512_bytes_utf8_or_not(world: World) -> Non
     assert interpreter(hermes, world.env) == "/opt/" + "p" * 505
     hermes.write_bytes(b"#!/opt/py\xff/python3\n")
     assert interpreter(hermes, world.env) == "/opt/py\ufffd/python3"
+
+
+def test_pips_second_line_is_read_bounded_and_as_utf8_or_not(world: World) -> None:
+    # X14: read like the first line: a path not UTF-8 is replaced, not a crash, and a line
+    # past PATH_MAX (4096 bytes) is no launcher's
+    hermes = world.hermes("")
+    hermes.write_bytes(b"#!/bin/sh\n" + PIP.encode() + b'/opt/py\xff/python "$0" "$@"\n')
+    assert interpreter(hermes, world.env) == "/opt/py\ufffd/python"
+    long = "/opt/" + "p" * 4096
+    hermes.write_text(f'#!/bin/sh\n{PIP}{long} "$0" "$@"\n')
+    assert interpreter(hermes, world.env) is None
+    fits = "/opt/" + "p" * (4096 - len(PIP) - len(' "$0" "$@"\n') - 5)
+    hermes.write_text(f'#!/bin/sh\n{PIP}{fits} "$0" "$@"\n')
+    assert interpreter(hermes, world.env) == fits
