@@ -50,6 +50,14 @@ def test_a_clean_exit_is_status_zero(tmp_path: Path) -> None:  # C18
         os.close(fd)
 
 
+def test_a_timeout_under_a_second_still_waits_for_hermes(tmp_path: Path) -> None:  # C18
+    fd = _lock(tmp_path)
+    try:  # `true` ends in milliseconds: its status, not a timeout
+        assert send_waiter.run(["true"], 0.9, fd)["returncode"] == 0
+    finally:
+        os.close(fd)
+
+
 def test_each_stream_keeps_only_its_last_tail(tmp_path: Path) -> None:  # C18: bounded
     fd = _lock(tmp_path)
     big = send_waiter.TAIL * 40  # many reads' worth, past one _CHUNK too
