@@ -86,6 +86,34 @@ def test_the_verdict_fails_on_a_lost_or_doubled_question_and_names_it(chaos: Mod
     assert chaos.verdict(wrong)[1] == 1
 
 
+def test_the_verdict_takes_only_a_later_starts_resend_of_the_same_answer(
+    chaos: ModuleType,
+) -> None:
+    # promise 1: delivery is at least once; the one double it allows is the next start
+    # sending again, unchanged, a response whose ack a kill cut off
+    def response(session: str, text: str = "yes", error: str | None = None
+                 ) -> dict[str, object]:
+        return {"type": "response", "msg_id": "A", "sender_session": session,
+                "response": {"kind": "freeform", "text": text}, "error": error}
+
+    def judged(*copies: dict[str, object]) -> tuple[list[str], int]:
+        return chaos.verdict(chaos.Tally(["A"], acked={"A"}, asked={"A": 1},
+                                         responses={"A": list(copies)}, expected={"A": "yes"}))
+
+    again = "answers sent again by the next start, a kill having cut off their ack"
+    lines, code = judged(response("run1"), response("run2"), response("run3"))
+    assert code == 0 and "verdict: ok" in lines
+    assert "answers received twice: 0" in lines and f"{again}: 1 [A×3]" in lines
+    for doubled in ((response("run1"), response("run1")),  # twice in one run
+                    (response("run1"), response("run2"), response("run2")),
+                    (response("run1"), response("run2", error="x")),  # not the same answer
+                    (response("run1"), response("run2", text="no"))):
+        lines, code = judged(*doubled)
+        assert code == 1 and "verdict: FAIL" in lines, doubled
+        assert f"answers received twice: 1 [A×{len(doubled)}]" in lines
+        assert f"{again}: 0" in lines
+
+
 def daemons_of(coms: Path) -> list[int]:
     """Live daemons (not zombies) running in the world whose PI_COMS_DIR is `coms`."""
     pids = []
