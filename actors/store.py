@@ -68,15 +68,15 @@ CREATE TABLE sent (key TEXT PRIMARY KEY, error TEXT);
 # A send's outcome is owed to its question while the question has not moved on, and to a
 # note while the note is owed; any other is not kept (and is forgotten at start). Each
 # key is found by primary key: a scan per send makes a burst of sends quadratic.
-def _owed(key: str) -> str:
+def _owed_sql(key: str) -> str:
     return (f"(EXISTS (SELECT 1 FROM open_questions WHERE substr({key}, 1, 9) = 'question:'"
             f" AND qid = substr({key}, 10) AND (state IS NULL OR state = 'pending'))"
             f" OR EXISTS (SELECT 1 FROM notes WHERE substr({key}, 1, 5) = 'note:'"
             f" AND id = substr({key}, 6)))")
 
 
-_KEY_OWED = _owed(":key")
-_SENT_STALE = f"DELETE FROM sent WHERE NOT {_owed('sent.key')}"
+_KEY_OWED = _owed_sql(":key")
+_SENT_STALE = f"DELETE FROM sent WHERE NOT {_owed_sql('sent.key')}"
 UNDELIVERED_MEMORY_S = 3600.0  # X11: how long a failed delivery is remembered
 UNDELIVERED_MEMORY = 1000  # and how many at most
 _UNDELIVERED_SQL = "SELECT 1 FROM undelivered WHERE qid = ? AND at >= ?"  # (qid, since)
