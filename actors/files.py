@@ -32,9 +32,10 @@ def read_at_most(fd: int, limit: int) -> bytes | None:
     return None
 
 
-def private_dir(path: Path, *, tighten: bool = True) -> None:
+def private_dir(path: Path, *, tighten: bool = True) -> bool:
     """Make `path` and missing parents 0700; tighten `path` if looser (existing parents may
-    be shared, and stay). NotADirectoryError when something else is in its place."""
+    be shared, and stay). NotADirectoryError when something else is in its place. True
+    when this call made `path` (not another process meanwhile)."""
     missing: list[Path] = []
     probe = path
     while not probe.exists() and probe != probe.parent:
@@ -51,7 +52,7 @@ def private_dir(path: Path, *, tighten: bool = True) -> None:
         else:
             os.chmod(directory, DIR_MODE)  # mkdir's mode passed through the umask
     if os.path.islink(path):
-        return  # an operator's link to a directory elsewhere: never chmod through it
+        return made  # an operator's link to a directory elsewhere: never chmod through it
     try:
         # the very directory is judged and tightened, whatever is swapped in meanwhile
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -66,6 +67,7 @@ def private_dir(path: Path, *, tighten: bool = True) -> None:
             report(f"{path} was mode {current:04o}; tightened to {current & DIR_MODE:04o}")
     finally:
         os.close(fd)
+    return made
 
 
 def tighten_mode(path: Path, mode: int) -> None:

@@ -143,8 +143,9 @@ class PeerActor(PooledChild):
     def _heal(self) -> None:
         for directory in (self.identity.agents_dir, self.identity.endpoint.parent):
             if not directory.is_dir():
-                private_dir(directory, tighten=False)
-                report(f"{directory} was gone; made it again (0700)", "warning")
+                made = private_dir(directory, tighten=False)
+                report(f"{directory} was gone; " + ("made it again (0700)" if made else
+                       "another peer made it again meanwhile"), "warning")
 
     def _settle(self, qid: str, owner: str | None) -> None:
         """Out of the outbox (a crash before this sends it again at the next start)."""

@@ -45,11 +45,15 @@ def test_a_looser_directory_is_tightened_with_one_line(
     target = tmp_path / "q"
     target.mkdir()
     target.chmod(0o775)
-    private_dir(target)
+    assert private_dir(target) is False  # there already: not made by this call
     assert mode(target) == 0o700
     assert capsys.readouterr().err == f"coms-hermes-bridge: {target} was mode 0775; tightened to 0700\n"
     private_dir(target)  # already private: nothing more to say
     assert capsys.readouterr().err == ""
+    assert private_dir(tmp_path / "new") is True  # made here: the caller may say 0700
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert private_dir(link) is False  # an operator's link: found, not made
 
 
 def test_an_existing_parent_is_left_alone(tmp_path: Path) -> None:
