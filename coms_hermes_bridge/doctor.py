@@ -159,14 +159,15 @@ def check_liaison(config: BridgeConfig, env: Mapping[str, str]) -> Iterator[Chec
     twice: the skill's file then reaches a closed question."""
     from .liaison_setup import checks  # here: liaison_setup imports this module
 
+    home = hermes_home(env, config.hermes_profile)
     try:
         plugin = checks(config, env)
     except OpsError as exc:  # no hermes to ask: a plugin not there is still not there
-        where = hermes_home(env, config.hermes_profile) / "plugins" / SKILL
+        where = home / "plugins" / SKILL
         absent = "" if where.is_dir() else f"not installed at {where}; "
         plugin = [Check(SKILL, False if absent else None,
                         f"{absent}cannot check the plugin: {exc}")]
-    skills = hermes_home(env, config.hermes_profile) / "skills"
+    skills = home / "skills"
     skill = next((path for path in (skills / SKILL / "SKILL.md",
                                     *skills.glob(f"*/{SKILL}/SKILL.md")) if path.is_file()), None)
     installed = len(plugin) > 1  # not installed (or not checkable) is one line
